@@ -1,0 +1,54 @@
+"""pytest_backends: backend-aware PyTorch testing.
+
+Public names are resolved lazily so that importing this package (which
+pytest does for every run once the plugin is installed) never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> defining submodule
+_EXPORTS: dict[str, str] = {
+    "snapshot_flags": "flags",
+    "restore_flags": "flags",
+    "override_flags": "flags",
+    "diff_flags": "flags",
+    "flag_names": "flags",
+    # <exports>
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from pytest_backends.flags import (
+        diff_flags as diff_flags,
+    )
+    from pytest_backends.flags import (
+        flag_names as flag_names,
+    )
+    from pytest_backends.flags import (
+        override_flags as override_flags,
+    )
+    from pytest_backends.flags import (
+        restore_flags as restore_flags,
+    )
+    from pytest_backends.flags import (
+        snapshot_flags as snapshot_flags,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pytest_backends' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"pytest_backends.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

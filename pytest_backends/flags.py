@@ -1,0 +1,587 @@
+"""The registry of torch's process-global backend state.
+
+One declarative table (:func:`_catalogue`) has a row per piece of global
+state: cuDNN, oneDNN, cuBLAS, the ``fp32_precision`` tree, SDPA, determinism,
+defaults and threads.  Each row knows how to read the raw value cheaply, how
+to turn it into a plain value, how to validate and write a new one, and
+whether it exists in the running torch.  Everything else in the package goes
+through this module to touch flags.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Check = Callable[[object], object]
+
+__all__ = [
+    "Flag",
+    "FlagRegistry",
+    "diff_flags",
+    "flag_names",
+    "override_flags",
+    "registry",
+    "restore_flags",
+    "snapshot_flags",
+]
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One piece of global torch state.
+
+    ``read`` returns the raw value (cheap, used for fingerprints); ``plain``
+    converts it into a plain Python value; ``check`` validates and normalises
+    a user value (raising ``ValueError`` with a message that lists the allowed
+    values); ``write`` applies a normalised value.  ``in_snapshot`` is False
+    for legacy aliases whose state is already captured by other rows.
+    ``parent`` names the row this one inherits from (``fp32_precision`` tree).
+    """
+
+    name: str
+    read: Callable[[], object]
+    write: Callable[[Any], None]
+    check: Check
+    allowed: str
+    doc: str
+    plain: Callable[[Any], object] = lambda v: v
+    order: int = 50
+    in_snapshot: bool = True
+    parent: str | None = None
+
+
+class _Invalid(ValueError):
+    """A value failed validation; the registry adds the flag name."""
+
+
+def _bool(value: object) -> object:
+    if isinstance(value, bool):
+        return value
+    raise _Invalid(f"expected True or False, got {value!r}")
+
+
+def _choice(*choices: str) -> Check:
+    def check(value: object) -> object:
+        if isinstance(value, str) and value in choices:
+            return value
+        raise _Invalid(f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
+
+    return check
+
+
+def _positive_int(value: object) -> object:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise _Invalid(f"expected a positive int, got {value!r}")
+
+
+def _reduction_pair(value: object) -> object:
+    """cuBLAS reduced-precision settings: a bool or (allow_reduced, allow_splitk)."""
+    if isinstance(value, bool):
+        return (value, True)
+    if (
+        isinstance(value, (tuple, list))
+        and 1 <= len(value) <= 2
+        and all(isinstance(v, bool) for v in value)
+    ):
+        return (value[0], value[1] if len(value) == 2 else True)
+    raise _Invalid(f"expected a bool or a pair (allow_reduced, allow_splitk), got {value!r}")
+
+
+def _unfrozen(torch: Any) -> contextlib.AbstractContextManager[object]:
+    """Allow ContextProp writes even after ``disable_global_flags()``.
+
+    The previous frozen state is put back on exit, so user code that froze
+    the flags still sees them frozen.
+    """
+    allow = getattr(torch.backends, "__allow_nonbracketed_mutation", None)
+    return allow() if allow is not None else contextlib.nullcontext()
+
+
+# Precision strings accepted per fp32_precision backend (DESIGN A.2, item 5).
+_CUDA_PRECISIONS = ("ieee", "tf32", "none")
+_ALL_PRECISIONS = ("ieee", "tf32", "bf16", "none")
+_FP32_ROWS: tuple[tuple[str, str, str, str | None], ...] = (
+    # name, backend, op, parent
+    ("fp32_precision", "generic", "all", None),
+    ("cudnn.fp32_precision", "cuda", "all", "fp32_precision"),
+    ("cuda.matmul.fp32_precision", "cuda", "matmul", "cudnn.fp32_precision"),
+    ("cudnn.conv.fp32_precision", "cuda", "conv", "cudnn.fp32_precision"),
+    ("cudnn.rnn.fp32_precision", "cuda", "rnn", "cudnn.fp32_precision"),
+    ("mkldnn.fp32_precision", "mkldnn", "all", "fp32_precision"),
+    ("mkldnn.matmul.fp32_precision", "mkldnn", "matmul", "mkldnn.fp32_precision"),
+    ("mkldnn.conv.fp32_precision", "mkldnn", "conv", "mkldnn.fp32_precision"),
+    ("mkldnn.rnn.fp32_precision", "mkldnn", "rnn", "mkldnn.fp32_precision"),
+)
+
+
+def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
+    """Build every row that exists in ``torch`` and the reasons for the rest.
+
+    Rows are probed feature by feature (never by version number) so that
+    torch 2.1 through the newest releases, and builds without CUDA, all get
+    exactly the flags they have.
+    """
+    C = torch._C
+    rows: list[Flag] = []
+    absent: dict[str, str] = {}
+    has = functools.partial(hasattr, C)
+
+    def add(
+        name: str,
+        exists: bool | str,
+        read: Callable[[], object],
+        write: Callable[[Any], None],
+        check: Check,
+        allowed: str,
+        doc: str,
+        **extra: Any,
+    ) -> None:
+        if exists is True:
+            rows.append(Flag(name, read, write, check, allowed, doc, **extra))
+        else:
+            absent[name] = exists if isinstance(exists, str) else "not in this torch"
+
+    def c_flag(name: str, getter: str, setter: str, doc: str, **extra: Any) -> None:
+        exists = has(getter) and has(setter)
+        read = getattr(C, getter, None)
+        write = getattr(C, setter, None)
+        add(name, exists, read or _missing, write or _missing, _bool, "True, False", doc, **extra)
+
+    new_precision = has("_get_fp32_precision_getter") and has("_set_fp32_precision_setter")
+    cudnn_available = bool(torch.backends.cudnn.is_available())
+
+    # cuDNN
+    c_flag("cudnn.enabled", "_get_cudnn_enabled", "_set_cudnn_enabled", "use cuDNN kernels")
+    c_flag("cudnn.benchmark", "_get_cudnn_benchmark", "_set_cudnn_benchmark",
+           "autotune cuDNN convolution algorithms")
+    c_flag("cudnn.deterministic", "_get_cudnn_deterministic", "_set_cudnn_deterministic",
+           "only deterministic cuDNN convolution algorithms")
+    add("cudnn.depthwise_kernel", has("_get_cudnn_depthwise_kernel") or "needs torch >= 2.13",
+        getattr(C, "_get_cudnn_depthwise_kernel", _missing),
+        getattr(C, "_set_cudnn_depthwise_kernel", _missing), _any_str,
+        "a kernel name such as 'auto'", "cuDNN depthwise convolution kernel choice")
+    add(
+        "cudnn.benchmark_limit",
+        (cudnn_available and has("_cuda_get_cudnn_benchmark_limit")) or "needs cuDNN",
+        getattr(C, "_cuda_get_cudnn_benchmark_limit", _missing),
+        getattr(C, "_cuda_set_cudnn_benchmark_limit", _missing),
+        _positive_int, "a positive int", "cuDNN v8 API: how many algorithms benchmark tries",
+    )
+    c_flag("cudnn.allow_tf32", "_get_cudnn_allow_tf32", "_set_cudnn_allow_tf32",
+           "legacy: TF32 in cuDNN convolutions", in_snapshot=not new_precision, order=40)
+
+    # oneDNN
+    c_flag("mkldnn.enabled", "_get_mkldnn_enabled", "_set_mkldnn_enabled",
+           "use oneDNN (MKL-DNN) CPU kernels")
+    c_flag("mkldnn.deterministic", "_get_mkldnn_deterministic", "_set_mkldnn_deterministic",
+           "only deterministic oneDNN kernels")
+    c_flag("mkldnn.allow_tf32", "_get_onednn_allow_tf32", "_set_onednn_allow_tf32",
+           "legacy: TF32 in oneDNN", in_snapshot=False, order=40)
+
+    # cuBLAS matmul
+    c_flag("cuda.matmul.allow_tf32", "_get_cublas_allow_tf32", "_set_cublas_allow_tf32",
+           "legacy: TF32 in cuBLAS matmul", in_snapshot=not new_precision, order=40)
+    for dtype in ("fp16", "bf16"):
+        getter = f"_get_cublas_allow_{dtype}_reduced_precision_reduction"
+        setter = f"_set_cublas_allow_{dtype}_reduced_precision_reduction"
+        name = f"cuda.matmul.allow_{dtype}_reduced_precision_reduction"
+        if has(getter) and has(setter):
+            paired = isinstance(getattr(C, getter)(), tuple)
+            rows.append(Flag(
+                name, getattr(C, getter), _pair_writer(getattr(C, setter), paired),
+                _reduction_pair if paired else _bool,
+                "a bool or (allow_reduced, allow_splitk)" if paired else "True, False",
+                f"reduced-precision reductions in {dtype} cuBLAS GEMMs",
+            ))
+        else:
+            absent[name] = "not in this torch"
+    c_flag("cuda.matmul.allow_fp16_accumulation", "_get_cublas_allow_fp16_accumulation",
+           "_set_cublas_allow_fp16_accumulation", "fp16 accumulation in fp16 cuBLAS GEMMs")
+    c_flag("cpu.allow_fp16_reduced_precision_reduction",
+           "_get_cpu_allow_fp16_reduced_precision_reduction",
+           "_set_cpu_allow_fp16_reduced_precision_reduction",
+           "reduced-precision reductions in fp16 CPU GEMMs")
+
+    # The fp32_precision tree (torch >= 2.9).
+    for name, backend, op, parent in _FP32_ROWS:
+        if not new_precision:
+            absent[name] = "needs the fp32_precision API (torch >= 2.9)"
+            continue
+        choices = _CUDA_PRECISIONS if backend == "cuda" else _ALL_PRECISIONS
+        rows.append(Flag(
+            name,
+            functools.partial(C._get_fp32_precision_getter, backend, op),
+            functools.partial(C._set_fp32_precision_setter, backend, op),
+            _choice(*choices), ", ".join(choices),
+            f"fp32 precision of {backend}/{op} ('none' inherits from its parent)",
+            order={"generic": 10}.get(backend, 20 if op == "all" else 30),
+            parent=parent,
+        ))
+    add(
+        "float32_matmul_precision",
+        has("_get_float32_matmul_precision") or "not in this torch",
+        getattr(C, "_get_float32_matmul_precision", _missing),
+        lambda v: torch.set_float32_matmul_precision(v),
+        _choice("highest", "high", "medium"), "'highest', 'high', 'medium'",
+        "legacy: torch.set_float32_matmul_precision",
+        in_snapshot=not new_precision, order=40,
+    )
+
+    # SDPA
+    for short, getter, setter in (
+        ("flash", "_get_flash_sdp_enabled", "_set_sdp_use_flash"),
+        ("mem_efficient", "_get_mem_efficient_sdp_enabled", "_set_sdp_use_mem_efficient"),
+        ("math", "_get_math_sdp_enabled", "_set_sdp_use_math"),
+        ("cudnn", "_get_cudnn_sdp_enabled", "_set_sdp_use_cudnn"),
+        ("fa3", "_get_fa3_sdp_enabled", "_set_sdp_use_fa3"),
+        ("overrideable", "_get_overrideable_sdp_enabled", "_set_sdp_use_overrideable"),
+    ):
+        c_flag(f"sdp.{short}", getter, setter, f"allow the {short} SDPA kernel")
+    add(
+        "sdp.priority_order",
+        (has("_get_sdp_priority_order") and has("_set_sdp_priority_order"))
+        or "not in this torch",
+        getattr(C, "_get_sdp_priority_order", _missing),
+        getattr(C, "_set_sdp_priority_order", _missing),
+        functools.partial(_priority_order, torch), "a permutation of the SDPBackend values",
+        "the order in which SDPA kernels are tried", plain=list,
+    )
+    c_flag("sdp.allow_fp16_bf16_reduction_math", "_get_math_sdp_allow_fp16_bf16_reduction",
+           "_set_math_sdp_allow_fp16_bf16_reduction",
+           "reduced-precision reductions in the math SDPA kernel")
+
+    # CUDA libraries
+    cuda_mod = torch.backends.cuda
+    add(
+        "cuda.preferred_linalg_library",
+        has("_get_linalg_preferred_backend") or "not in this torch",
+        C._get_linalg_preferred_backend if has("_get_linalg_preferred_backend") else _missing,
+        cuda_mod.preferred_linalg_library if has("_get_linalg_preferred_backend") else _missing,
+        _choice("default", "cusolver", "magma"), "'default', 'cusolver', 'magma'",
+        "linear-algebra library for CUDA tensors", plain=_enum_name,
+    )
+    add(
+        "cuda.preferred_blas_library",
+        has("_get_blas_preferred_backend") or "not in this torch",
+        C._get_blas_preferred_backend if has("_get_blas_preferred_backend") else _missing,
+        cuda_mod.preferred_blas_library if has("_get_blas_preferred_backend") else _missing,
+        _choice("cublas", "cublaslt", "ck"), "'cublas', 'cublaslt', 'ck'",
+        "BLAS library for CUDA tensors", plain=_enum_name,
+    )
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            cache = cuda_mod.cufft_plan_cache[index]
+            rows.append(Flag(
+                f"cuda.cufft_plan_cache[{index}].max_size",
+                functools.partial(getattr, cache, "max_size"),
+                functools.partial(setattr, cache, "max_size"),
+                _non_negative_int, "a non-negative int", f"cuFFT plan cache size, cuda:{index}",
+            ))
+    else:
+        absent["cuda.cufft_plan_cache[0].max_size"] = "needs CUDA"
+
+    # Other backends
+    c_flag("nnpack.enabled", "_get_nnpack_enabled", "_set_nnpack_enabled",
+           "use NNPACK convolutions")
+    einsum = torch.backends.opt_einsum
+    einsum_ok = bool(getattr(einsum, "is_available", lambda: False)()) or (
+        "needs the opt_einsum package"
+    )
+    add("opt_einsum.enabled", einsum_ok, lambda: einsum.enabled,
+        functools.partial(_set_attr, torch, einsum, "enabled"), _bool, "True, False",
+        "contract einsum operands with opt_einsum")
+    add("opt_einsum.strategy", einsum_ok, lambda: einsum.strategy,
+        functools.partial(_set_attr, torch, einsum, "strategy"),
+        _choice("auto", "greedy", "optimal"), "'auto', 'greedy', 'optimal'",
+        "opt_einsum path strategy")
+    mha = getattr(torch.backends, "mha", None)
+    add("mha.fastpath_enabled", (mha is not None) or "needs torch.backends.mha",
+        getattr(mha, "get_fastpath_enabled", _missing),
+        getattr(mha, "set_fastpath_enabled", _missing), _bool, "True, False",
+        "nn.MultiheadAttention fast path")
+    quantized = torch.backends.quantized
+    engines = tuple(str(e) for e in quantized.supported_engines)
+    add("quantized.engine", True, C._get_qengine,
+        functools.partial(setattr, quantized, "engine"), _choice(*engines),
+        ", ".join(map(repr, engines)), "quantized kernel engine",
+        plain=lambda _raw: str(quantized.engine))
+
+    # Determinism
+    add("deterministic_algorithms", True, C._get_deterministic_algorithms,
+        lambda v: torch.use_deterministic_algorithms(
+            v, warn_only=torch.is_deterministic_algorithms_warn_only_enabled()),
+        _bool, "True, False", "torch.use_deterministic_algorithms(mode)")
+    add("deterministic_algorithms.warn_only",
+        has("_get_deterministic_algorithms_warn_only") or "not in this torch",
+        getattr(C, "_get_deterministic_algorithms_warn_only", _missing),
+        lambda v: torch.use_deterministic_algorithms(
+            torch.are_deterministic_algorithms_enabled(), warn_only=v),
+        _bool, "True, False", "warn instead of raising for nondeterministic ops", order=60)
+    c_flag("deterministic.fill_uninitialized_memory",
+           "_get_deterministic_fill_uninitialized_memory",
+           "_set_deterministic_fill_uninitialized_memory",
+           "fill uninitialized memory (torch.empty*) in deterministic mode")
+
+    # Defaults, threads and autograd switches
+    add("default_dtype", True, torch.get_default_dtype,
+        lambda v: torch.set_default_dtype(_dtype(torch, v)),
+        functools.partial(_check_dtype, torch), "'float32', 'float64', 'float16', 'bfloat16'",
+        "torch.get_default_dtype()", plain=_dtype_name)
+    add("default_device", hasattr(torch, "get_default_device") or "needs torch >= 2.3",
+        getattr(torch, "get_default_device", _missing),
+        functools.partial(_set_default_device, torch), _any_str, "a device string",
+        "torch.get_default_device()", plain=str)
+    add("num_threads", True, torch.get_num_threads, torch.set_num_threads, _positive_int,
+        "a positive int", "intra-op CPU threads")
+    add("autograd.grad_enabled", True, torch.is_grad_enabled, torch.set_grad_enabled, _bool,
+        "True, False", "torch.is_grad_enabled()")
+    add("autograd.anomaly_enabled", True, torch.is_anomaly_enabled,
+        lambda v: torch.set_anomaly_enabled(v, torch.is_anomaly_check_nan_enabled()),
+        _bool, "True, False", "autograd anomaly detection")
+    add("autograd.anomaly_check_nan",
+        hasattr(torch, "is_anomaly_check_nan_enabled") or "not in this torch",
+        getattr(torch, "is_anomaly_check_nan_enabled", _missing),
+        lambda v: torch.set_anomaly_enabled(torch.is_anomaly_enabled(), v),
+        _bool, "True, False", "anomaly detection also checks for NaN", order=60)
+    add("warn_always", True, torch.is_warn_always_enabled, torch.set_warn_always, _bool,
+        "True, False", "torch.set_warn_always")
+    return rows, absent
+
+
+def _missing(*_args: object) -> object:
+    raise RuntimeError("this flag does not exist in the running torch")
+
+
+def _any_str(value: object) -> object:
+    if isinstance(value, str) and value:
+        return value
+    raise _Invalid(f"expected a non-empty string, got {value!r}")
+
+
+def _non_negative_int(value: object) -> object:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise _Invalid(f"expected a non-negative int, got {value!r}")
+
+
+def _enum_name(value: object) -> object:
+    return str(getattr(value, "name", value)).lower()
+
+
+def _dtype_name(value: object) -> object:
+    return str(value).removeprefix("torch.")
+
+
+_DEFAULT_DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
+def _dtype(torch: Any, value: object) -> Any:
+    return getattr(torch, value) if isinstance(value, str) else value
+
+
+def _check_dtype(torch: Any, value: object) -> object:
+    name = _dtype_name(value) if isinstance(value, torch.dtype) else value
+    if name in _DEFAULT_DTYPES:
+        return name
+    raise _Invalid(f"expected one of {', '.join(map(repr, _DEFAULT_DTYPES))}, got {value!r}")
+
+
+def _priority_order(torch: Any, value: object) -> object:
+    members = {
+        int(m): m for name, m in torch._C._SDPBackend.__members__.items() if name != "ERROR"
+    }
+    names = {name.lower(): int(m) for name, m in torch._C._SDPBackend.__members__.items()}
+    if isinstance(value, (list, tuple)):
+        order = [names.get(v.lower(), -1) if isinstance(v, str) else v for v in value]
+        if sorted(o for o in order if isinstance(o, int)) == sorted(members) and len(
+            order
+        ) == len(members):
+            return [int(o) for o in order]
+    raise _Invalid(
+        f"expected a permutation of {sorted(members)} (SDPBackend values), got {value!r}"
+    )
+
+
+def _set_default_device(torch: Any, value: str) -> None:
+    # "cpu" is torch's own default: clearing the override avoids leaving a
+    # device-context mode installed that every factory call would pay for.
+    torch.set_default_device(None if value == "cpu" else value)
+
+
+def _pair_writer(setter: Callable[..., None], paired: bool) -> Callable[[Any], None]:
+    if paired:
+        return lambda v: setter(*v)
+    return setter
+
+
+def _set_attr(torch: Any, obj: object, attr: str, value: object) -> None:
+    with _unfrozen(torch):
+        setattr(obj, attr, value)
+
+
+class FlagRegistry:
+    """Snapshot, validate, apply and restore the flags that exist in a torch."""
+
+    def __init__(self, torch: Any, rows: list[Flag], absent: Mapping[str, str]) -> None:
+        self._torch = torch
+        self.rows: tuple[Flag, ...] = tuple(sorted(rows, key=lambda r: r.order))
+        self.by_name: dict[str, Flag] = {r.name: r for r in self.rows}
+        self.absent: dict[str, str] = dict(absent)
+        self.snapshot_rows: tuple[Flag, ...] = tuple(r for r in self.rows if r.in_snapshot)
+        self._readers = tuple(r.read for r in self.snapshot_rows)
+
+    def names(self) -> list[str]:
+        """Every flag name that can be set in this torch (snapshot rows and aliases)."""
+        return [r.name for r in self.rows]
+
+    def fingerprint(self) -> tuple[object, ...]:
+        """Raw values of every snapshot row: cheap to take and to compare."""
+        return tuple([read() for read in self._readers])
+
+    def to_plain(self, fingerprint: tuple[object, ...]) -> dict[str, object]:
+        """Turn a :meth:`fingerprint` into a ``{name: plain value}`` snapshot."""
+        return {r.name: r.plain(v) for r, v in zip(self.snapshot_rows, fingerprint)}
+
+    def snapshot(self) -> dict[str, object]:
+        """Every snapshot row as a plain value."""
+        return self.to_plain(self.fingerprint())
+
+    def validate(self, mapping: Mapping[str, object]) -> dict[str, object]:
+        """Check names and values; return normalised values or raise ``ValueError``."""
+        if not isinstance(mapping, Mapping):
+            raise ValueError(f"expected a mapping of flag name to value, got {mapping!r}")
+        normalised: dict[str, object] = {}
+        for name, value in mapping.items():
+            row = self.by_name.get(name) if isinstance(name, str) else None
+            if row is None:
+                raise ValueError(self._unknown_message(name))
+            try:
+                normalised[name] = row.check(value)
+            except _Invalid as exc:
+                raise ValueError(f"invalid value for flag {name!r}: {exc}") from None
+        return normalised
+
+    def _unknown_message(self, name: object) -> str:
+        if isinstance(name, str) and name in self.absent:
+            version = getattr(self._torch, "__version__", "?")
+            return (
+                f"flag {name!r} does not exist in this torch ({version}): "
+                f"{self.absent[name]}"
+            )
+        known = self.names()
+        close = difflib.get_close_matches(str(name), known, n=3)
+        hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+        return (
+            f"unknown backend flag {name!r}.{hint} Known flags: {', '.join(known)}"
+        )
+
+    def apply(self, normalised: Mapping[str, object]) -> None:
+        """Write already-validated values, parents before children."""
+        ordered = sorted(normalised.items(), key=lambda kv: self.by_name[kv[0]].order)
+        with _unfrozen(self._torch):
+            for name, value in ordered:
+                self.by_name[name].write(value)
+
+    def restore(self, snapshot: Mapping[str, object]) -> None:
+        """Put every flag in ``snapshot`` back; all rows are tried before failing."""
+        unknown = [n for n in snapshot if n not in self.by_name]
+        if unknown:
+            raise ValueError(self._unknown_message(unknown[0]))
+        current = self.snapshot()
+        errors: list[str] = []
+        with _unfrozen(self._torch):
+            for row in self.rows:
+                if row.name not in snapshot:
+                    continue
+                want = snapshot[row.name]
+                if row.parent is None and current.get(row.name) == want:
+                    continue
+                try:
+                    row.write(self._precision_value(row, want) if row.parent else want)
+                except Exception as exc:  # keep going: one bad row must not block the rest
+                    errors.append(f"{row.name}={want!r}: {type(exc).__name__}: {exc}")
+        if errors:
+            raise RuntimeError("could not restore torch backend flags: " + "; ".join(errors))
+
+    def _precision_value(self, row: Flag, want: object) -> object:
+        """The string to write so that a precision row reads ``want`` again.
+
+        The getters report *effective* values (a leaf set to "none" reads what
+        it inherits), so a leaf whose wanted value equals its parent's is
+        written as "none" to keep it inheriting, as torch's defaults do.
+        """
+        assert row.parent is not None
+        parent_value = self.by_name[row.parent].read()
+        return "none" if want == parent_value else want
+
+    @staticmethod
+    def diff(
+        before: Mapping[str, object], after: Mapping[str, object]
+    ) -> dict[str, tuple[object, object]]:
+        """``{name: (before, after)}`` for every flag whose value differs."""
+        names = list(before) + [n for n in after if n not in before]
+        return {
+            n: (before.get(n), after.get(n)) for n in names if before.get(n) != after.get(n)
+        }
+
+
+@functools.lru_cache(maxsize=None)
+def registry() -> FlagRegistry:
+    """The registry for the running torch (built once, on first use)."""
+    import torch
+
+    import torch.backends.opt_einsum  # noqa: F401  (not always imported by torch)
+
+    rows, absent = _catalogue(torch)
+    return FlagRegistry(torch, rows, absent)
+
+
+def flag_names() -> list[str]:
+    """Every flag name that can be set with :func:`override_flags` in this torch."""
+    return registry().names()
+
+
+def snapshot_flags() -> dict[str, object]:
+    """Every flag that exists in this torch, as plain values."""
+    return registry().snapshot()
+
+
+def restore_flags(snapshot: Mapping[str, object]) -> None:
+    """Restore the flags captured by :func:`snapshot_flags`."""
+    registry().restore(snapshot)
+
+
+def diff_flags(
+    before: Mapping[str, object], after: Mapping[str, object]
+) -> dict[str, tuple[object, object]]:
+    """``{name: (before, after)}`` for every flag that differs between two snapshots."""
+    return FlagRegistry.diff(before, after)
+
+
+def format_diff(diff: Mapping[str, tuple[object, object]]) -> str:
+    """One ``name: before -> after`` line per changed flag."""
+    return "\n".join(f"  {name}: {b!r} -> {a!r}" for name, (b, a) in diff.items())
+
+
+@contextlib.contextmanager
+def override_flags(mapping: Mapping[str, object]) -> Iterator[dict[str, object]]:
+    """Set the given flags, and restore **every** flag on exit, also on exceptions.
+
+    Names and values are validated before anything changes: an unknown name or
+    an invalid value raises ``ValueError`` naming the flag and the allowed
+    values.  The context value is the snapshot taken on entry.
+    """
+    reg = registry()
+    normalised = reg.validate(mapping)
+    before = reg.snapshot()
+    try:
+        reg.apply(normalised)
+        yield before
+    finally:
+        reg.restore(before)
