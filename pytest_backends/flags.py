@@ -164,8 +164,8 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
            "only deterministic cuDNN convolution algorithms")
     add("cudnn.depthwise_kernel", has("_get_cudnn_depthwise_kernel") or "needs torch >= 2.13",
         getattr(C, "_get_cudnn_depthwise_kernel", _missing),
-        getattr(C, "_set_cudnn_depthwise_kernel", _missing), _any_str,
-        "a kernel name such as 'auto'", "cuDNN depthwise convolution kernel choice")
+        getattr(C, "_set_cudnn_depthwise_kernel", _missing), _choice("auto", "cudnn", "native"),
+        "'auto', 'cudnn', 'native'", "cuDNN depthwise convolution kernel choice")
     add(
         "cudnn.benchmark_limit",
         (cudnn_available and has("_cuda_get_cudnn_benchmark_limit")) or "needs cuDNN",
@@ -173,8 +173,14 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
         getattr(C, "_cuda_set_cudnn_benchmark_limit", _missing),
         _positive_int, "a positive int", "cuDNN v8 API: how many algorithms benchmark tries",
     )
-    c_flag("cudnn.allow_tf32", "_get_cudnn_allow_tf32", "_set_cudnn_allow_tf32",
-           "legacy: TF32 in cuDNN convolutions", in_snapshot=not new_precision, order=40)
+    # Like float32_matmul_precision below, the legacy cuDNN TF32 switch keeps
+    # state of its own beside the fp32_precision strings, so it is snapshotted
+    # and written before them.
+    add("cudnn.allow_tf32", (has("_get_cudnn_allow_tf32") and has("_set_cudnn_allow_tf32"))
+        or "not in this torch",
+        functools.partial(_read_or_mixed, getattr(C, "_get_cudnn_allow_tf32", _missing)),
+        functools.partial(_write_unless_mixed, getattr(C, "_set_cudnn_allow_tf32", _missing)),
+        _bool, "True, False", "TF32 in cuDNN convolutions (legacy API)", order=5)
 
     # oneDNN
     c_flag("mkldnn.enabled", "_get_mkldnn_enabled", "_set_mkldnn_enabled",
@@ -223,16 +229,18 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
             order={"generic": 10}.get(backend, 20 if op == "all" else 30),
             parent=parent,
         ))
+    # torch.set_float32_matmul_precision keeps a legacy value of its own next
+    # to the fp32_precision strings; when the two disagree, the legacy getters
+    # (and code such as inductor that calls them) raise.  So it is snapshotted
+    # too, and written before the strings, which then win.
     add(
         "float32_matmul_precision",
         has("_get_float32_matmul_precision") or "not in this torch",
-        getattr(C, "_get_float32_matmul_precision", _missing),
-        lambda v: torch.set_float32_matmul_precision(v),
+        functools.partial(_read_or_mixed, getattr(C, "_get_float32_matmul_precision", _missing)),
+        functools.partial(_write_unless_mixed, torch.set_float32_matmul_precision),
         _choice("highest", "high", "medium"), "'highest', 'high', 'medium'",
-        "legacy: torch.set_float32_matmul_precision",
-        in_snapshot=not new_precision, order=40,
+        "torch.set_float32_matmul_precision (legacy API)", order=5,
     )
-
     # SDPA
     for short, getter, setter in (
         ("flash", "_get_flash_sdp_enabled", "_set_sdp_use_flash"),
@@ -352,6 +360,25 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     add("warn_always", True, torch.is_warn_always_enabled, torch.set_warn_always, _bool,
         "True, False", "torch.set_warn_always")
     return rows, absent
+
+
+#: Plain value of ``float32_matmul_precision`` when its legacy getter raises
+#: because the legacy and ``fp32_precision`` APIs were mixed.
+MIXED = "<mixed: legacy and fp32_precision APIs disagree>"
+
+
+def _read_or_mixed(read: Callable[[], object]) -> object:
+    try:
+        return read()
+    except RuntimeError:
+        return MIXED
+
+
+def _write_unless_mixed(write: Callable[[Any], object], value: object) -> None:
+    # A mixed legacy state cannot be recreated through public API; the
+    # fp32_precision strings written after this still restore what matters.
+    if value != MIXED:
+        write(value)
 
 
 def _missing(*_args: object) -> object:
