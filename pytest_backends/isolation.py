@@ -14,7 +14,9 @@ suite that never imports torch never pays for it.
 from __future__ import annotations
 
 import sys
+import threading
 import warnings
+import weakref
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +96,8 @@ class _ItemState:
     expected: dict[str, object]
     expected_fp: tuple[object, ...] | None
     applied: bool
+    # (thread name, nodeid that started it) for threads earlier tests left running
+    threads: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _torch_loaded() -> bool:
@@ -128,6 +132,10 @@ class IsolationPlugin:
         self._owned: dict[Any, _Owned] = {}
         self._fixture_leaks: list[str] = []
         self._previous: str | None = None
+        # threads still alive after the test that started them ended
+        self._threads: weakref.WeakKeyDictionary[threading.Thread, str] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def _mode_for(self, item: pytest.Item) -> str:
         marker = item.get_closest_marker("backends_leaks")
@@ -149,9 +157,10 @@ class IsolationPlugin:
         self, item: pytest.Item, nextitem: pytest.Item | None
     ) -> Generator[None, object, object]:
         flags = item.stash.get(ITEM_FLAGS_KEY, None)
-        mode = self._mode_for(item)
-        if not flags and (mode == "off" or not _torch_loaded()):
+        if not flags and (self.settings.mode == "off" or not _torch_loaded()):
             return (yield)
+        mode = self._mode_for(item)
+        threads_before = set(threading.enumerate())
         reg = _registry()
         fp = reg.fingerprint()
         if self._ambient is None or self._ambient_fp is None:
@@ -170,12 +179,15 @@ class IsolationPlugin:
             expected = reg.to_plain(expected_fp)
         else:
             expected_fp, expected = self._ambient_fp, dict(self._ambient)
-        self._current = _ItemState(item, mode, expected, expected_fp, applied)
+        strays = [(t.name, nodeid) for t, nodeid in list(self._threads.items()) if t.is_alive()]
+        self._current = _ItemState(item, mode, expected, expected_fp, applied, strays)
         try:
             return (yield)
         finally:
             self._current = None
             self._previous = item.nodeid
+            for thread in set(threading.enumerate()) - threads_before:
+                self._threads[thread] = item.nodeid
             if self._ambient_fp is None:
                 reg.restore(self._ambient)
                 self._refresh_ambient(reg)
@@ -299,8 +311,22 @@ class IsolationPlugin:
                     "They were restored for the next test. Restore them in the test "
                     "(try/finally), or set them with the backend_flags fixture or "
                     "pytest_backends.override_flags(), which always restore."
+                    + self._thread_hint(state.threads)
                 )
         return "\n\n".join(messages) or None
+
+    @staticmethod
+    def _thread_hint(threads: list[tuple[str, str]]) -> str:
+        if not threads:
+            return ""
+        lines = "".join(
+            f"\n  thread {name!r}, started by {nodeid}, was running during this test"
+            for name, nodeid in threads
+        )
+        return (
+            "\nFlags are process-global, so a thread an earlier test left running may have "
+            f"made this change:{lines}"
+        )
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(

@@ -1,0 +1,249 @@
+"""The leak guard, end to end in a real pytest subprocess."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+
+def test_leak_is_named_and_next_test_starts_clean(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+
+        def test_a():
+            torch.backends.cudnn.benchmark = True
+
+        def test_b():
+            assert torch.backends.cudnn.benchmark is False
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_a*",
+            "*test_*.py::test_a left torch backend flags changed:",
+            "*cudnn.benchmark: False -> True",
+        ]
+    )
+    assert "test_b" not in "".join(line for line in result.outlines if "ERROR" in line)
+
+
+def test_leak_after_raising_is_still_named(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+
+        def test_a():
+            torch.backends.cudnn.benchmark = True
+            raise RuntimeError("boom")
+
+        def test_b():
+            assert torch.backends.cudnn.benchmark is False
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=1, errors=1)
+    result.stdout.fnmatch_lines(["*cudnn.benchmark: False -> True*"])
+    result.stdout.fnmatch_lines(["*RuntimeError: boom*"])
+
+
+def test_new_style_precision_and_determinism_leaks(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+
+        def test_precision():
+            torch.backends.cuda.matmul.fp32_precision = "tf32"
+            torch.backends.mkldnn.conv.fp32_precision = "bf16"
+
+        def test_deterministic():
+            assert torch.backends.cuda.matmul.fp32_precision == "none"
+            torch.use_deterministic_algorithms(True, warn_only=True)
+
+        def test_clean():
+            assert not torch.are_deterministic_algorithms_enabled()
+            assert torch.backends.mkldnn.conv.fp32_precision == "none"
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    result.assert_outcomes(passed=3, errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*cuda.matmul.fp32_precision: 'none' -> 'tf32'",
+            "*mkldnn.conv.fp32_precision: 'none' -> 'bf16'",
+            "*deterministic_algorithms: False -> True",
+            "*deterministic_algorithms.warn_only: False -> True",
+        ]
+    )
+
+
+def test_wider_fixtures_own_their_changes(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest, torch
+
+        @pytest.fixture(scope="module")
+        def no_mkldnn():
+            torch.backends.mkldnn.enabled = False
+            yield
+            torch.backends.mkldnn.enabled = True
+
+        @pytest.fixture(scope="module")
+        def sloppy():
+            torch.backends.nnpack.set_flags(False)
+            yield
+
+        def test_one(no_mkldnn):
+            assert torch.backends.mkldnn.enabled is False
+
+        def test_two(no_mkldnn):
+            assert torch.backends.mkldnn.enabled is False
+
+        def test_three(sloppy):
+            assert not torch._C._get_nnpack_enabled()
+        """
+    )
+    pytester.makepyfile(
+        test_after="""
+        import torch
+
+        def test_after():
+            assert torch._C._get_nnpack_enabled()
+            assert torch.backends.mkldnn.enabled
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    result.assert_outcomes(passed=4, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_three*",
+            "*fixture 'sloppy' (module scope*did not restore them*",
+            "*nnpack.enabled: True -> False",
+        ]
+    )
+    assert "no_mkldnn" not in result.stdout.str()
+
+
+def test_leak_modes_and_bad_mode(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+
+        def test_a():
+            torch.backends.cudnn.deterministic = True
+        """
+    )
+    warn = pytester.runpytest_subprocess("--backends-leaks=warn")
+    warn.assert_outcomes(passed=1, warnings=1)
+    warn.stdout.fnmatch_lines(["*BackendsLeakWarning*", "*cudnn.deterministic: False -> True*"])
+    off = pytester.runpytest_subprocess("--backends-leaks=off")
+    off.assert_outcomes(passed=1)
+    pytester.makeini("[pytest]\nbackends_leaks = off\n")
+    assert pytester.runpytest_subprocess().ret == 0
+    cli_wins = pytester.runpytest_subprocess("--backends-leaks=fail")
+    cli_wins.assert_outcomes(passed=1, errors=1)
+    bad = pytester.runpytest_subprocess("--backends-leaks=maybe")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--backends-leaks*'maybe'*fail, warn, off*"])
+    assert "INTERNALERROR" not in bad.stdout.str() + bad.stderr.str()
+
+
+def test_backend_flags_fixture_sets_and_restores(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest, torch
+
+        def test_set(backend_flags):
+            backend_flags.set({"cudnn.benchmark": True, "mkldnn.matmul.fp32_precision": "bf16"})
+            assert torch.backends.cudnn.benchmark
+            assert backend_flags.get("mkldnn.matmul.fp32_precision") == "bf16"
+
+        def test_bad(backend_flags):
+            with pytest.raises(ValueError, match="cuda.matmul.fp32_precision.*'ieee'"):
+                backend_flags.set({"cuda.matmul.fp32_precision": "bf16"})
+
+        def test_after():
+            assert not torch.backends.cudnn.benchmark
+            assert torch.backends.mkldnn.matmul.fp32_precision == "none"
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    result.assert_outcomes(passed=3)
+
+
+def test_marker_overrides_mode(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest, torch
+
+        @pytest.mark.backends_leaks("off")
+        def test_a():
+            torch.backends.cudnn.benchmark = True
+
+        def test_b():
+            assert not torch.backends.cudnn.benchmark
+        """
+    )
+    pytester.runpytest_subprocess("-p", "no:randomly").assert_outcomes(passed=2)
+
+
+def test_thread_changing_flags_after_the_test_is_reported(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import threading, time, torch
+
+        def test_starts_thread():
+            def later():
+                time.sleep(0.3)
+                torch.backends.cudnn.benchmark = True
+            threading.Thread(target=later, daemon=True).start()
+
+        def test_waits():
+            time.sleep(0.6)
+
+        def test_sees_clean_flags():
+            assert not torch.backends.cudnn.benchmark
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_waits*",
+            "*cudnn.benchmark: False -> True",
+            "*thread 'Thread-* (later)', started by *test_starts_thread, was running during this test",
+        ]
+    )
+
+
+def test_unused_plugin_does_not_import_torch(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import sys
+
+        def test_plain():
+            assert "torch" not in sys.modules
+        """
+    )
+    pytester.makeconftest(
+        """
+        import sys
+
+        def pytest_unconfigure(config):
+            print("TORCH_IMPORTED=" + str("torch" in sys.modules))
+        """
+    )
+    result = pytester.runpytest_subprocess("-s", "-p", "no:randomly")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*TORCH_IMPORTED=False*"])
+    version = pytester.run(
+        sys.executable, "-c",
+        "import sys, pytest; pytest.main(['--version']); "
+        "import pytest_backends.plugin; print('torch' in sys.modules)",
+    )
+    assert version.outlines[-1] == "False"
