@@ -45,7 +45,7 @@ class Flag:
 
     name: str
     read: Callable[[], object]
-    write: Callable[[Any], None]
+    write: Callable[[Any], object]
     check: Check
     allowed: str
     doc: str
@@ -136,7 +136,7 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
         name: str,
         exists: bool | str,
         read: Callable[[], object],
-        write: Callable[[Any], None],
+        write: Callable[[Any], object],
         check: Check,
         allowed: str,
         doc: str,
@@ -341,10 +341,10 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
         lambda v: torch.set_default_dtype(_dtype(torch, v)),
         functools.partial(_check_dtype, torch), "'float32', 'float64', 'float16', 'bfloat16'",
         "torch.get_default_dtype()", plain=_dtype_name)
+    device_read, device_plain = _default_device_reader(torch)
     add("default_device", hasattr(torch, "get_default_device") or "needs torch >= 2.3",
-        getattr(torch, "get_default_device", _missing),
-        functools.partial(_set_default_device, torch), _any_str, "a device string",
-        "torch.get_default_device()", plain=str)
+        device_read, functools.partial(_set_default_device, torch), _any_str,
+        "a device string", "torch.set_default_device()", plain=device_plain)
     add("num_threads", True, torch.get_num_threads, torch.set_num_threads, _positive_int,
         "a positive int", "intra-op CPU threads")
     add("autograd.grad_enabled", True, torch.is_grad_enabled, torch.set_grad_enabled, _bool,
@@ -433,6 +433,26 @@ def _priority_order(torch: Any, value: object) -> object:
     raise _Invalid(
         f"expected a permutation of {sorted(members)} (SDPBackend values), got {value!r}"
     )
+
+
+def _default_device_reader(torch: Any) -> tuple[Callable[[], object], Callable[[Any], object]]:
+    """A cheap raw read of the global default device, and its plain form.
+
+    ``torch.get_default_device()`` walks the mode stack (about 3 us); the
+    global setting itself is one thread-local attribute, which is what
+    ``set_default_device`` writes.
+    """
+    holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    if holder is None:
+        return getattr(torch, "get_default_device", _missing), str
+
+    def read() -> object:
+        return getattr(holder, "device_context", None)
+
+    def plain(context: Any) -> object:
+        return "cpu" if context is None else str(context.device)
+
+    return read, plain
 
 
 def _set_default_device(torch: Any, value: str) -> None:
@@ -558,12 +578,11 @@ class FlagRegistry:
         }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def registry() -> FlagRegistry:
     """The registry for the running torch (built once, on first use)."""
     import torch
-
-    import torch.backends.opt_einsum  # noqa: F401  (not always imported by torch)
+    import torch.backends.opt_einsum
 
     rows, absent = _catalogue(torch)
     return FlagRegistry(torch, rows, absent)

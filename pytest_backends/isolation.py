@@ -98,6 +98,8 @@ class _ItemState:
     applied: bool
     # (thread name, nodeid that started it) for threads earlier tests left running
     threads: list[tuple[str, str]] = field(default_factory=list)
+    # fingerprint read after teardown when it matched ``expected_fp``
+    end_fp: tuple[object, ...] | None = None
 
 
 def _torch_loaded() -> bool:
@@ -181,6 +183,7 @@ class IsolationPlugin:
             expected_fp, expected = self._ambient_fp, dict(self._ambient)
         strays = [(t.name, nodeid) for t, nodeid in list(self._threads.items()) if t.is_alive()]
         self._current = _ItemState(item, mode, expected, expected_fp, applied, strays)
+        state = self._current
         try:
             return (yield)
         finally:
@@ -191,7 +194,9 @@ class IsolationPlugin:
             if self._ambient_fp is None:
                 reg.restore(self._ambient)
                 self._refresh_ambient(reg)
-            elif reg.fingerprint() != self._ambient_fp:
+            elif (
+                state.end_fp is None or state.end_fp != self._ambient_fp
+            ) and reg.fingerprint() != self._ambient_fp:
                 reg.restore(self._ambient)
 
     def _report_drift(
@@ -301,7 +306,9 @@ class IsolationPlugin:
             return None
         reg = _registry()
         fp = reg.fingerprint()
-        if fp != state.expected_fp:
+        if fp == state.expected_fp:
+            state.end_fp = fp
+        else:
             current = reg.to_plain(fp)
             leaked = reg.diff(state.expected, current)
             if leaked:

@@ -159,9 +159,11 @@ def test_leaf_inheritance_is_kept_after_restore() -> None:
 
 def test_legacy_precision_getters_would_raise_but_restore_works() -> None:
     before = snapshot_flags()
-    with override_flags({"cuda.matmul.fp32_precision": "tf32"}):
-        with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
-            _ = torch.backends.cuda.matmul.allow_tf32
+    with (
+        override_flags({"cuda.matmul.fp32_precision": "tf32"}),
+        pytest.raises(RuntimeError, match="mix of the legacy and new APIs"),
+    ):
+        _ = torch.backends.cuda.matmul.allow_tf32
     with override_flags({"cuda.matmul.allow_tf32": True, "float32_matmul_precision": "medium"}):
         assert snapshot_flags()["cuda.matmul.fp32_precision"] == "tf32"
     assert snapshot_flags() == before
