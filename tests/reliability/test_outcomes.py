@@ -78,7 +78,9 @@ def test_every_outcome_restores(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("-s", "-p", "no:randomly")
     # the setup error and the leak it left are two reports of test_setup_error
     result.assert_outcomes(passed=3, failed=1, errors=5, skipped=1, xfailed=1, warnings=1)
-    result.stdout.fnmatch_lines(["*BackendsLeakWarning*test_xfail left*cudnn.enabled*"])
+    result.stdout.fnmatch_lines(
+        ["*BackendsLeakWarning: *test_xfail left torch backend flags*", "*cudnn.enabled: True -> False"]
+    )
     assert _exit_diff(result) == "{}"
     assert "INTERNALERROR" not in result.stdout.str()
 
@@ -91,7 +93,10 @@ def test_maxfail_and_last_failed_behave_normally(pytester: pytest.Pytester) -> N
     first.assert_outcomes(passed=1, failed=1, errors=1)
     assert _exit_diff(first) == "{}"
     maxfail = pytester.runpytest_subprocess("-s", "-p", "no:randomly", "--maxfail=3")
-    assert maxfail.parseoutcomes()["failed"] + maxfail.parseoutcomes()["errors"] == 3
+    counts = maxfail.parseoutcomes()
+    # pytest stops at the item boundary after the third failure report
+    assert counts["failed"] + counts["errors"] >= 3
+    assert "skipped" not in counts and "xfailed" not in counts
     assert _exit_diff(maxfail) == "{}"
     last = pytester.runpytest_subprocess("-s", "-p", "no:randomly", "--lf")
     last.stdout.fnmatch_lines(["*run-last-failure*"])
