@@ -15,11 +15,17 @@ from pytest_backends import _native
 from pytest_backends import digest as digest_mod
 from pytest_backends.digest import (
     NativeDigestUnavailableWarning,
-    backend as digest_backend,
     digest,
     digest_bytes,
     digest_many,
     use_python_fallback,
+)
+from pytest_backends.digest import (
+    backend as digest_backend,
+)
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:ComplexHalf support is experimental", "ignore:torch.quantize_per_tensor"
 )
 
 _NAMES = [
@@ -283,6 +289,8 @@ def no_native(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """This process behaves as if the extension could not be built (state restored after)."""
     saved = (_native._state.tried, _native._state.module, _native._state.reason)
     warned = digest_mod._warned[0]
+    cached_op = digest_mod._native_digest[0]
+    digest_mod._native_digest[0] = None
     _native._state.tried, _native._state.module = True, None
     _native._state.reason = "no compiler (simulated)"
     digest_mod._warned[0] = False
@@ -291,6 +299,7 @@ def no_native(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     finally:
         _native._state.tried, _native._state.module, _native._state.reason = saved
         digest_mod._warned[0] = warned
+        digest_mod._native_digest[0] = cached_op
 
 
 def test_fallback_warns_once_when_native_is_unavailable(no_native: None) -> None:
@@ -312,3 +321,15 @@ def test_fallback_is_silent_when_disabled_on_purpose(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         digest_bytes(torch.randn(4))
+
+
+def test_digest_works_under_deterministic_and_inference_modes(backend: str) -> None:
+    from pytest_backends import override_flags
+
+    x = torch.randn(1000, 3)
+    expected = digest_bytes(x, backend=backend)
+    flags = {"deterministic_algorithms": True, "deterministic.fill_uninitialized_memory": True}
+    with override_flags(flags):
+        assert digest_bytes(x, backend=backend) == expected
+    with torch.inference_mode():
+        assert digest_bytes(x.clone(), backend=backend) == expected

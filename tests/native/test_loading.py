@@ -71,7 +71,8 @@ def test_cache_dir_is_per_user_and_keyed_by_torch_python_and_device(
     expected_device = "cpu" if not torch.cuda.is_available() else "cu"
     path = _native.cache_dir()
     assert path.parent == tmp_path / "pytest_backends"
-    assert path.name.startswith(f"{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-")
+    py = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    assert path.name.startswith(f"{torch.__version__}-{py}-")
     assert path.name.split("-")[-1].startswith(expected_device)
     assert not path.exists()  # asking for the path creates nothing
 
@@ -130,7 +131,7 @@ def test_failed_build_leaves_a_marker_and_is_not_retried(
 
 def test_aot_build_for_another_torch_is_rejected() -> None:
     stale = SimpleNamespace(torch_version=lambda: "1.0.0", __name__="fake_native")
-    with pytest.raises(_native.NativeBuildError, match="built for torch 1.0.0"):
+    with pytest.raises(_native.NativeBuildError, match=r"built for torch 1\.0\.0"):
         _native._check_built_for_this_torch(stale)  # type: ignore[arg-type]
 
 

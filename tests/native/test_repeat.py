@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 import torch
@@ -36,7 +37,7 @@ def test_deterministic_op_gives_n_identical_digests_equal_to_python_digests(
 
 def test_native_and_python_loops_return_the_same_bytes(native_module: object) -> None:
     a, b = _inputs()
-    cases = [
+    cases: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = [
         (aten.mm.default, (a, b), {}),
         (aten.add.Tensor, (a, a), {"alpha": 3}),
         (aten.sort.default, (a,), {"dim": 0}),  # two outputs: values, indices

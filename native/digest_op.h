@@ -1,0 +1,22 @@
+// Host-side pieces of the digest op shared by the CPU and CUDA kernels.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace pytest_backends {
+
+struct PreparedTensor {
+  at::Tensor data;       // contiguous, conj/neg bits resolved, same device
+  int64_t nbytes;        // bytes of data in logical order
+  uint64_t header[2];    // per-lane header hash (dtype, shape, nbytes)
+};
+
+// Validates t and lays its bits out contiguously; defined in digest.cpp.
+PreparedTensor prepare(const at::Tensor& t);
+
+// The per-lane final step: mix the header hash with the data sum.
+uint64_t finalize(int lane, uint64_t header, uint64_t data);
+
+}  // namespace pytest_backends
