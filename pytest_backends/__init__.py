@@ -18,12 +18,48 @@ _EXPORTS: dict[str, str] = {
     "override_flags": "flags",
     "diff_flags": "flags",
     "flag_names": "flags",
+    "assert_reproducible": "determinism",
+    "expect_nondeterministic_alert": "determinism",
+    "DeterminismError": "determinism",
+    "NotReproducibleError": "determinism",
+    "NondeterministicOpError": "determinism",
+    "AlertExpectationError": "determinism",
+    "use_config": "matrix",
+    "BackendConfig": "configs",
+    "Axis": "configs",
+    "AxisValue": "configs",
+    "assert_close": "tolerance",
+    "tolerance_for": "tolerance",
+    "reference": "tolerance",
+    "Tolerance": "tolerance",
+    "flag_effect": "effect",
+    "FlagEffect": "effect",
     # <exports>
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
+    from pytest_backends.determinism import (
+        AlertExpectationError as AlertExpectationError,
+    )
+    from pytest_backends.determinism import (
+        DeterminismError as DeterminismError,
+    )
+    from pytest_backends.determinism import (
+        NondeterministicOpError as NondeterministicOpError,
+    )
+    from pytest_backends.determinism import (
+        NotReproducibleError as NotReproducibleError,
+    )
+    from pytest_backends.determinism import (
+        assert_reproducible as assert_reproducible,
+    )
+    from pytest_backends.determinism import (
+        expect_nondeterministic_alert as expect_nondeterministic_alert,
+    )
+    from pytest_backends.effect import FlagEffect as FlagEffect
+    from pytest_backends.effect import flag_effect as flag_effect
     from pytest_backends.flags import (
         diff_flags as diff_flags,
     )
@@ -39,6 +75,10 @@ if TYPE_CHECKING:
     from pytest_backends.flags import (
         snapshot_flags as snapshot_flags,
     )
+    from pytest_backends.tolerance import Tolerance as Tolerance
+    from pytest_backends.tolerance import assert_close as assert_close
+    from pytest_backends.tolerance import reference as reference
+    from pytest_backends.tolerance import tolerance_for as tolerance_for
 
 
 def __getattr__(name: str) -> Any:

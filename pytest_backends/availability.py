@@ -1,0 +1,280 @@
+"""What this machine and this torch can run: skip reasons and the report header.
+
+:func:`probe` reads torch's read-only queries once (``torch.cuda.is_available()``,
+``torch.backends.*.is_available()``, the CPU capability level and features, the
+flags the running torch has) into a frozen :class:`Availability`.
+:func:`unavailable_reason` turns a configuration that cannot run here into a
+precise skip reason.  Availability never changes which configurations are
+collected, only whether they are skipped.
+
+Torch is imported by :func:`probe`, never at module import.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pytest_backends import capability
+
+if TYPE_CHECKING:
+    from pytest_backends.configs import AxisRegistry, BackendConfig
+
+__all__ = [
+    "Availability",
+    "header_lines",
+    "probe",
+    "unavailable_reason",
+]
+
+_DEVICE_NAMES = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}
+
+
+@dataclass(frozen=True)
+class Availability:
+    """A snapshot of what the running torch on this machine supports."""
+
+    torch_version: str
+    cuda_built: str | None = None
+    cuda: bool = False
+    cuda_devices: tuple[str, ...] = ()
+    cudnn: bool = False
+    cudnn_version: int | None = None
+    cusparselt: bool = False
+    mps_built: bool = False
+    mps: bool = False
+    mkl: bool = False
+    mkldnn: bool = False
+    nnpack: bool = False
+    openmp: bool = False
+    opt_einsum: bool = False
+    cpu_capability: str = "DEFAULT"
+    arch: str = "x86_64"
+    cpu_features: frozenset[str] = frozenset()
+    flags: frozenset[str] = frozenset()
+    absent_flags: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def _cuda_reason(self) -> str:
+        if self.cuda_built is None:
+            build = f"torch {self.torch_version} is a CPU-only build"
+        else:
+            build = (
+                f"torch {self.torch_version} was built for CUDA {self.cuda_built} "
+                "but sees no GPU"
+            )
+        return f"needs CUDA: torch.cuda.is_available() is False ({build})"
+
+    def _mps_reason(self) -> str:
+        if not self.mps_built:
+            return (
+                "needs MPS: torch.backends.mps.is_available() is False "
+                f"(torch {self.torch_version} was built without MPS)"
+            )
+        return (
+            "needs MPS: torch.backends.mps.is_available() is False "
+            "(MPS needs macOS 12.3+ on Apple silicon or an AMD GPU)"
+        )
+
+    def missing(self, check: str) -> str | None:
+        """Why this machine fails ``check`` (a phrase after the value's token), or ``None``.
+
+        Checks: ``cuda``, ``cudnn``, ``mps``, ``mkldnn``, ``nnpack``,
+        ``mkldnn_bf16``, ``mkldnn_tf32`` and ``cpu_capability:<level>``.
+        """
+        if check == "cuda":
+            return None if self.cuda else self._cuda_reason()
+        if check == "mps":
+            return None if self.mps else self._mps_reason()
+        if check == "cudnn":
+            if not self.cuda:
+                return self._cuda_reason()
+            return None if self.cudnn else (
+                "needs cuDNN: torch.backends.cudnn.is_available() is False"
+            )
+        if check == "mkldnn":
+            return None if self.mkldnn else (
+                "needs oneDNN: torch.backends.mkldnn.is_available() is False"
+            )
+        if check == "nnpack":
+            return None if self.nnpack else (
+                "needs NNPACK: torch.backends.nnpack.is_available() is False"
+            )
+        if check == "mkldnn_bf16":
+            return None if self._mkldnn_bf16() else (
+                "needs a CPU with bf16 support in oneDNN (x86: AVX512BW+VL+DQ or "
+                "AVX-NE-CONVERT; Arm: BF16); "
+                f"this {self.arch} CPU has neither, so the flag would change nothing"
+            )
+        if check == "mkldnn_tf32":
+            if self.arch == "x86_64" and "amxfp16" in self.cpu_features:
+                return None
+            return (
+                "needs a CPU with AMX-FP16 (torch lets oneDNN use TF32 only there); "
+                f"this {self.arch} CPU lacks it, so the flag would change nothing"
+            )
+        if check.startswith("cpu_capability:"):
+            return self._capability(check.partition(":")[2])
+        raise ValueError(f"unknown availability check {check!r}")
+
+    def _mkldnn_bf16(self) -> bool:
+        have = self.cpu_features
+        if self.arch == "x86_64":
+            return {"avx512bw", "avx512vl", "avx512dq"} <= have or "avxneconvert" in have
+        return self.arch == "aarch64" and "bf16" in have
+
+    def _capability(self, level: str) -> str | None:
+        info = capability.LEVELS.get(level)
+        if info is None:
+            return f"is not a CPU capability level torch knows ({', '.join(capability.LEVELS)})"
+        hardware = capability.unsupported_reason(level, arch=self.arch, features=self.cpu_features)
+        if hardware is not None:
+            prefix = f"{capability.level_id(level)}: "
+            return "cannot run on this machine: " + hardware.removeprefix(prefix)
+        if info.reported == self.cpu_capability:
+            return None
+        return (
+            f"runs in a process of its own (ATEN_CPU_CAPABILITY={level} is read once, when "
+            f"torch is imported); this process runs torch's {self.cpu_capability} kernels"
+        )
+
+    def flag_missing(self, name: str) -> str | None:
+        """Why the running torch lacks flag ``name``, or ``None`` if it has it."""
+        if name in self.flags:
+            return None
+        why = self.absent_flags.get(name, "not in this torch")
+        return f"needs flag {name!r}, which torch {self.torch_version} lacks ({why})"
+
+
+def _bool_call(obj: Any, name: str) -> bool:
+    fn = getattr(obj, name, None)
+    try:
+        return bool(fn()) if fn is not None else False
+    except Exception:  # a broken backend query means "not available"
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def probe() -> Availability:
+    """Probe the running torch and machine (imports torch; cached per process)."""
+    import torch
+    import torch.backends.opt_einsum
+
+    from pytest_backends.flags import registry
+
+    cuda = _bool_call(torch.cuda, "is_available")
+    devices: tuple[str, ...] = ()
+    if cuda:
+        devices = tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+    cudnn = cuda and _bool_call(torch.backends.cudnn, "is_available")
+    cusparselt_mod = getattr(torch.backends, "cusparselt", None)
+    flags = registry()
+    return Availability(
+        torch_version=str(torch.__version__),
+        cuda_built=getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None),
+        cuda=cuda,
+        cuda_devices=devices,
+        cudnn=cudnn,
+        cudnn_version=getattr(torch.backends.cudnn, "version")() if cudnn else None,  # noqa: B009
+        cusparselt=_bool_call(cusparselt_mod, "is_available"),
+        mps_built=_bool_call(torch.backends.mps, "is_built"),
+        mps=_bool_call(torch.backends.mps, "is_available"),
+        mkl=_bool_call(torch.backends.mkl, "is_available"),
+        mkldnn=_bool_call(torch.backends.mkldnn, "is_available"),
+        nnpack=_bool_call(torch.backends.nnpack, "is_available"),
+        openmp=_bool_call(torch.backends.openmp, "is_available"),
+        opt_einsum=_bool_call(torch.backends.opt_einsum, "is_available"),
+        cpu_capability=capability.effective_level(),
+        arch=capability.machine_arch(),
+        cpu_features=capability.cpu_features(),
+        flags=frozenset(flags.names()),
+        absent_flags=dict(flags.absent),
+    )
+
+
+def unavailable_reason(
+    config: BackendConfig, registry: AxisRegistry, avail: Availability
+) -> str | None:
+    """Why ``config`` cannot run here (a skip reason), or ``None`` if it can.
+
+    The device comes first: a config whose device is missing is skipped for
+    that reason alone, naming the value that put it on that device.
+    """
+    values = [(registry.axis(a), registry.axis(a).value(v)) for a, v in config.choices]
+    device = config.device
+    if device in ("cuda", "mps"):
+        check = avail.missing(device)
+        if check is not None:
+            cause = next(
+                (axis.token(value.name) for axis, value in values
+                 if axis.name == "device" or value.devices == frozenset({device})),
+                f"device-{device}",
+            )
+            return f"{cause} {check}"
+    reasons: list[str] = []
+    for axis, value in values:
+        token = axis.token(value.name)
+        if value.devices is not None and device not in value.devices:
+            where = " and ".join(_DEVICE_NAMES[d] for d in sorted(value.devices))
+            reasons.append(f"{token} only acts on {where} kernels; this config runs on "
+                           f"device-{device}")
+            continue
+        for other_axis, wanted in value.requires:
+            got = config.axes.get(other_axis)
+            if got is not None and got != wanted:
+                other = registry.axis(other_axis)
+                reasons.append(f"{token} needs {other.token(wanted)}; this config has "
+                               f"{other.token(got)}")
+        for need in value.needs:
+            why = need(avail)
+            if why is not None:
+                reasons.append(f"{token} {why}")
+        for name in value.needs_flags:
+            why = avail.flag_missing(name)
+            if why is not None:
+                reasons.append(f"{token} {why}")
+    unique = list(dict.fromkeys(reasons))
+    return "; ".join(unique) or None
+
+
+def torch_imported() -> bool:
+    """Whether something in this process has imported torch already."""
+    return "torch" in sys.modules
+
+
+def _yes(flag: bool, detail: str = "") -> str:
+    return ("yes" + (f" ({detail})" if detail else "")) if flag else "no"
+
+
+def header_lines(avail: Availability) -> list[str]:
+    """The availability lines of the pytest report header."""
+    if avail.cuda:
+        cuda = _yes(True, f"CUDA {avail.cuda_built}, " + ", ".join(avail.cuda_devices))
+    elif avail.cuda_built:
+        cuda = f"no (built for CUDA {avail.cuda_built}, no GPU visible)"
+    else:
+        cuda = "no (CPU-only build)"
+    gpu = [
+        f"torch {avail.torch_version}",
+        f"CUDA: {cuda}",
+        f"cuDNN: {_yes(avail.cudnn, str(avail.cudnn_version or ''))}",
+        f"cuSPARSELt: {_yes(avail.cusparselt)}",
+        f"MPS: {_yes(avail.mps) if avail.mps_built else 'no (not built)'}",
+    ]
+    cpu = [
+        f"CPU capability: {avail.cpu_capability} ({avail.arch})",
+        f"MKL: {_yes(avail.mkl)}",
+        f"MKL-DNN: {_yes(avail.mkldnn)}",
+        f"NNPACK: {_yes(avail.nnpack)}",
+        f"OpenMP: {_yes(avail.openmp)}",
+        f"opt_einsum: {_yes(avail.opt_einsum)}",
+    ]
+    return ["backends: " + "; ".join(gpu), "backends: " + "; ".join(cpu)]
+
+
+HINT = (
+    "backends: availability not probed (torch is not imported yet); it is shown with "
+    "--backends-matrix or when a collected test carries @pytest.mark.backends"
+)

@@ -1,0 +1,132 @@
+"""The ``@pytest.mark.backends`` marker: its signature, binding and validation.
+
+The marker's arguments are bound by calling :func:`backends`, whose signature
+*is* the marker's, so the documentation, the marker help line and the parser
+cannot drift apart.  :func:`resolve` then checks the names against the axis
+registry and merges markers from the function, its class and its module.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from pytest_backends.configs import AxisRegistry
+
+__all__ = ["MARKER", "MarkerError", "MarkerSpec", "backends", "marker_line", "resolve"]
+
+#: The marker's name.
+MARKER = "backends"
+
+
+class MarkerError(ValueError):
+    """A ``@pytest.mark.backends`` marker names an unknown axis or value."""
+
+
+@dataclass(frozen=True)
+class MarkerSpec:
+    """One bound marker: ``(axis, values)`` pairs; ``values`` is ``None`` for "all values"."""
+
+    axes: tuple[tuple[str, tuple[str, ...] | None], ...]
+
+
+def backends(*axes: str, **values: str | Sequence[str]) -> MarkerSpec:
+    """Run the test once per backend configuration (with ``--backends-matrix``).
+
+    ``axes`` name axes whose every value is used: ``backends("mkldnn", "tf32")``.
+    ``values`` pick values of an axis: ``backends(sdpa=["math", "flash"])`` or
+    ``backends(device="cuda")``.  Both can be combined; the test runs over
+    the product of all axes named.  Without ``--backends-matrix`` a marked test
+    runs once, with torch's defaults.
+    """
+    pairs: list[tuple[str, tuple[str, ...] | None]] = []
+    for axis in axes:
+        if not isinstance(axis, str):
+            raise MarkerError(
+                f"axis names are strings, got {axis!r} ({type(axis).__name__}); "
+                "pick values with keywords, e.g. backends(sdpa=['math'])"
+            )
+        pairs.append((axis, None))
+    for axis, chosen in values.items():
+        if isinstance(chosen, str):
+            picked: tuple[str, ...] = (chosen,)
+        elif isinstance(chosen, Sequence) and all(isinstance(v, str) for v in chosen):
+            picked = tuple(chosen)
+        else:
+            raise MarkerError(
+                f"{axis}={chosen!r}: values are a string or a list of strings"
+            )
+        if not picked:
+            raise MarkerError(f"{axis}=[] selects no value")
+        pairs.append((axis, picked))
+    names = [axis for axis, _ in pairs]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise MarkerError(f"axis {repeated[0]!r} is given twice in one marker")
+    return MarkerSpec(tuple(pairs))
+
+
+def marker_line() -> str:
+    """The ``markers`` ini line, built from :func:`backends`'s signature."""
+    params = inspect.signature(backends).parameters.values()
+    shown = ", ".join(
+        ("*" if p.kind is p.VAR_POSITIONAL else "**" if p.kind is p.VAR_KEYWORD else "")
+        + p.name
+        for p in params
+    )
+    return (
+        f"{MARKER}({shown}): run the test once per backend configuration of the named axes "
+        "(with --backends-matrix), e.g. backends('mkldnn', sdpa=['math', 'flash'])"
+    )
+
+
+def _suggest(name: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check(spec: MarkerSpec, registry: AxisRegistry) -> None:
+    for axis, chosen in spec.axes:
+        if axis not in registry:
+            raise MarkerError(
+                f"unknown axis {axis!r}{_suggest(axis, registry.names)}; "
+                f"valid axes: {', '.join(registry.names)}"
+            )
+        valid = registry.axis(axis).value_names
+        for value in chosen or ():
+            if value not in valid:
+                raise MarkerError(
+                    f"axis {axis!r} has no value {value!r}{_suggest(value, valid)}; "
+                    f"valid values: {', '.join(valid)}"
+                )
+
+
+def bind(args: Sequence[object], kwargs: Mapping[str, object]) -> MarkerSpec:
+    """Bind one marker's arguments through :func:`backends` (raises :class:`MarkerError`)."""
+    try:
+        inspect.signature(backends).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise MarkerError(str(exc)) from None
+    return backends(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def resolve(
+    marks: Sequence[tuple[Sequence[object], Mapping[str, object]]], registry: AxisRegistry
+) -> dict[str, tuple[str, ...]]:
+    """Merge markers (closest first) into ``{axis: values}`` in registry order.
+
+    Axes from every level (function, class, module) are combined; where two
+    levels name the same axis, the closest marker decides its values.
+    """
+    merged: dict[str, tuple[str, ...]] = {}
+    for args, kwargs in marks:
+        spec = bind(args, kwargs)
+        _check(spec, registry)
+        for axis, chosen in spec.axes:
+            if axis in merged:
+                continue
+            values = registry.axis(axis).value_names
+            merged[axis] = values if chosen is None else tuple(v for v in values if v in chosen)
+    return {name: merged[name] for name in registry.names if name in merged}

@@ -1,0 +1,636 @@
+"""The backend matrix: options, expansion of marked tests, and per-item configs.
+
+Data flows one way (DESIGN B):
+
+1. :func:`resolve_settings` turns options and ini keys into a frozen
+   :class:`MatrixSettings` (pure parsers, each raising ``pytest.UsageError``).
+2. :meth:`MatrixPlugin.pytest_generate_tests` binds each test's
+   ``@pytest.mark.backends`` markers and, with ``--backends-matrix``,
+   parametrizes the test over the (optionally sampled) product of its axes.
+   The list depends only on markers and options, never on the machine, so
+   collection is identical everywhere, xdist workers included.
+3. :meth:`MatrixPlugin.pytest_collection_modifyitems` stores each item's
+   :class:`~pytest_backends.configs.BackendConfig` under :data:`CONFIG_KEY`, hands
+   its flags to the leak guard (``isolation.ITEM_FLAGS_KEY``), and turns a
+   config this machine cannot run into a skip with a precise reason.
+
+Torch is imported only when a marked test is expanded or a feature needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pytest
+
+from pytest_backends import _xdist, availability, isolation, markers
+from pytest_backends.configs import (
+    DEFAULT_CONFIG,
+    Axis,
+    AxisRegistry,
+    BackendConfig,
+    ConfigError,
+    builtin_registry,
+)
+
+if TYPE_CHECKING:
+    from pytest_backends.availability import Availability
+
+__all__ = [
+    "CONFIG_KEY",
+    "SETTINGS_KEY",
+    "MatrixPlugin",
+    "MatrixSettings",
+    "addoption",
+    "configure",
+    "parse_config_ids",
+    "parse_matrix",
+    "parse_sample",
+    "parse_seed",
+    "parse_verify",
+    "sample_configs",
+    "use_config",
+]
+
+#: The :class:`BackendConfig` of an item (``default`` for a marked test outside the matrix).
+CONFIG_KEY = pytest.StashKey[BackendConfig]()
+#: The resolved :class:`MatrixSettings` of the run.
+SETTINGS_KEY = pytest.StashKey["MatrixSettings"]()
+#: The registry of axes of the run (built-ins plus ``pytest_backends_configurations``).
+REGISTRY_KEY = pytest.StashKey[AxisRegistry]()
+
+_MARKER_ERROR_KEY = pytest.StashKey[str]()
+
+#: The test-id parameter and fixture that carry the config.
+PARAM = "backend_config"
+#: The JUnit XML property (``record_property`` style) naming an item's config.
+PROPERTY = "backend_config"
+
+VERIFY_MODES = ("off", "on", "strict")
+_ON = ("all", "on", "yes", "true", "1")
+_OFF = ("off", "no", "false", "0", "none", "")
+_AXIS_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+_TOKEN = re.compile(r"[a-z][a-z0-9_]*-[a-z0-9][a-z0-9_.]*\Z")
+
+C = TypeVar("C", bound="tuple[Hashable, ...]")
+
+
+# --- options ------------------------------------------------------------------------------
+
+
+def addoption(parser: pytest.Parser, group: Any) -> None:
+    """Register the matrix, verification and report options with their ini twins."""
+    group.addoption(
+        "--backends-matrix", action="store", nargs="?", const="all", default=None,
+        metavar="AXES",
+        help="run each @pytest.mark.backends test once per backend configuration. "
+        "Optionally restrict the axes: --backends-matrix=mkldnn,device ('off' disables). "
+        "ini: backends_matrix",
+    )
+    group.addoption(
+        "--backends-sample", action="store", default=None, metavar="N",
+        help="run a seeded sample of N configurations per test instead of the full "
+        "product. ini: backends_sample",
+    )
+    group.addoption(
+        "--backends-seed", action="store", default=None, metavar="S",
+        help="seed of --backends-sample (default: random, shown in the header). "
+        "ini: backends_seed",
+    )
+    group.addoption(
+        "--backends-config", action="append", default=None, metavar="ID",
+        help="run only the items of the configurations matching ID (e.g. mkldnn-off or "
+        "cudnn-on,sdpa-math; every token must match); repeatable; implies "
+        "--backends-matrix. ini: backends_config",
+    )
+    group.addoption(
+        "--backends-verify", action="store", nargs="?", const="on", default=None,
+        metavar="MODE",
+        help="check with torch.profiler that each config's kernel path really ran: "
+        "on (broken promises fail, unexercised ones are reported), strict (unexercised "
+        "ones fail too) or off. ini: backends_verify",
+    )
+    group.addoption(
+        "--backends-report", action="store", default=None, metavar="PATH",
+        help="write the matrix report as JSON to PATH. ini: backends_report",
+    )
+    group.addoption(
+        "--backends-html", action="store", default=None, metavar="PATH",
+        help="write the matrix report as a self-contained HTML grid to PATH. "
+        "ini: backends_html",
+    )
+    parser.addini("backends_matrix", "backend matrix: off, all, or a comma-separated list "
+                  "of axes", default="off")
+    parser.addini("backends_sample", "configurations sampled per test (empty: all)",
+                  default="")
+    parser.addini("backends_seed", "seed of backends_sample (empty: random)", default="")
+    parser.addini("backends_config", "run only the items of these configuration ids",
+                  type="args", default=[])
+    parser.addini("backends_verify", "kernel-path verification: off, on or strict",
+                  default="off")
+    parser.addini("backends_report", "path of the JSON matrix report", default="")
+    parser.addini("backends_html", "path of the HTML matrix report", default="")
+
+
+def _path_hint(value: str) -> str:
+    if "/" in value or "\\" in value or value.endswith(".py") or Path(value).exists():
+        return (
+            f" ({value!r} looks like a path: write the option as --OPTION=VALUE, or put "
+            "it after the paths)"
+        )
+    return ""
+
+
+def parse_matrix(value: str, source: str) -> tuple[bool, tuple[str, ...] | None]:
+    """``all``/``on`` -> all marked axes; ``off`` -> disabled; ``a,b`` -> only those axes.
+
+    Returns ``(enabled, axes)``; ``axes`` is ``None`` for "every axis a marker names".
+    Names are only checked for syntax here; :func:`check_axes` checks them
+    against the registry.
+    """
+    text = value.strip().lower()
+    if text in _OFF:
+        return False, None
+    if text in _ON:
+        return True, None
+    names = [part.strip() for part in text.split(",")]
+    bad = [n for n in names if not _AXIS_NAME.match(n)]
+    if bad:
+        raise pytest.UsageError(
+            f"{source}: {bad[0]!r} is not an axis name; expected 'all', 'off' or a "
+            f"comma-separated list of axes{_path_hint(value).replace('OPTION', 'backends-matrix')}"
+        )
+    return True, tuple(dict.fromkeys(names))
+
+
+def check_axes(axes: Sequence[str], registry: AxisRegistry, source: str) -> None:
+    """Raise ``UsageError`` naming the valid axes if ``axes`` has an unknown one."""
+    for name in axes:
+        if name not in registry:
+            raise pytest.UsageError(
+                f"{source}: unknown axis {name!r}; valid axes: {', '.join(registry.names)}"
+            )
+
+
+def parse_sample(value: str, source: str) -> int | None:
+    """A positive number of configurations per test, or ``None`` (empty: no sampling)."""
+    text = value.strip()
+    if not text:
+        return None
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise pytest.UsageError(f"{source}: expected a positive integer, got {value!r}")
+    return number
+
+
+def parse_seed(value: str, source: str) -> int | None:
+    """A non-negative integer seed, or ``None`` (empty: pick one at random)."""
+    text = value.strip()
+    if not text:
+        return None
+    try:
+        seed = int(text, 0)
+    except ValueError:
+        seed = -1
+    if seed < 0:
+        raise pytest.UsageError(f"{source}: expected a non-negative integer, got {value!r}")
+    return seed
+
+
+def parse_config_ids(values: Sequence[str], source: str) -> tuple[tuple[str, ...], ...]:
+    """Split configuration ids into tokens; each id selects items whose config has all of them."""
+    groups: list[tuple[str, ...]] = []
+    for value in values:
+        tokens = tuple(t.strip() for t in value.strip().split(","))
+        bad = [t for t in tokens if not _TOKEN.match(t)]
+        if bad:
+            raise pytest.UsageError(
+                f"{source}: {bad[0]!r} is not a configuration token like 'mkldnn-off'; "
+                f"expected ids such as 'mkldnn-off' or 'cudnn-on,sdpa-math'"
+            )
+        groups.append(tokens)
+    return tuple(groups)
+
+
+def check_config_ids(
+    groups: Sequence[Sequence[str]], registry: AxisRegistry, source: str
+) -> tuple[frozenset[tuple[str, str]], ...]:
+    """Resolve token groups against the registry; ``UsageError`` lists the valid tokens."""
+    resolved = []
+    for tokens in groups:
+        pairs = []
+        for token in tokens:
+            try:
+                pairs.append(registry.parse_token(token))
+            except ConfigError:
+                raise pytest.UsageError(
+                    f"{source}: unknown configuration token {token!r}; valid tokens: "
+                    f"{', '.join(registry.all_tokens())}"
+                ) from None
+        resolved.append(frozenset(pairs))
+    return tuple(resolved)
+
+
+def parse_verify(value: str, source: str) -> str:
+    """``on``, ``strict`` or ``off``."""
+    text = value.strip().lower()
+    if text in ("", "on", "yes", "true", "1"):
+        return "on" if text else "off"
+    if text in ("off", "no", "false", "0"):
+        return "off"
+    if text == "strict":
+        return "strict"
+    raise pytest.UsageError(
+        f"{source}: expected one of {', '.join(VERIFY_MODES)}, got {value!r}"
+        + _path_hint(value).replace("OPTION", "backends-verify")
+    )
+
+
+@dataclass(frozen=True)
+class MatrixSettings:
+    """Options and ini keys of the matrix, resolved once (command line wins over ini)."""
+
+    enabled: bool = False
+    axes: tuple[str, ...] | None = None
+    axes_source: str = "--backends-matrix"
+    sample: int | None = None
+    seed: int | None = None
+    seed_given: bool = False
+    select: tuple[tuple[str, ...], ...] = ()
+    select_source: str = "--backends-config"
+    verify: str = "off"
+    report_json: Path | None = None
+    report_html: Path | None = None
+
+    def describe(self) -> str:
+        """One header line summarising the matrix settings."""
+        parts = ["axes: " + (", ".join(self.axes) if self.axes else "all marked axes")]
+        if self.sample:
+            parts.append(f"sample {self.sample} per test, seed {self.seed}"
+                         + ("" if self.seed_given else f" (--backends-seed={self.seed} "
+                                                       "reproduces it)"))
+        if self.select:
+            parts.append("only " + " | ".join(",".join(g) for g in self.select))
+        if self.verify != "off":
+            parts.append(f"verify: {self.verify}")
+        return "backends matrix: " + "; ".join(parts)
+
+
+def _option(config: pytest.Config, name: str) -> tuple[Any, str, bool]:
+    """(value, source name, from the command line?) for option ``name``."""
+    cli = config.getoption(name, None)
+    if cli is not None:
+        return cli, "--" + name.replace("_", "-"), True
+    return config.getini(name), f"ini option {name}", False
+
+
+def _path(config: pytest.Config, name: str) -> Path | None:
+    value, _source, from_cli = _option(config, name)
+    text = str(value or "").strip()
+    if not text:
+        return None
+    base = config.invocation_params.dir if from_cli else config.rootpath
+    return base / text
+
+
+def resolve_settings(config: pytest.Config) -> MatrixSettings:
+    """Resolve every matrix option once (raises ``pytest.UsageError`` on bad input)."""
+    value, axes_source, _ = _option(config, "backends_matrix")
+    enabled, axes = parse_matrix(str(value), axes_source)
+    # --backends-cpu-capability asks for the cpu_capability axis by itself.
+    from pytest_backends import _capability_runner
+
+    enabled, axes = _capability_runner.widen_matrix(config, enabled, axes)
+    raw_ids, select_source, _ = _option(config, "backends_config")
+    select = parse_config_ids(list(raw_ids or ()), select_source)
+    if select and config.getoption("backends_matrix", None) is None:
+        # Selecting a config implies the matrix, unless the command line turned it off.
+        enabled = True
+    if not enabled:
+        select = ()
+    value, source, _ = _option(config, "backends_sample")
+    sample = parse_sample(str(value), source)
+    value, source, _ = _option(config, "backends_seed")
+    seed = parse_seed(str(value), source)
+    seed_given = seed is not None
+    workerinput = getattr(config, "workerinput", None)
+    if seed is None and workerinput is not None and _xdist.WORKERINPUT_SEED in workerinput:
+        seed = int(workerinput[_xdist.WORKERINPUT_SEED])
+    if seed is None and sample is not None:
+        seed = random.Random().randrange(2**31)
+    value, source, _ = _option(config, "backends_verify")
+    verify = parse_verify(str(value), source)
+    return MatrixSettings(
+        enabled=enabled,
+        axes=axes,
+        axes_source=axes_source,
+        sample=sample,
+        seed=seed,
+        seed_given=seed_given,
+        select=select,
+        select_source=select_source,
+        verify=verify,
+        report_json=_path(config, "backends_report"),
+        report_html=_path(config, "backends_html"),
+    )
+
+
+# --- expansion ----------------------------------------------------------------------------
+
+
+def sample_configs(combos: Sequence[C], n: int, seed: int, key: str) -> list[C]:
+    """A reproducible sample of ``n`` of ``combos`` (each a tuple of hashable choices).
+
+    The same ``(seed, key)`` always picks the same items, in their original
+    order.  Picks are greedy for coverage first: each pick adds as many
+    not-yet-seen values as possible (ties broken by a seeded shuffle), so with
+    ``n`` at least the size of the largest axis every value runs at least once.
+    """
+    if n >= len(combos):
+        return list(combos)
+    rng = random.Random(f"{seed}:{key}")
+    order = list(range(len(combos)))
+    rng.shuffle(order)
+    chosen: list[int] = []
+    covered: set[object] = set()
+    remaining = order[:]
+    while len(chosen) < n:
+        best = max(remaining, key=lambda i: len(set(combos[i]) - covered))
+        if not set(combos[best]) - covered:
+            break
+        chosen.append(best)
+        covered |= set(combos[best])
+        remaining.remove(best)
+    for i in remaining:
+        if len(chosen) >= n:
+            break
+        chosen.append(i)
+    return [combos[i] for i in sorted(chosen)]
+
+
+def _definition_id(item: pytest.Item) -> str:
+    """The node id of the function an item was generated from (without ``[params]``)."""
+    name = item.name
+    original = getattr(item, "originalname", name)
+    return item.nodeid[: len(item.nodeid) - len(name) + len(original)]
+
+
+def _marks(node: Any) -> list[tuple[Sequence[object], Mapping[str, object]]]:
+    return [(m.args, m.kwargs) for m in node.iter_markers(markers.MARKER)]
+
+
+class MatrixPlugin:
+    """Expands marked tests and attaches configs to items."""
+
+    def __init__(self, config: pytest.Config, settings: MatrixSettings) -> None:
+        self.config = config
+        self.settings = settings
+        self._registry: AxisRegistry | None = None
+        self._availability: Availability | None = None
+        self._configs: dict[tuple[tuple[str, str], ...], BackendConfig] = {}
+        self._reasons: dict[BackendConfig, str | None] = {}
+        self._selections: dict[str, dict[str, tuple[str, ...]]] = {}
+        self._errors: dict[str, str] = {}
+        self._select: tuple[frozenset[tuple[str, str]], ...] = ()
+        self._header_shown = False
+
+    # registry and machine ------------------------------------------------------------------
+
+    @property
+    def registry(self) -> AxisRegistry:
+        """Built-in axes plus those from ``pytest_backends_configurations`` (built once)."""
+        if self._registry is None:
+            registry = builtin_registry()
+            results = self.config.hook.pytest_backends_configurations(config=self.config)
+            try:
+                for result in results:
+                    if isinstance(result, Axis):
+                        result = [result]
+                    if result:
+                        registry = registry.extended(result)
+            except ConfigError as exc:
+                raise pytest.UsageError(f"pytest_backends_configurations: {exc}") from None
+            self._registry = registry
+            self.config.stash[REGISTRY_KEY] = registry
+        return self._registry
+
+    @property
+    def probed(self) -> Availability | None:
+        """The availability if it was probed in this process, else ``None``."""
+        return self._availability
+
+    @property
+    def availability(self) -> Availability:
+        """What this machine can run (imports torch on first use)."""
+        if self._availability is None:
+            self._availability = availability.probe()
+        return self._availability
+
+    def build(self, choices: tuple[tuple[str, str], ...]) -> BackendConfig:
+        """The config for ``choices`` (cached; raises ``ConfigError`` on conflicting flags)."""
+        config = self._configs.get(choices)
+        if config is None:
+            avail = self.availability
+            config = self.registry.make(
+                choices, available_flags=avail.flags, cuda_available=avail.cuda
+            )
+            self._configs[choices] = config
+        return config
+
+    def reason(self, config: BackendConfig) -> str | None:
+        """Why ``config`` cannot run here (cached), or ``None``."""
+        if not config.choices:
+            return None
+        if config not in self._reasons:
+            self._reasons[config] = availability.unavailable_reason(
+                config, self.registry, self.availability
+            )
+        return self._reasons[config]
+
+    # hooks ---------------------------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        registry = self.registry
+        if self.settings.axes:
+            check_axes(self.settings.axes, registry, self.settings.axes_source)
+        self._select = check_config_ids(
+            self.settings.select, registry, self.settings.select_source
+        )
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        lines: list[str] = []
+        if self.settings.enabled or availability.torch_imported():
+            lines += availability.header_lines(self.availability)
+            self._header_shown = True
+        else:
+            lines.append(availability.HINT)
+        if self.settings.enabled:
+            lines.append(self.settings.describe())
+        return lines
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        marks = _marks(metafunc.definition)
+        if not marks:
+            return
+        defid = metafunc.definition.nodeid
+        try:
+            selection = markers.resolve(marks, self.registry)
+        except markers.MarkerError as exc:
+            self._errors[defid] = f"invalid @pytest.mark.backends on {defid}: {exc}"
+            return
+        self._selections[defid] = selection
+        if not self.settings.enabled:
+            return
+        if self.settings.axes is not None:
+            selection = {a: v for a, v in selection.items() if a in self.settings.axes}
+        if not selection:
+            return
+        combos = self.registry.product(selection)
+        if self.settings.sample is not None and self.settings.seed is not None:
+            combos = sample_configs(combos, self.settings.sample, self.settings.seed, defid)
+        try:
+            configs = [self.build(c) for c in combos]
+        except ConfigError as exc:
+            self._errors[defid] = f"invalid backend configuration for {defid}: {exc}"
+            self._selections.pop(defid)
+            return
+        if PARAM not in metafunc.fixturenames:
+            metafunc.fixturenames.append(PARAM)
+        metafunc.parametrize(PARAM, configs, ids=[c.id for c in configs])
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        if not self._selections and not self._errors and not self._select:
+            return
+        kept: list[pytest.Item] = []
+        dropped: list[pytest.Item] = []
+        for item in items:
+            defid = _definition_id(item)
+            error = self._errors.get(defid)
+            if error is not None:
+                item.stash[_MARKER_ERROR_KEY] = error
+                kept.append(item)
+                continue
+            if defid not in self._selections:
+                (dropped if self._select else kept).append(item)
+                continue
+            callspec = getattr(item, "callspec", None)
+            params = callspec.params if callspec is not None else {}
+            backend = params.get(PARAM, DEFAULT_CONFIG)
+            if not isinstance(backend, BackendConfig):
+                backend = DEFAULT_CONFIG
+            if self._select and not any(g <= set(backend.choices) for g in self._select):
+                dropped.append(item)
+                continue
+            kept.append(item)
+            item.stash[CONFIG_KEY] = backend
+            item.user_properties.append((PROPERTY, backend.id))
+            why = self.reason(backend)
+            if why is not None:
+                item.add_marker(pytest.mark.skip(reason=why))
+            elif backend.flags:
+                item.stash[isolation.ITEM_FLAGS_KEY] = backend.flags
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None or session.config.get_verbosity() < 0:
+            return
+        if self._selections and not self._header_shown and not session.config.option.no_header:
+            for line in availability.header_lines(self.availability):
+                reporter.write_line(line)
+            self._header_shown = True
+        for message in self._errors.values():
+            reporter.write_line(f"ERROR {message}", red=True)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        error = item.stash.get(_MARKER_ERROR_KEY, None)
+        if error is not None:
+            pytest.fail(error, pytrace=False)
+
+
+# --- fixtures and helpers -----------------------------------------------------------------
+
+
+def config_for(node: pytest.Item) -> BackendConfig:
+    """The config of an item: its matrix config, or ``default`` (torch's defaults)."""
+    return node.stash.get(CONFIG_KEY, DEFAULT_CONFIG)
+
+
+def device_for(config: BackendConfig) -> Any:
+    """A ``torch.device`` for the config's device."""
+    import torch
+
+    return torch.device(config.device)
+
+
+@contextlib.contextmanager
+def use_config(
+    config: BackendConfig, *, registry: AxisRegistry | None = None
+) -> Iterator[BackendConfig]:
+    """Apply a config's flags for the ``with`` block, then restore every flag.
+
+    For hypothesis tests that draw a config per example
+    (:func:`pytest_backends.strategies.backend_configs`): function-scoped
+    fixtures such as ``backend_config`` wrap the whole test, not each example,
+    so apply the drawn config inside the test body.  A config this machine
+    cannot run calls ``pytest.skip`` with the reason.  ``registry`` is needed
+    only for configs with axes that are not built in.
+    """
+    from pytest_backends.flags import override_flags
+
+    registry = registry or builtin_registry()
+    unknown = [axis for axis, _ in config.choices if axis not in registry]
+    if unknown:
+        raise ValueError(
+            f"config {config.id!r} uses axes {unknown} that the registry does not know; "
+            "pass registry= the registry that defines them"
+        )
+    if config.choices:
+        why = availability.unavailable_reason(config, registry, availability.probe())
+        if why is not None:
+            pytest.skip(why)
+    with override_flags(config.flags):
+        yield config
+
+
+# --- registration -------------------------------------------------------------------------
+
+
+def configure(config: pytest.Config) -> None:
+    """Resolve the settings and register the matrix, verification and report plugins."""
+    from pytest_backends import hookspecs
+
+    config.pluginmanager.add_hookspecs(hookspecs)
+    settings = resolve_settings(config)
+    config.stash[SETTINGS_KEY] = settings
+    plugin = MatrixPlugin(config, settings)
+    config.pluginmanager.register(plugin, "backends-matrix")
+    if settings.verify != "off":
+        from pytest_backends.verify import VerifyPlugin
+
+        config.pluginmanager.register(
+            VerifyPlugin(strict=settings.verify == "strict"), "backends-verify"
+        )
+    is_worker = hasattr(config, "workerinput")
+    if not is_worker and (settings.enabled or settings.report_json or settings.report_html):
+        from pytest_backends.report import ReportPlugin
+
+        config.pluginmanager.register(ReportPlugin(config, settings, plugin), "backends-report")
+    if not is_worker and config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_xdist.XdistHooks(settings), "backends-xdist")

@@ -1,0 +1,384 @@
+"""The matrix report: a terminal grid, a JSON file and a self-contained HTML grid.
+
+Results are read from test reports only (the ``backend_config`` and
+``backends_verify`` user properties travel with every report), so the same
+code merges results from all xdist workers in the controller.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_backends.configs import DEFAULT_ID, ConfigError
+from pytest_backends.matrix import PROPERTY
+from pytest_backends.verify import DETAIL_PROPERTY, STATUS_PROPERTY
+
+if TYPE_CHECKING:
+    from pytest_backends.matrix import MatrixPlugin, MatrixSettings
+
+__all__ = [
+    "OUTCOMES",
+    "ConfigRow",
+    "ReportPlugin",
+    "Result",
+    "base_test_id",
+    "build_rows",
+    "render_html",
+    "render_json",
+    "render_terminal",
+]
+
+#: Outcome columns, in display order.
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+NOT_EXERCISED = "not exercised"
+_ALWAYS = ("passed", "failed", "skipped")
+
+
+@dataclass
+class Result:
+    """The final outcome of one matrix item."""
+
+    nodeid: str
+    test: str
+    config: str
+    outcome: str = "passed"
+    message: str = ""
+    verify: str | None = None
+    verify_detail: str = ""
+    duration: float = 0.0
+
+
+@dataclass
+class ConfigRow:
+    """Outcome counts and notable tests of one configuration."""
+
+    config: str
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    not_exercised: int = 0
+    failures: list[tuple[str, str]] = field(default_factory=list)
+    unexercised: list[tuple[str, str]] = field(default_factory=list)
+    skip_reasons: list[str] = field(default_factory=list)
+
+
+def base_test_id(nodeid: str, config_id: str) -> str:
+    """The node id without the config's part of the parameter id.
+
+    ``t.py::test_x[3-mkldnn-off]`` with config ``mkldnn-off`` -> ``t.py::test_x[3]``.
+    """
+    start = nodeid.find("[", nodeid.rfind("::") + 1)
+    if config_id == DEFAULT_ID or start < 0 or not nodeid.endswith("]"):
+        return nodeid
+    head, inner = nodeid[:start], nodeid[start + 1 : -1]
+    if inner == config_id:
+        return head
+    if inner.startswith(config_id + "-"):
+        rest = inner[len(config_id) + 1 :]
+    elif inner.endswith("-" + config_id):
+        rest = inner[: -len(config_id) - 1]
+    elif f"-{config_id}-" in inner:
+        rest = inner.replace(f"-{config_id}-", "-", 1)
+    else:
+        return nodeid
+    return f"{head}[{rest}]"
+
+
+def _short(text: str, limit: int = 300) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+def _failure_message(report: pytest.TestReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = getattr(crash, "message", None)
+    if isinstance(message, str):
+        return _short(message)
+    return _short(str(report.longrepr or ""))
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return _short(str(longrepr or ""))
+
+
+def update(result: Result, report: pytest.TestReport) -> None:
+    """Fold one phase's report into ``result`` (reruns start over at setup)."""
+    result.duration += report.duration
+    xfail = hasattr(report, "wasxfail")
+    if report.when == "setup":
+        result.verify, result.verify_detail, result.message = None, "", ""
+        if report.failed:
+            result.outcome, result.message = "error", _failure_message(report)
+        elif report.skipped:
+            result.outcome = "xfailed" if xfail else "skipped"
+            result.message = _skip_reason(report) if not xfail else str(report.wasxfail)
+        else:
+            result.outcome = "passed"
+    elif report.when == "call":
+        props = dict(report.user_properties)
+        status = props.get(STATUS_PROPERTY)
+        result.verify = str(status) if status is not None else None
+        result.verify_detail = str(props.get(DETAIL_PROPERTY, ""))
+        if xfail:
+            result.outcome = "xfailed" if report.skipped else "xpassed"
+            result.message = str(report.wasxfail)
+        elif report.failed:
+            result.outcome, result.message = "failed", _failure_message(report)
+        elif report.skipped:
+            result.outcome, result.message = "skipped", _skip_reason(report)
+    elif report.failed and result.outcome not in ("failed", "error"):
+        result.outcome, result.message = "error", _failure_message(report)
+
+
+def build_rows(results: Iterable[Result], order: Sequence[str]) -> list[ConfigRow]:
+    """One row per config, in ``order`` (config ids); counts and notable tests filled in."""
+    rows = {config: ConfigRow(config) for config in order}
+    for result in sorted(results, key=lambda r: r.nodeid):
+        row = rows.setdefault(result.config, ConfigRow(result.config))
+        row.counts[result.outcome] = row.counts.get(result.outcome, 0) + 1
+        if result.outcome in ("failed", "error", "xpassed"):
+            row.failures.append((result.nodeid, result.message))
+        if result.outcome == "skipped" and result.message not in row.skip_reasons:
+            row.skip_reasons.append(result.message)
+        if result.verify == NOT_EXERCISED:
+            row.not_exercised += 1
+            row.unexercised.append((result.nodeid, result.verify_detail))
+    return list(rows.values())
+
+
+def _columns(rows: Sequence[ConfigRow], verify: bool) -> list[str]:
+    columns = [o for o in OUTCOMES if o in _ALWAYS or any(r.counts.get(o) for r in rows)]
+    if verify or any(r.not_exercised for r in rows):
+        columns.append(NOT_EXERCISED)
+    return columns
+
+
+def _cell(row: ConfigRow, column: str) -> int:
+    return row.not_exercised if column == NOT_EXERCISED else row.counts.get(column, 0)
+
+
+def render_terminal(rows: Sequence[ConfigRow], verify: bool) -> list[str]:
+    """The grid and the notable tests, as terminal lines."""
+    if not rows:
+        return ["no test ran under a backend configuration"]
+    columns = _columns(rows, verify)
+    width = max(len("config"), *(len(r.config) for r in rows), len("total"))
+    lines = ["config".ljust(width) + "".join(f"  {c:>{max(len(c), 6)}}" for c in columns)]
+    for row in rows:
+        lines.append(row.config.ljust(width) + "".join(
+            f"  {_cell(row, c):>{max(len(c), 6)}}" for c in columns))
+    totals = [sum(_cell(r, c) for r in rows) for c in columns]
+    lines.append("total".ljust(width) + "".join(
+        f"  {t:>{max(len(c), 6)}}" for c, t in zip(columns, totals)))
+    failing = [r for r in rows if r.failures]
+    if failing:
+        lines += ["", "failing tests per config:"]
+        for row in failing:
+            lines.append(f"  {row.config}")
+            lines += [f"    {nodeid} - {message}" if message else f"    {nodeid}"
+                      for nodeid, message in row.failures]
+    unexercised = [r for r in rows if r.unexercised]
+    if unexercised:
+        lines += ["", "not exercised (the config's kernel path never ran; "
+                      "--backends-verify=strict fails these):"]
+        for row in unexercised:
+            lines.append(f"  {row.config}")
+            lines += [f"    {nodeid}: {detail}" for nodeid, detail in row.unexercised]
+    skipped = [r for r in rows if r.skip_reasons]
+    if skipped:
+        lines += ["", "skip reasons per config:"]
+        for row in skipped:
+            lines += [f"  {row.config} ({row.counts['skipped']}): {reason}"
+                      for reason in row.skip_reasons]
+    return lines
+
+
+def render_json(
+    rows: Sequence[ConfigRow],
+    results: Sequence[Result],
+    *,
+    environment: Sequence[str],
+    settings: dict[str, Any],
+) -> str:
+    """The report as JSON text (the same counts as the terminal grid)."""
+    data = {
+        "version": 1,
+        "environment": list(environment),
+        "settings": settings,
+        "configs": [
+            {
+                "id": row.config,
+                "counts": {o: row.counts.get(o, 0) for o in OUTCOMES},
+                "not_exercised": row.not_exercised,
+                "failures": [{"nodeid": n, "message": m} for n, m in row.failures],
+                "not_exercised_tests": [{"nodeid": n, "detail": d} for n, d in row.unexercised],
+                "skip_reasons": row.skip_reasons,
+            }
+            for row in rows
+        ],
+        "tests": [asdict(r) for r in sorted(results, key=lambda r: r.nodeid)],
+        "totals": {o: sum(r.counts.get(o, 0) for r in rows) for o in OUTCOMES}
+        | {"not_exercised": sum(r.not_exercised for r in rows)},
+    }
+    return json.dumps(data, indent=2, sort_keys=False) + "\n"
+
+
+_CSS = """
+body{font:14px/1.4 system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#222}
+h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:24px 0 8px}
+.env{color:#555;font-size:12px;margin:0} table{border-collapse:collapse}
+th,td{border:1px solid #ddd;padding:4px 8px} th{background:#f6f6f6;font-weight:600}
+.summary td{text-align:right} .summary td:first-child{text-align:left;font-family:monospace}
+.grid th.test{text-align:left;font-family:monospace;font-weight:normal;white-space:nowrap}
+.grid thead th{font-family:monospace;font-size:12px;vertical-align:bottom}
+.grid td{text-align:center;min-width:32px;font-weight:700}
+.passed{background:#c8f0c8;color:#185c18} .failed{background:#f7b5b5;color:#8a1010}
+.error{background:#e07070;color:#fff} .skipped{background:#eee;color:#888}
+.xfailed{background:#fbe7a9;color:#7a5b00} .xpassed{background:#f9c98a;color:#7a3d00}
+.absent{background:#fff} .unexercised{box-shadow:inset 0 0 0 3px #f0a020}
+.legend span{display:inline-block;padding:2px 8px;margin-right:6px;border:1px solid #ddd}
+"""
+_SYMBOL = {"passed": "✓", "failed": "✗", "error": "E", "skipped": "–", "xfailed": "x",
+           "xpassed": "X"}
+
+
+def render_html(
+    rows: Sequence[ConfigRow], results: Sequence[Result], *, environment: Sequence[str],
+    verify: bool,
+) -> str:
+    """A self-contained HTML page: the summary table and a tests x configs grid."""
+    esc = html.escape
+    columns = _columns(rows, verify)
+    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           "<title>pytest-backends matrix</title>", f"<style>{_CSS}</style></head><body>",
+           "<h1>Backend matrix</h1>"]
+    out += [f'<p class="env">{esc(line)}</p>' for line in environment]
+    out.append('<h2>Configurations</h2><table class="summary"><thead><tr><th>config</th>')
+    out += [f"<th>{esc(c)}</th>" for c in columns]
+    out.append("</tr></thead><tbody>")
+    for row in rows:
+        out.append(f"<tr><td>{esc(row.config)}</td>"
+                   + "".join(f"<td>{_cell(row, c)}</td>" for c in columns) + "</tr>")
+    totals = "".join(f"<td>{sum(_cell(r, c) for r in rows)}</td>" for c in columns)
+    out.append(f"<tr><th>total</th>{totals}</tr></tbody></table>")
+
+    configs = [row.config for row in rows]
+    by_test: dict[str, dict[str, Result]] = {}
+    for result in sorted(results, key=lambda r: r.nodeid):
+        by_test.setdefault(result.test, {})[result.config] = result
+    out.append("<h2>Tests &times; configurations</h2>")
+    out.append('<p class="legend">' + "".join(
+        f'<span class="{o}">{_SYMBOL[o]} {o}</span>'
+        for o in OUTCOMES) + '<span class="unexercised">orange frame: not exercised</span></p>')
+    out.append('<table class="grid"><thead><tr><th>test</th>')
+    out += ["<th>" + "<br>".join(esc(t) for t in c.split(",")) + "</th>" for c in configs]
+    out.append("</tr></thead><tbody>")
+    for test in sorted(by_test):
+        cells = []
+        for config in configs:
+            cell = by_test[test].get(config)
+            if cell is None:
+                cells.append('<td class="absent"></td>')
+                continue
+            classes = cell.outcome + (" unexercised" if cell.verify == NOT_EXERCISED else "")
+            title = f"{cell.nodeid}\n{cell.outcome}"
+            for extra in (cell.message, cell.verify_detail):
+                if extra:
+                    title += f"\n{extra}"
+            cells.append(f'<td class="{esc(classes)}" title="{esc(title)}">'
+                         f"{_SYMBOL.get(cell.outcome, '?')}</td>")
+        out.append(f'<tr><th class="test">{esc(test)}</th>{"".join(cells)}</tr>')
+    out.append("</tbody></table></body></html>")
+    return "\n".join(out) + "\n"
+
+
+class ReportPlugin:
+    """Collects matrix results (controller side) and writes the terminal/JSON/HTML report."""
+
+    def __init__(
+        self, config: pytest.Config, settings: MatrixSettings, matrix: MatrixPlugin
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self.matrix = matrix
+        self.results: dict[str, Result] = {}
+        self.written: list[str] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if str(report.outcome) == "rerun":  # pytest-rerunfailures: a later attempt follows
+            return
+        config_id = dict(report.user_properties).get(PROPERTY)
+        if config_id is None:
+            return
+        if report.nodeid not in self.results:
+            self.results[report.nodeid] = Result(
+                report.nodeid, base_test_id(report.nodeid, str(config_id)), str(config_id)
+            )
+        update(self.results[report.nodeid], report)
+
+    def _order(self) -> list[str]:
+        registry = self.matrix.registry
+        ids = {r.config for r in self.results.values()}
+
+        def key(config_id: str) -> tuple[int, tuple[tuple[int, int], ...], str]:
+            try:
+                return (0, registry.sort_key(registry.parse_id(config_id)), config_id)
+            except ConfigError:
+                return (1, (), config_id)
+
+        return sorted(ids, key=key)
+
+    def rows(self) -> list[ConfigRow]:
+        """The per-config rows of the results so far."""
+        return build_rows(self.results.values(), self._order())
+
+    def _environment(self) -> list[str]:
+        avail = self.matrix.probed
+        if avail is None:
+            return []
+        from pytest_backends.availability import header_lines
+
+        return [line.removeprefix("backends: ") for line in header_lines(avail)]
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        rows = self.rows()
+        results = list(self.results.values())
+        verify = self.settings.verify != "off"
+        if self.settings.report_json is not None:
+            settings = {
+                "axes": list(self.settings.axes) if self.settings.axes else None,
+                "sample": self.settings.sample,
+                "seed": self.settings.seed,
+                "verify": self.settings.verify,
+                "select": [",".join(g) for g in self.settings.select],
+            }
+            self._write(self.settings.report_json, render_json(
+                rows, results, environment=self._environment(), settings=settings))
+        if self.settings.report_html is not None:
+            self._write(self.settings.report_html, render_html(
+                rows, results, environment=self._environment(), verify=verify))
+
+    def _write(self, path: Any, text: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        self.written.append(str(path))
+
+    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
+        if config.option.collectonly or (not self.results and not self.settings.enabled):
+            return
+        terminalreporter.section("backends matrix")
+        for line in render_terminal(self.rows(), self.settings.verify != "off"):
+            terminalreporter.line(line)
+        if self.settings.sample and not self.settings.seed_given:
+            terminalreporter.line(f"sampled with --backends-seed={self.settings.seed}")
+        for path in self.written:
+            terminalreporter.line(f"report written to {path}")

@@ -1,0 +1,81 @@
+"""Hypothesis strategies that draw backend configurations.
+
+This module imports hypothesis (and, when a strategy is built, torch); import
+it only from tests that use it.  Apply a drawn config per example with
+:func:`pytest_backends.use_config`: function-scoped fixtures such as
+``backend_config`` are set up once for the whole ``@given`` test, not once per
+example::
+
+    from hypothesis import given
+    from pytest_backends import use_config
+    from pytest_backends.strategies import backend_configs
+
+    @given(config=backend_configs(["mkldnn", "deterministic"]))
+    def test_conv(config):
+        with use_config(config):
+            ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pytest
+from hypothesis import strategies as st
+
+from pytest_backends import availability, markers
+from pytest_backends.configs import AxisRegistry, BackendConfig, builtin_registry
+
+__all__ = ["MAX_CONFIGS", "backend_configs"]
+
+#: The largest product of axes a strategy enumerates.
+MAX_CONFIGS = 4096
+
+
+def _skip(reason: str) -> st.SearchStrategy[BackendConfig]:
+    def draw(_: object) -> BackendConfig:
+        pytest.skip(reason)
+
+    return st.just(None).map(draw)
+
+
+def backend_configs(
+    axes: Sequence[str] | Mapping[str, str | Sequence[str]],
+    *,
+    available_only: bool = True,
+    registry: AxisRegistry | None = None,
+) -> st.SearchStrategy[BackendConfig]:
+    """A strategy of :class:`~pytest_backends.configs.BackendConfig` over ``axes``.
+
+    ``axes`` is a list of axis names (every value) or a mapping of axis name to
+    value(s), as in ``@pytest.mark.backends``.  With ``available_only`` (the
+    default) only configs this machine can run are drawn; if there are none,
+    drawing skips the test with the reasons.  Examples shrink towards the first
+    config in id order.
+    """
+    registry = registry or builtin_registry()
+    if isinstance(axes, str):
+        raise TypeError("axes is a list of axis names or a mapping, not a string")
+    if isinstance(axes, Mapping):
+        mark: tuple[Sequence[object], Mapping[str, object]] = ((), dict(axes))
+    else:
+        mark = (tuple(axes), {})
+    selection = markers.resolve([mark], registry)
+    combos = registry.product(selection)
+    if len(combos) > MAX_CONFIGS:
+        raise ValueError(
+            f"{len(combos)} configurations over {', '.join(selection)}; name fewer axes or "
+            f"values (at most {MAX_CONFIGS})"
+        )
+    avail = availability.probe()
+    configs = [
+        registry.make(c, available_flags=avail.flags, cuda_available=avail.cuda) for c in combos
+    ]
+    if not available_only:
+        return st.sampled_from(configs)
+    reasons = {c: availability.unavailable_reason(c, registry, avail) for c in configs}
+    runnable = [c for c in configs if reasons[c] is None]
+    if not runnable:
+        details = sorted({r for r in reasons.values() if r})
+        return _skip("no configuration of these axes can run here: " + "; ".join(details))
+    return st.sampled_from(runnable)

@@ -1,0 +1,20 @@
+"""Loading the plugin and the matrix modules never imports torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_matrix_modules_do_not_import_torch() -> None:
+    code = (
+        "import sys\n"
+        "import pytest_backends.plugin, pytest_backends.matrix, pytest_backends.report\n"
+        "import pytest_backends.verify, pytest_backends.availability, pytest_backends.markers\n"
+        "import pytest_backends.configs, pytest_backends._xdist, pytest_backends.hookspecs\n"
+        "from pytest_backends.configs import builtin_registry\n"
+        "builtin_registry().product({'mkldnn': ['on', 'off']})\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
