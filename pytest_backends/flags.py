@@ -529,11 +529,22 @@ class FlagRegistry:
         )
 
     def apply(self, normalised: Mapping[str, object]) -> None:
-        """Write already-validated values, parents before children."""
+        """Write already-validated values, parents before children.
+
+        A value this build or machine refuses raises ``ValueError``; callers
+        restore their snapshot (as :func:`override_flags` does).
+        """
         ordered = sorted(normalised.items(), key=lambda kv: self.by_name[kv[0]].order)
         with _unfrozen(self._torch):
             for name, value in ordered:
-                self.by_name[name].write(value)
+                try:
+                    self.by_name[name].write(value)
+                except (RuntimeError, TypeError) as exc:
+                    # e.g. MAGMA on a CPU build, fp16 reductions on a CPU without fp16
+                    raise ValueError(
+                        f"flag {name!r} cannot be set to {value!r} with this torch and "
+                        f"machine: {exc}"
+                    ) from exc
 
     def restore(self, snapshot: Mapping[str, object]) -> None:
         """Put every flag in ``snapshot`` back; all rows are tried before failing."""

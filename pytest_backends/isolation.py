@@ -175,6 +175,7 @@ class IsolationPlugin:
                 reg.apply(reg.validate(flags))
                 applied = True
             except ValueError as exc:
+                reg.restore(self._ambient)
                 item.stash[_SETUP_ERROR_KEY] = exc
         if applied:
             expected_fp = reg.fingerprint()
@@ -368,9 +369,14 @@ class FlagSetter:
         """Validate and apply ``mapping``; raises ``ValueError`` and changes nothing if invalid."""
         reg = _registry()
         normalised = reg.validate(mapping)
+        before = reg.snapshot()
         if self._before is None:
-            self._before = reg.snapshot()
-        reg.apply(normalised)
+            self._before = before
+        try:
+            reg.apply(normalised)
+        except ValueError:
+            reg.restore(before)
+            raise
 
     def get(self, name: str) -> object:
         """The current plain value of one flag."""

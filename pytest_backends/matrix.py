@@ -20,6 +20,7 @@ Torch is imported only when a marked test is expanded or a feature needs it.
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import re
 from collections.abc import Hashable, Iterator, Mapping, Sequence
@@ -347,6 +348,39 @@ def resolve_settings(config: pytest.Config) -> MatrixSettings:
 # --- expansion ----------------------------------------------------------------------------
 
 
+#: The most configurations one marked test may expand to without ``--backends-sample``.
+MAX_CONFIGS = 4096
+
+
+def expand(
+    selection: Mapping[str, Sequence[str]],
+    registry: AxisRegistry,
+    settings: MatrixSettings,
+    key: str,
+) -> list[tuple[tuple[str, str], ...]]:
+    """The value combinations a marked test runs over (empty: it runs once, unparametrized).
+
+    ``selection`` is a resolved marker (:func:`markers.resolve`); the command
+    line's axes restrict it and ``--backends-sample`` samples it. Raises
+    ``ConfigError`` when the product is too large to be meant.
+    """
+    if settings.axes is not None:
+        selection = {a: v for a, v in selection.items() if a in settings.axes}
+    if not selection:
+        return []
+    size = math.prod(len(values) for values in selection.values())
+    if size > MAX_CONFIGS and settings.sample is None:
+        raise ConfigError(
+            f"the marker expands to {size} configurations (more than {MAX_CONFIGS}); "
+            "name fewer axes or values, restrict axes with --backends-matrix=AXES, "
+            "or sample with --backends-sample=N"
+        )
+    combos = registry.product(selection)
+    if settings.sample is not None and settings.seed is not None:
+        combos = sample_configs(combos, settings.sample, settings.seed, key)
+    return combos
+
+
 def sample_configs(combos: Sequence[C], n: int, seed: int, key: str) -> list[C]:
     """A reproducible sample of ``n`` of ``combos`` (each a tuple of hashable choices).
 
@@ -491,14 +525,10 @@ class MatrixPlugin:
         self._selections[defid] = selection
         if not self.settings.enabled:
             return
-        if self.settings.axes is not None:
-            selection = {a: v for a, v in selection.items() if a in self.settings.axes}
-        if not selection:
-            return
-        combos = self.registry.product(selection)
-        if self.settings.sample is not None and self.settings.seed is not None:
-            combos = sample_configs(combos, self.settings.sample, self.settings.seed, defid)
         try:
+            combos = expand(selection, self.registry, self.settings, defid)
+            if not combos:
+                return
             configs = [self.build(c) for c in combos]
         except ConfigError as exc:
             self._errors[defid] = f"invalid backend configuration for {defid}: {exc}"

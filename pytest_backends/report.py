@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_backends._files import atomic_write_text
 from pytest_backends.configs import DEFAULT_ID, ConfigError
 from pytest_backends.matrix import PROPERTY
 from pytest_backends.verify import DETAIL_PROPERTY, STATUS_PROPERTY
@@ -311,6 +312,7 @@ class ReportPlugin:
         self.matrix = matrix
         self.results: dict[str, Result] = {}
         self.written: list[str] = []
+        self.write_errors: list[str] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if str(report.outcome) == "rerun":  # pytest-rerunfailures: a later attempt follows
@@ -368,9 +370,12 @@ class ReportPlugin:
                 rows, results, environment=self._environment(), verify=verify))
 
     def _write(self, path: Any, text: str) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        self.written.append(str(path))
+        try:
+            atomic_write_text(path, text)
+        except OSError as exc:
+            self.write_errors.append(f"could not write {path}: {exc}")
+        else:
+            self.written.append(str(path))
 
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
         if config.option.collectonly or (not self.results and not self.settings.enabled):
@@ -382,3 +387,5 @@ class ReportPlugin:
             terminalreporter.line(f"sampled with --backends-seed={self.settings.seed}")
         for path in self.written:
             terminalreporter.line(f"report written to {path}")
+        for message in self.write_errors:
+            terminalreporter.line(message, red=True)

@@ -1,0 +1,194 @@
+"""No-effect detection: does a backend flag change an op's output on this machine?
+
+Some flags change nothing on some hardware (the fp16/bf16 reduced-precision
+reduction flags on an H100, a oneDNN precision flag on a CPU without the
+instructions it needs, any CUDA flag for a CPU op).  A test that claims to
+cover "flag on and off" can ask :func:`flag_effect` whether it really ran
+two different paths instead of the same one twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["FlagEffect", "flag_effect"]
+
+
+@dataclass(frozen=True)
+class FlagEffect:
+    """The verdict of :func:`flag_effect`.
+
+    ``groups`` partitions ``values`` into sets whose outputs were bitwise
+    identical, in order of first appearance.  ``max_abs_diff`` gives, per
+    value, the largest absolute difference from the first value's output
+    (``None`` where the outputs are not comparable elementwise, e.g. shapes
+    differ).  ``reproducible`` is False when running ``fn`` twice under the
+    first value already gave different outputs; the comparison then says
+    nothing about the flag.  The object is truthy when the flag had an effect.
+    """
+
+    flag: str
+    values: tuple[object, ...]
+    groups: tuple[tuple[object, ...], ...]
+    max_abs_diff: tuple[float | None, ...]
+    reproducible: bool
+
+    @property
+    def has_effect(self) -> bool:
+        """True when some value gave a bitwise different output (and ``fn`` is reproducible)."""
+        return self.reproducible and len(self.groups) > 1
+
+    @property
+    def verdict(self) -> str:
+        """``"effect"``, ``"no effect"`` or ``"not reproducible"``."""
+        if not self.reproducible:
+            return "not reproducible"
+        return "effect" if self.has_effect else "no effect"
+
+    def __bool__(self) -> bool:
+        return self.has_effect
+
+    def __str__(self) -> str:
+        shown = ", ".join(map(repr, self.values))
+        if not self.reproducible:
+            return (
+                f"{self.flag}: not reproducible: two runs under {self.values[0]!r} already "
+                "gave different outputs, so the flag's effect cannot be told apart"
+            )
+        if not self.has_effect:
+            return (
+                f"{self.flag}: no effect: {shown} gave bit-identical outputs "
+                "(the same path ran for every value)"
+            )
+        parts = " | ".join(", ".join(map(repr, group)) for group in self.groups)
+        diffs = ", ".join(
+            f"{value!r}: {diff:.3g}"
+            for value, diff in zip(self.values[1:], self.max_abs_diff[1:])
+            if diff is not None
+        )
+        detail = f"; max |difference| from {self.values[0]!r}: {diffs}" if diffs else ""
+        return f"{self.flag}: effect: outputs differ between groups {parts}{detail}"
+
+
+def _leaves(value: object) -> list[object]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value.detach().clone()]
+    if isinstance(value, Mapping):
+        return [("key", k) for k in value] + [leaf for k in value for leaf in _leaves(value[k])]
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [("len", len(value))] + [leaf for item in value for leaf in _leaves(item)]
+    return [value]
+
+
+def _same(a: list[object], b: list[object]) -> bool:
+    import torch
+
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if not _bitwise_equal(x, y):
+                return False
+        elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            return False
+        elif type(x) is not type(y) or repr(x) != repr(y):
+            # repr: NaN and -0.0 compare by their bits, as tensors do
+            return False
+    return True
+
+
+def _bitwise_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
+        return False
+    if a.layout != torch.strided or b.layout != torch.strided:
+        return bool(torch.equal(a.to_dense(), b.to_dense()))
+    if a.numel() == 0:
+        return True
+    bytes_a = a.contiguous().reshape(-1).view(torch.uint8)
+    bytes_b = b.contiguous().reshape(-1).view(torch.uint8)
+    return bool(torch.equal(bytes_a, bytes_b))
+
+
+def _max_abs_diff(a: list[object], b: list[object]) -> float | None:
+    import torch
+
+    if len(a) != len(b):
+        return None
+    worst = 0.0
+    for x, y in zip(a, b):
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+            continue
+        if x.shape != y.shape or x.device != y.device:
+            return None
+        if not (x.is_floating_point() or x.is_complex()):
+            x, y = x.double(), y.double()
+        diff = (
+            x.to(torch.promote_types(x.dtype, y.dtype))
+            - y.to(torch.promote_types(x.dtype, y.dtype))
+        ).abs()
+        if diff.numel():
+            finite = diff[diff.isfinite()] if diff.is_floating_point() else diff
+            if finite.numel():
+                worst = max(worst, float(finite.max()))
+    return worst
+
+
+def flag_effect(
+    fn: Callable[[], object],
+    flag: str,
+    values: Iterable[object],
+    *,
+    check_reproducible: bool = True,
+) -> FlagEffect:
+    """Run ``fn()`` with ``flag`` set to each of ``values`` and compare the outputs bitwise.
+
+    ``fn`` takes no arguments and returns a tensor or a (nested) sequence or
+    mapping of tensors and plain values; it should build or capture its
+    inputs so that every call computes the same thing.  All other flags stay
+    as they are, and every flag is restored afterwards.  With
+    ``check_reproducible`` (the default) ``fn`` runs once more under the
+    first value: if that output differs, the verdict is "not reproducible".
+
+    Raises ``ValueError`` (before running anything) for an unknown flag, an
+    invalid value, or fewer than two distinct values.
+    """
+    from pytest_backends.flags import override_flags, registry
+
+    chosen = tuple(values)
+    reg = registry()
+    normalised = [reg.validate({flag: value})[flag] for value in chosen]
+    distinct = {repr(v) for v in normalised}
+    if len(distinct) < 2:
+        raise ValueError(
+            f"flag_effect needs at least two distinct values for {flag!r}, got {list(chosen)!r}"
+        )
+    outputs: list[list[object]] = []
+    for value in chosen:
+        with override_flags({flag: value}):
+            outputs.append(_leaves(fn()))
+    reproducible = True
+    if check_reproducible:
+        with override_flags({flag: chosen[0]}):
+            again = _leaves(fn())
+        reproducible = _same(outputs[0], again)
+    groups: list[list[int]] = []
+    for index, out in enumerate(outputs):
+        for group in groups:
+            if _same(outputs[group[0]], out):
+                group.append(index)
+                break
+        else:
+            groups.append([index])
+    return FlagEffect(
+        flag=flag,
+        values=chosen,
+        groups=tuple(tuple(chosen[i] for i in group) for group in groups),
+        max_abs_diff=tuple(_max_abs_diff(outputs[0], out) for out in outputs),
+        reproducible=reproducible,
+    )
