@@ -1,0 +1,59 @@
+"""Run every benchmark and write its figures to benchmarks/results/ (``make bench``).
+
+Each benchmark measures ratios side by side in one run; see the module
+docstring of each script. ``--quick`` runs smaller sizes for a smoke check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results"
+
+
+def benchmarks(quick: bool) -> list[tuple[str, list[str]]]:
+    """(name, argv) for each benchmark, writing into ``benchmarks/results``."""
+    trials = "200" if quick else "1000"
+    return [
+        ("overhead", ["overhead.py", "--repeats", "2" if quick else "5",
+                      "--out", str(RESULTS / "overhead-cpu.txt")]),
+        ("collection", ["bench_collection.py", "--repeat", "1" if quick else "3",
+                        "--out", str(RESULTS / "collection-cpu.txt")]),
+        ("digest", ["bench_digest.py", "--out", str(RESULTS / "digest-cpu.txt")]),
+        ("repeat", ["bench_repeat.py", "--out", str(RESULTS / "repeat-cpu.txt")]),
+        ("reproducible", ["bench_reproducible.py", "--out",
+                          str(RESULTS / "reproducible-cpu.txt")]),
+        ("capability", ["bench_capability.py"]),
+        ("calibration", ["calibrate_tolerance.py", "--trials", trials,
+                         "--out", str(RESULTS / "calibration-cpu.txt")]),
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("only", nargs="*", help="names of benchmarks to run (default: all)")
+    args = parser.parse_args()
+    RESULTS.mkdir(exist_ok=True)
+    failed = []
+    for name, argv in benchmarks(args.quick):
+        if args.only and name not in args.only:
+            continue
+        print(f"=== {name}", flush=True)
+        start = time.perf_counter()
+        code = subprocess.call([sys.executable, str(ROOT / argv[0]), *argv[1:]], cwd=ROOT.parent)
+        print(f"=== {name}: exit {code} in {time.perf_counter() - start:.0f} s", flush=True)
+        if code:
+            failed.append(name)
+    if failed:
+        print("failed: " + ", ".join(failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
