@@ -1,0 +1,128 @@
+"""Crashes are contained, report files are complete or absent, HTML is escaped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+CRASHING_SUITE = """
+import ctypes, os, pytest, torch
+
+@pytest.mark.backends("mkldnn")
+def test_conv(backend_config):
+    x = torch.randn(2, 3, 8, 8)
+    assert torch.nn.functional.conv2d(x, torch.randn(4, 3, 3, 3)).shape == (2, 4, 6, 6)
+
+def test_exits():
+    os._exit(1)
+
+def test_segfaults():
+    ctypes.string_at(0)
+
+@pytest.mark.parametrize("i", range(4))
+def test_others(i):
+    assert i >= 0
+"""
+
+
+def test_worker_crashes_keep_other_results_and_the_report(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_crash=CRASHING_SUITE)
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "-n", "2", "--backends-matrix", f"--backends-report={report}",
+        "--junitxml=junit.xml",
+    )
+    out = result.stdout.str()
+    assert "INTERNALERROR" not in out
+    outcomes = result.parseoutcomes()
+    assert outcomes["failed"] == 2, out[-3000:]  # both crashes are reported as failures
+    assert outcomes["passed"] == 6
+    assert out.count("crashed while running") >= 2 or "crashed" in out
+    data = json.loads(report.read_text())
+    assert data  # the matrix report survived and is valid JSON
+    text = report.read_text()
+    assert "mkldnn-on" in text and "mkldnn-off" in text
+    assert (pytester.path / "junit.xml").exists()
+
+
+def test_keyboard_interrupt_leaves_report_complete_or_absent(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest, torch
+
+        @pytest.mark.backends("mkldnn")
+        def test_a(backend_config):
+            pass
+
+        def test_interrupt():
+            torch.backends.cudnn.benchmark = True
+            raise KeyboardInterrupt
+
+        def test_never():
+            pass
+        """
+    )
+    report = pytester.path / "report.json"
+    html = pytester.path / "report.html"
+    previous = '{"previous": true}\n'
+    report.write_text(previous)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "--backends-matrix", f"--backends-report={report}",
+        f"--backends-html={html}",
+    )
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    text = report.read_text()
+    # either the previous file or a complete new one, never a truncated mix
+    assert text == previous or json.loads(text)
+    if html.exists():
+        assert html.read_text().rstrip().endswith("</html>")
+    assert not list(pytester.path.glob(".report.json.*.tmp"))
+
+
+def test_atomic_write_leaves_previous_file_on_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_backends import _files
+
+    target = tmp_path / "report.json"
+    target.write_text("old")
+
+    def interrupted(fd: int) -> None:
+        raise KeyboardInterrupt  # an interrupt after half of the data was written
+
+    monkeypatch.setattr(_files.os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _files.atomic_write_text(target, "new" * 100_000)
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+    monkeypatch.undo()
+    _files.atomic_write_text(target, "new")
+    assert target.read_text() == "new"
+
+
+def test_html_report_escapes_ids_params_and_messages(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.backends("mkldnn")
+        @pytest.mark.parametrize("x", ["<script>alert(1)</script>"],
+                                 ids=["<script>alert(1)</script>"])
+        def test_evil(backend_config, x):
+            assert False, "<img src=x onerror=alert(2)>"
+        """
+    )
+    html = pytester.path / "grid.html"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "--backends-matrix", f"--backends-html={html}"
+    )
+    result.assert_outcomes(failed=2)
+    page = html.read_text()
+    assert "<script>alert(1)</script>" not in page
+    assert "<img src=x" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "&lt;img src=x onerror=alert(2)&gt;" in page
