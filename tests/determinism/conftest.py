@@ -26,9 +26,24 @@ def planted() -> ModuleType:
     return module
 
 
+@pytest.fixture(scope="session")
+def native_cache_root() -> Path:
+    """The native extension's build cache, resolved before pytester moves ``HOME``."""
+    from pytest_backends import _native
+
+    return _native._cache_root()
+
+
 @pytest.fixture
-def planted_conftest(pytester: pytest.Pytester) -> pytest.Pytester:
-    """A pytester directory whose conftest defines the planted ops and the backends marker."""
+def planted_conftest(
+    pytester: pytest.Pytester, native_cache_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> pytest.Pytester:
+    """A pytester directory whose conftest defines the planted ops and the backends marker.
+
+    Its subprocesses share this process's native build cache: pytester points
+    ``HOME`` at a fresh directory, which would otherwise rebuild it every run.
+    """
+    monkeypatch.setenv("PYTEST_BACKENDS_CACHE_DIR", str(native_cache_root))
     pytester.makeconftest(PLANTED_PATH.read_text(encoding="utf-8"))
     pytester.makeini(
         "[pytest]\n"

@@ -47,7 +47,11 @@ def test_census_round_trip_and_merge(tmp_path: Path) -> None:
     census.write(path, runs=5, versions=V)
     data = json.loads(path.read_text())
     assert (data["format"], data["version"], data["torch"], data["cuda"], data["runs"]) == (
-        "pytest-backends-census", FORMAT_VERSION, "2.13.0+cpu", None, 5
+        "pytest-backends-census",
+        FORMAT_VERSION,
+        "2.13.0+cpu",
+        None,
+        5,
     )
     add = next(e for e in data["entries"] if e["op"] == "aten::add")
     assert add["tests"] == ["t.py::a", "t.py::b"]

@@ -19,7 +19,7 @@ def _max_unpool() -> object:
     pooled, indices = torch.nn.functional.max_pool2d(
         torch.randn(1, 1, 4, 4), 2, return_indices=True
     )
-    return torch.nn.functional.max_unpool2d(pooled, indices, 2)
+    return torch.nn.functional.max_unpool2d(pooled, indices, (2, 2))
 
 
 def _put_accumulate() -> object:
@@ -62,7 +62,7 @@ def test_warn_only_mode_is_checked_separately() -> None:
         if not torch.is_deterministic_algorithms_warn_only_enabled():
             _put()
 
-    with pytest.raises(AlertExpectationError, match="warn_only=True.*no such warning"):
+    with pytest.raises(AlertExpectationError, match=r"warn_only=True.*no such warning"):
         expect_nondeterministic_alert(raises_but_never_warns)
 
 

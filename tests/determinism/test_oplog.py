@@ -58,7 +58,7 @@ def test_independent_nondeterministic_ops_are_all_blamed(planted: ModuleType) ->
     def body(_run: int) -> None:
         a = planted.noisy(torch.zeros(2))
         torch.zeros(3, dtype=torch.float64).index_add_(0, torch.tensor([0]), a[:1].double())
-        planted.spread_backward(torch.randn(2, 8))
+        planted.spread_backward(torch.randn(64, 16))
 
     _logs, result = _record(body)
     assert [d.op for d in result.blamed] == ["pbtest::noisy", "pbtest::spread_backward"]
@@ -151,12 +151,31 @@ def test_alert_under_warn_only_is_recorded_and_still_warns() -> None:
 
 
 def test_recorder_sees_backward_ops(planted: ModuleType) -> None:
-    x = torch.randn(4, requires_grad=True)
+    x = torch.randn(32, requires_grad=True)
 
     def body(_run: int) -> None:
         x.grad = None
-        y = planted.spread(x, 8)
-        y.backward(torch.randn(4, 8))
+        y = planted.spread(x, 16)
+        y.backward(torch.randn(32, 16))
 
     _logs, result = _record(body)
     assert [d.op for d in result.blamed] == ["pbtest::spread_backward"]
+
+
+def test_views_are_keyed_by_their_inputs_until_written() -> None:
+    def body(_run: int) -> None:
+        w = torch.arange(6.0).reshape(2, 3)
+        wt = w.t()
+        wt.sum()
+        w.mul_(2)  # shares the version counter with wt: wt's key must be recomputed
+        wt.sum()
+
+    logs, result = _record(body, runs=2)
+    calls = logs[0].calls
+    t_call = next(c for c in calls if c.name == "aten::t")
+    assert t_call.outputs[0][0] == "view"
+    first_sum, second_sum = [c for c in calls if c.name == "aten::sum"]
+    assert first_sum.inputs[0][0] == "view"
+    assert second_sum.inputs[0][0] == "digest"
+    assert first_sum.outputs != second_sum.outputs
+    assert result.reproducible

@@ -29,7 +29,8 @@ def test_nested_outputs_and_scalars_pass() -> None:
 
     def fn(t: torch.Tensor) -> object:
         noise = torch.randn(4)  # reseeded identically every run
-        return {"y": (t * noise).sin(), "parts": [t.cos(), t.argmax()], "mean": float(t.detach().mean())}
+        mean = float(t.detach().mean())
+        return {"y": (t * noise).sin(), "parts": [t.cos(), t.argmax()], "mean": mean}
 
     assert_reproducible(fn, x)
 
@@ -45,7 +46,7 @@ def test_planted_noisy_output_is_named(planted: ModuleType) -> None:
 
 
 def test_planted_backward_caught_by_random_upstream_grads(planted: ModuleType) -> None:
-    x = torch.randn(8, requires_grad=True)
+    x = torch.randn(32, requires_grad=True)
     with pytest.raises(NotReproducibleError) as info:
         assert_reproducible(lambda t: planted.spread(t, 16), x)
     assert info.value.what == "grad of args[0]"
@@ -54,12 +55,12 @@ def test_planted_backward_caught_by_random_upstream_grads(planted: ModuleType) -
 
 def test_sum_upstream_grads_would_miss_the_planted_backward(planted: ModuleType) -> None:
     """The same op, differentiated through ``.sum()``: an all-ones gradient hides it."""
-    x = torch.randn(8, requires_grad=True)
+    x = torch.randn(32, requires_grad=True)
     assert_reproducible(lambda t: planted.spread(t, 16).sum(), x)
 
     # The same contrast without the harness: 5 backward passes each way.
     def grads(upstream: torch.Tensor | None) -> set[bytes]:
-        seen = set()
+        seen: set[bytes] = set()
         for _ in range(5):
             x.grad = None
             y = planted.spread(x, 16)
@@ -72,7 +73,7 @@ def test_sum_upstream_grads_would_miss_the_planted_backward(planted: ModuleType)
         return seen
 
     assert len(grads(None)) == 1
-    g = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
+    g = torch.randn(32, 16, generator=torch.Generator().manual_seed(0))
     assert len(grads(g)) > 1
 
 
@@ -83,20 +84,34 @@ def test_parameter_gradient_is_named(planted: ModuleType) -> None:
             self.proj = torch.nn.Linear(4, 4)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return planted.spread(self.proj(x), 16)
+            out: torch.Tensor = planted.spread(self.proj(x), 16)
+            return out
 
     model = Spreader()
     with pytest.raises(NotReproducibleError) as info:
-        assert_reproducible(model, torch.randn(2, 4))
+        assert_reproducible(model, torch.randn(8, 4))
     assert info.value.what == "grad of parameter 'proj.weight'"
     assert "also differing in run 1: grad of parameter 'proj.bias'" in str(info.value)
     # A bound method of the module finds the same parameters.
-    with pytest.raises(NotReproducibleError, match="parameter 'proj.weight'"):
-        assert_reproducible(model.forward, torch.randn(2, 4))
+    with pytest.raises(NotReproducibleError, match=r"parameter 'proj\.weight'"):
+        assert_reproducible(model.forward, torch.randn(8, 4))
+
+
+def test_leaves_captured_by_a_closure_are_checked(planted: ModuleType) -> None:
+    proj = torch.nn.Linear(4, 4)
+    with pytest.raises(NotReproducibleError) as info:
+        assert_reproducible(lambda x: planted.spread(proj(x), 16), torch.randn(8, 4))
+    assert info.value.what.startswith("grad of leaf #")
+    assert "float32[4, 4]" in info.value.what or "float32[4]" in info.value.what
+    assert proj.weight.grad is None and proj.bias.grad is None
+
+    model = _mlp()
+    assert_reproducible(lambda x: model(x), torch.randn(5, 6), runs=3)
+    assert all(p.grad is None for p in model.parameters())
 
 
 def test_backward_false_skips_gradients(planted: ModuleType) -> None:
-    x = torch.randn(8, requires_grad=True)
+    x = torch.randn(32, requires_grad=True)
     assert_reproducible(lambda t: planted.spread(t, 16), x, backward=False)
     assert x.grad is None
 

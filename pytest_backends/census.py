@@ -1,0 +1,431 @@
+"""The op census and the baseline of accepted nondeterministic ops, as JSON files.
+
+A census lists every ``(op, device, dtype)`` the determinism harness saw,
+with its verdict, the tests that hit it and the torch/CUDA versions. A
+baseline lists the nondeterministic ops a suite accepts; the harness fails a
+run only for nondeterministic ops that are not in it. Both files are plain
+JSON with a ``format`` name and a ``version`` number, written atomically
+(temporary file, then ``os.replace``). Reading never evaluates anything: a
+broken file gives a :class:`CensusFileError` that names the file and what is
+wrong with it.
+
+This module does not import torch; :meth:`Versions.current` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BASELINE_FORMAT",
+    "CENSUS_FORMAT",
+    "FORMAT_VERSION",
+    "VERDICTS",
+    "Baseline",
+    "BaselineEntry",
+    "BaselineVersionWarning",
+    "Census",
+    "CensusFileError",
+    "Key",
+    "Versions",
+    "atomic_write_json",
+    "read_census",
+]
+
+CENSUS_FORMAT = "pytest-backends-census"
+BASELINE_FORMAT = "pytest-backends-baseline"
+#: The schema version written; files with a higher version are refused.
+FORMAT_VERSION = 1
+
+#: Verdicts, strongest first; an op's verdict is the strongest observed for it.
+VERDICTS = ("nondeterministic", "raises_under_deterministic_mode", "deterministic", "inconclusive")
+
+#: ``(op, device type, dtype)``, e.g. ``("aten::index_add_", "cuda", "float32")``.
+Key = tuple[str, "str | None", "str | None"]
+
+
+class CensusFileError(Exception):
+    """A census or baseline file cannot be read or written; the message names it."""
+
+
+class BaselineVersionWarning(UserWarning):
+    """The baseline was recorded under another torch or CUDA version."""
+
+
+@dataclass(frozen=True)
+class Versions:
+    """The torch and CUDA versions a census or baseline belongs to."""
+
+    torch: str
+    cuda: str | None
+
+    @classmethod
+    def current(cls) -> Versions:
+        """The versions of the running torch (imports torch)."""
+        import torch
+
+        return cls(str(torch.__version__), torch.version.cuda)
+
+    def describe(self) -> str:
+        """``"torch 2.13.0+cpu (CUDA none)"``."""
+        return f"torch {self.torch} (CUDA {self.cuda or 'none'})"
+
+
+def atomic_write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file and ``os.replace``.
+
+    Readers never see a half-written file; on failure the old file is left
+    as it was and :class:`CensusFileError` names the path.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise CensusFileError(f"cannot write {path}: {exc}") from exc
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise CensusFileError(f"cannot write {path}: {exc}") from exc
+        raise
+
+
+def _load(path: Path, what: str, expected_format: str) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CensusFileError(f"{what} file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CensusFileError(f"cannot read {what} file {path}: {exc}") from exc
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise CensusFileError(
+            f"{what} file {path} is not valid JSON: {exc.msg} at line {exc.lineno} "
+            f"column {exc.colno}"
+        ) from None
+    except ValueError as exc:
+        raise CensusFileError(f"{what} file {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise CensusFileError(
+            f"{what} file {path}: expected a JSON object at the top level, "
+            f"got {type(data).__name__}"
+        )
+    fmt = data.get("format")
+    if fmt != expected_format:
+        other = {CENSUS_FORMAT: "a census", BASELINE_FORMAT: "a baseline"}.get(str(fmt))
+        hint = f" (it is {other} file)" if other else ""
+        raise CensusFileError(
+            f"{what} file {path}: 'format' must be {expected_format!r}, got {fmt!r}{hint}"
+        )
+    version = data.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CensusFileError(
+            f"{what} file {path}: 'version' must be a positive integer, got {version!r}"
+        )
+    if version > FORMAT_VERSION:
+        raise CensusFileError(
+            f"{what} file {path} has format version {version}, but this pytest-backends "
+            f"reads versions up to {FORMAT_VERSION}; upgrade pytest-backends"
+        )
+    for name in ("torch", "cuda"):
+        value = data.get(name)
+        if value is not None and not isinstance(value, str):
+            raise CensusFileError(
+                f"{what} file {path}: {name!r} must be a string or null, got {value!r}"
+            )
+    return data
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not allowed")
+
+
+def _optional_str(value: object, where: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise CensusFileError(f"{where} must be a string or null, got {value!r}")
+
+
+def _device_type(device: str | None) -> str | None:
+    return device.split(":", 1)[0] if device else device
+
+
+# --- census -----------------------------------------------------------------
+
+
+@dataclass
+class _Entry:
+    counts: dict[str, int] = field(default_factory=dict)
+    tests: set[str] = field(default_factory=set)
+    nondeterministic_in: set[str] = field(default_factory=set)
+
+    @property
+    def verdict(self) -> str:
+        for verdict in VERDICTS:
+            if self.counts.get(verdict):
+                return verdict
+        return "inconclusive"
+
+
+class Census:
+    """Verdicts per ``(op, device, dtype)``, accumulated over tests (and xdist workers)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[Key, _Entry] = {}
+
+    def add_test(self, nodeid: str, verdicts: Mapping[Key, str]) -> None:
+        """Record one test's verdict for each op key it hit."""
+        for key, verdict in verdicts.items():
+            if verdict not in VERDICTS:
+                raise ValueError(f"unknown verdict {verdict!r}")
+            entry = self._entries.setdefault(key, _Entry())
+            entry.counts[verdict] = entry.counts.get(verdict, 0) + 1
+            entry.tests.add(nodeid)
+            if verdict == "nondeterministic":
+                entry.nondeterministic_in.add(nodeid)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def verdict(self, key: Key) -> str | None:
+        """The verdict for ``key``, or None if no test hit it."""
+        entry = self._entries.get(key)
+        return entry.verdict if entry else None
+
+    def op_keys(self) -> list[Key]:
+        """Every key, sorted."""
+        return sorted(self._entries, key=_sort_key)
+
+    def nondeterministic(self) -> dict[Key, list[str]]:
+        """Nondeterministic keys and the tests in which they were nondeterministic."""
+        return {
+            key: sorted(self._entries[key].nondeterministic_in)
+            for key in self.op_keys()
+            if self._entries[key].verdict == "nondeterministic"
+        }
+
+    def to_data(self) -> list[dict[str, Any]]:
+        """The entries as JSON-ready dicts (also what xdist workers send back)."""
+        rows: list[dict[str, Any]] = []
+        for key in self.op_keys():
+            entry = self._entries[key]
+            op, device, dtype = key
+            row: dict[str, Any] = {
+                "op": op,
+                "device": device,
+                "dtype": dtype,
+                "verdict": entry.verdict,
+                "observations": {v: entry.counts[v] for v in VERDICTS if entry.counts.get(v)},
+                "tests": sorted(entry.tests),
+            }
+            if entry.nondeterministic_in:
+                row["nondeterministic_in"] = sorted(entry.nondeterministic_in)
+            rows.append(row)
+        return rows
+
+    def merge_data(self, rows: Iterable[Mapping[str, Any]], source: str = "worker data") -> None:
+        """Add entries produced by :meth:`to_data` (for example by an xdist worker)."""
+        for i, row in enumerate(rows):
+            where = f"{source}: entries[{i}]"
+            if not isinstance(row, Mapping):
+                raise CensusFileError(f"{where} must be an object, got {row!r}")
+            op = row.get("op")
+            if not isinstance(op, str) or not op:
+                raise CensusFileError(f"{where}: 'op' must be a non-empty string, got {op!r}")
+            key: Key = (
+                op,
+                _optional_str(row.get("device"), f"{where}: 'device'"),
+                _optional_str(row.get("dtype"), f"{where}: 'dtype'"),
+            )
+            counts = row.get("observations", {})
+            tests = row.get("tests", [])
+            nondet = row.get("nondeterministic_in", [])
+            if not isinstance(counts, Mapping) or any(
+                v not in VERDICTS or isinstance(n, bool) or not isinstance(n, int)
+                for v, n in counts.items()
+            ):
+                raise CensusFileError(f"{where}: 'observations' must map verdicts to counts")
+            if not _str_list(tests) or not _str_list(nondet):
+                raise CensusFileError(
+                    f"{where}: 'tests' and 'nondeterministic_in' must be lists of strings"
+                )
+            entry = self._entries.setdefault(key, _Entry())
+            for verdict, n in counts.items():
+                entry.counts[verdict] = entry.counts.get(verdict, 0) + n
+            entry.tests.update(tests)
+            entry.nondeterministic_in.update(nondet)
+
+    def write(self, path: Path, *, runs: int, versions: Versions) -> None:
+        """Write the census JSON file atomically."""
+        atomic_write_json(
+            path,
+            {
+                "format": CENSUS_FORMAT,
+                "version": FORMAT_VERSION,
+                "torch": versions.torch,
+                "cuda": versions.cuda,
+                "runs": runs,
+                "entries": self.to_data(),
+            },
+        )
+
+
+def _str_list(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _sort_key(key: Key) -> tuple[str, str, str]:
+    return (key[0], key[1] or "", key[2] or "")
+
+
+def read_census(path: Path) -> tuple[Versions, Census]:
+    """Read a census file written by ``--backends-census``."""
+    data = _load(path, "census", CENSUS_FORMAT)
+    entries = data.get("entries")
+    if not isinstance(entries, list):
+        raise CensusFileError(f"census file {path}: 'entries' must be a list")
+    census = Census()
+    census.merge_data(entries, source=f"census file {path}")
+    return Versions(str(data.get("torch")), data.get("cuda")), census
+
+
+# --- baseline ---------------------------------------------------------------
+
+_ENTRY_FIELDS = ("op", "device", "dtype", "note")
+
+
+@dataclass(frozen=True)
+class BaselineEntry:
+    """One accepted nondeterministic op. ``dtype=None`` accepts every dtype."""
+
+    op: str
+    device: str
+    dtype: str | None = None
+    note: str | None = None
+
+    def matches(self, key: Key) -> bool:
+        """Whether this entry accepts ``(op, device, dtype)``."""
+        op, device, dtype = key
+        return (
+            op == self.op
+            and _device_type(device or "none") == _device_type(self.device)
+            and (self.dtype is None or dtype == self.dtype)
+        )
+
+    def to_data(self) -> dict[str, Any]:
+        """The entry as a JSON-ready dict."""
+        row: dict[str, Any] = {"op": self.op, "device": self.device}
+        if self.dtype is not None:
+            row["dtype"] = self.dtype
+        if self.note is not None:
+            row["note"] = self.note
+        return row
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The accepted nondeterministic ops of a suite, and the versions they were recorded under."""
+
+    entries: tuple[BaselineEntry, ...] = ()
+    versions: Versions | None = None
+
+    def accepts(self, key: Key) -> bool:
+        """Whether some entry accepts ``key``."""
+        return any(entry.matches(key) for entry in self.entries)
+
+    def version_mismatch(self, path: Path, current: Versions) -> str | None:
+        """A warning text naming both versions, or None when they agree."""
+        if self.versions is None or self.versions == current:
+            return None
+        return (
+            f"baseline {path} was recorded under {self.versions.describe()}, but this run uses "
+            f"{current.describe()}; which kernels are nondeterministic can change between "
+            "versions. Refresh it with --backends-baseline-update."
+        )
+
+    @classmethod
+    def load(cls, path: Path) -> Baseline:
+        """Read and validate a baseline file."""
+        data = _load(path, "baseline", BASELINE_FORMAT)
+        rows = data.get("accepted")
+        if not isinstance(rows, list):
+            raise CensusFileError(f"baseline file {path}: 'accepted' must be a list of objects")
+        entries: list[BaselineEntry] = []
+        for i, row in enumerate(rows):
+            where = f"baseline file {path}: accepted[{i}]"
+            if not isinstance(row, dict):
+                raise CensusFileError(f"{where} must be an object, got {row!r}")
+            unknown = sorted(set(row) - set(_ENTRY_FIELDS))
+            if unknown:
+                raise CensusFileError(
+                    f"{where} has unknown field(s) {', '.join(map(repr, unknown))}; "
+                    f"allowed: {', '.join(_ENTRY_FIELDS)}"
+                )
+            op, device = row.get("op"), row.get("device")
+            if not isinstance(op, str) or not op:
+                raise CensusFileError(f"{where}: 'op' must be a non-empty string, got {op!r}")
+            if not isinstance(device, str) or not device:
+                raise CensusFileError(
+                    f"{where}: 'device' must be a non-empty string such as 'cuda', got {device!r}"
+                )
+            entries.append(
+                BaselineEntry(
+                    op,
+                    device,
+                    _optional_str(row.get("dtype"), f"{where}: 'dtype'"),
+                    _optional_str(row.get("note"), f"{where}: 'note'"),
+                )
+            )
+        versions = Versions(data["torch"], data.get("cuda")) if data.get("torch") else None
+        return cls(tuple(entries), versions)
+
+    def updated(self, census: Census) -> Baseline:
+        """The baseline after a run: its census's nondeterministic ops are accepted.
+
+        Existing entries are kept (with their notes) while they still match a
+        nondeterministic op, or when the run did not settle their op (not hit,
+        or only inconclusively); an entry whose ops all came out deterministic
+        is dropped.
+        """
+        nondet = list(census.nondeterministic())
+        kept: list[BaselineEntry] = []
+        for entry in self.entries:
+            verdicts = [census.verdict(k) for k in census.op_keys() if entry.matches(k)]
+            if not verdicts or any(v != "deterministic" for v in verdicts):
+                kept.append(entry)
+        added = [
+            BaselineEntry(op, device or "none", dtype)
+            for op, device, dtype in nondet
+            if not any(entry.matches((op, device, dtype)) for entry in kept)
+        ]
+        entries = sorted([*kept, *added], key=lambda e: (e.op, e.device, e.dtype or ""))
+        return Baseline(tuple(entries), self.versions)
+
+    def write(self, path: Path, versions: Versions) -> None:
+        """Write the baseline JSON file atomically, stamped with ``versions``."""
+        atomic_write_json(
+            path,
+            {
+                "format": BASELINE_FORMAT,
+                "version": FORMAT_VERSION,
+                "torch": versions.torch,
+                "cuda": versions.cuda,
+                "accepted": [entry.to_data() for entry in self.entries],
+            },
+        )

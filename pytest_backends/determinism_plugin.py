@@ -1,0 +1,359 @@
+"""Suite-wide determinism checks: ``--backends-determinism``, census and baseline.
+
+Registered by :mod:`pytest_backends.plugin` only when one of the options
+(or its ini twin) is in use. A selected test's call phase runs ``N`` times:
+the global RNGs are reset to the state they had when the call phase began,
+and an :class:`~pytest_backends.oplog.OpRecorder` records every op. Setup
+and teardown run once, so function-scoped fixture values are shared by all
+runs. The runs are then compared op by op; an op that gave different outputs
+from identical inputs fails the test (unless the baseline accepts it).
+
+Under pytest-xdist each worker sends its census entries back through
+``workeroutput``; the controller merges them and writes the files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_backends.census import (
+    Baseline,
+    BaselineVersionWarning,
+    Census,
+    CensusFileError,
+    Key,
+    Versions,
+)
+from pytest_backends.determinism import DEFAULT_RUNS, NondeterministicOpError
+
+if TYPE_CHECKING:
+    from pytest_backends.oplog import Comparison, Divergence
+
+__all__ = [
+    "SETTINGS_KEY",
+    "DeterminismPlugin",
+    "DeterminismSettings",
+    "configure",
+    "parse_runs",
+    "resolve_settings",
+]
+
+_WORKEROUTPUT_KEY = "pytest_backends_census"
+_OFF = ("0", "off", "false", "no")
+
+
+@dataclass(frozen=True)
+class DeterminismSettings:
+    """The resolved determinism options."""
+
+    runs: int
+    select_all: bool
+    census: Path | None
+    baseline: Path | None
+    baseline_update: bool
+
+
+SETTINGS_KEY = pytest.StashKey[DeterminismSettings]()
+
+
+def parse_runs(value: str, source: str) -> int | None:
+    """Parse ``--backends-determinism``'s ``N``: an int >= 2, ``on`` (default) or ``off`` (None)."""
+    text = value.strip().lower()
+    if text in ("", "default", "on", "true", "yes"):
+        return DEFAULT_RUNS
+    if text in _OFF:
+        return None
+    try:
+        runs = int(text)
+    except ValueError:
+        raise pytest.UsageError(
+            f"{source}: expected a number of runs (an integer >= 2), 'on' or 'off', got "
+            f"{value!r}. Write --backends-determinism=N: a bare --backends-determinism "
+            "takes the next argument as N."
+        ) from None
+    if runs < 2:
+        raise pytest.UsageError(
+            f"{source}: the determinism check needs at least 2 runs, got {runs} "
+            "(use 'off' to disable it)"
+        )
+    return runs
+
+
+def _ini_path(config: pytest.Config, name: str) -> Path | None:
+    value = str(config.getini(name) or "").strip()
+    if not value:
+        return None
+    return config.rootpath / value
+
+
+def _cli_path(config: pytest.Config, option: str, flag: str) -> Path | None:
+    value = config.getoption(option, None)
+    if value is None:
+        return None
+    if not str(value).strip():
+        raise pytest.UsageError(f"{flag}: expected a file path, got an empty value")
+    return Path(config.invocation_params.dir) / str(value)
+
+
+def resolve_settings(config: pytest.Config) -> DeterminismSettings | None:
+    """Resolve the options once (command line over ini); None when the feature is off.
+
+    ``--backends-determinism-all``, ``--backends-census`` and
+    ``--backends-baseline`` turn the check on with the default number of runs.
+    """
+    select_all = bool(config.getoption("backends_determinism_all", False)) or bool(
+        config.getini("backends_determinism_all")
+    )
+    census = _cli_path(config, "backends_census", "--backends-census") or _ini_path(
+        config, "backends_census"
+    )
+    baseline = _cli_path(config, "backends_baseline", "--backends-baseline") or _ini_path(
+        config, "backends_baseline"
+    )
+    update = bool(config.getoption("backends_baseline_update", False)) or bool(
+        config.getini("backends_baseline_update")
+    )
+    if update and baseline is None:
+        raise pytest.UsageError(
+            "--backends-baseline-update: name the file to write with --backends-baseline=PATH"
+        )
+    cli = config.getoption("backends_determinism", None)
+    if cli is not None:
+        runs = parse_runs(str(cli), "--backends-determinism")
+    else:
+        ini = str(config.getini("backends_determinism") or "").strip()
+        runs = parse_runs(ini, "ini option backends_determinism") if ini else None
+    implied = select_all or census is not None or baseline is not None
+    if runs is None:
+        if not implied or (cli is not None and str(cli).strip().lower() in _OFF):
+            return None
+        runs = DEFAULT_RUNS
+    return DeterminismSettings(runs, select_all, census, baseline, update)
+
+
+def configure(config: pytest.Config) -> None:
+    """Resolve the settings and register the plugin when the feature is on."""
+    settings = resolve_settings(config)
+    if settings is None:
+        return
+    config.stash[SETTINGS_KEY] = settings
+    baseline = Baseline()
+    if settings.baseline is not None:
+        try:
+            baseline = Baseline.load(settings.baseline)
+        except CensusFileError as exc:
+            missing = not settings.baseline.exists()
+            if not (missing and settings.baseline_update):
+                hint = " (create it with --backends-baseline-update)" if missing else ""
+                raise pytest.UsageError(f"--backends-baseline: {exc}{hint}") from None
+        if not _is_worker(config):
+            message = baseline.version_mismatch(settings.baseline, Versions.current())
+            if message:
+                config.issue_config_time_warning(BaselineVersionWarning(message), stacklevel=2)
+    plugin = DeterminismPlugin(settings, baseline)
+    config.pluginmanager.register(plugin, "backends-determinism")
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_XdistHooks(plugin), "backends-determinism-xdist")
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _selected(item: pytest.Item, select_all: bool) -> bool:
+    if not isinstance(item, pytest.Function):
+        return False
+    if select_all:
+        return True
+    return any(
+        "deterministic" in marker.kwargs or "deterministic" in marker.args
+        for marker in item.iter_markers("backends")
+    )
+
+
+class DeterminismPlugin:
+    """Re-runs selected tests, records the census and enforces the baseline."""
+
+    def __init__(self, settings: DeterminismSettings, baseline: Baseline) -> None:
+        self.settings = settings
+        self.baseline = baseline
+        self.census = Census()
+        self._errors: list[str] = []
+
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
+        if not _selected(item, self.settings.select_all):
+            return (yield)
+        from pytest_backends.determinism import RngState
+        from pytest_backends.oplog import OpRecorder, RunLog, compare_runs
+
+        runs = self.settings.runs
+        start = RngState.capture()
+        logs: list[RunLog] = []
+        recorder = OpRecorder()
+        try:
+            with recorder:
+                result = yield
+        except BaseException:
+            self._record(item, compare_runs([recorder.finish()]))
+            raise
+        logs.append(recorder.finish())
+        for run in range(1, runs):
+            start.restore()
+            recorder = OpRecorder()
+            try:
+                with recorder:
+                    item.runtest()
+            except BaseException as exc:
+                self._record(item, compare_runs([*logs, recorder.finish()]))
+                if hasattr(exc, "add_note"):
+                    exc.add_note(f"(raised in determinism run {run} of {runs}; run 0 passed)")
+                raise
+            logs.append(recorder.finish())
+        comparison = compare_runs(logs)
+        self._record(item, comparison)
+        self._check(comparison)
+        return result
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        if call.excinfo is not None and isinstance(call.excinfo.value, NondeterministicOpError):
+            # The harness's own frames say nothing useful: show the finding alone.
+            report.longrepr = str(call.excinfo.value)
+        return report
+
+    def _record(self, item: pytest.Item, comparison: Comparison) -> None:
+        self.census.add_test(item.nodeid, comparison.verdicts)
+
+    def _check(self, comparison: Comparison) -> None:
+        blamed = comparison.blamed
+        runs = comparison.runs
+        new = [d for d in blamed if not self.baseline.accepts((d.op, d.device, d.dtype))]
+        if self.settings.baseline_update:
+            new = []
+        unexplained = comparison.unexplained
+        if new:
+            first = new[0]
+            lines = [first.describe(runs)]
+            lines += [f"  also: {d.describe(runs)}" for d in new[1:]]
+            accepted = [d for d in blamed if d not in new]
+            if accepted:
+                ops = ", ".join(sorted({d.op for d in accepted}))
+                lines.append(f"  accepted by the baseline: {ops}")
+            _raise(lines, first)
+        if unexplained is not None:
+            _raise([f"not reproducible: {unexplained.describe(runs)}"], unexplained, blame=False)
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        config = session.config
+        if _is_worker(config):
+            config.workeroutput[_WORKEROUTPUT_KEY] = self.census.to_data()  # type: ignore[attr-defined]
+            return
+        settings = self.settings
+        versions = Versions.current() if (settings.census or settings.baseline) else None
+        if settings.census is not None and versions is not None:
+            try:
+                self.census.write(settings.census, runs=settings.runs, versions=versions)
+            except CensusFileError as exc:
+                self._errors.append(f"--backends-census: {exc}")
+        if settings.baseline is not None and versions is not None:
+            if settings.baseline_update:
+                updated = self.baseline.updated(self.census)
+                try:
+                    updated.write(settings.baseline, versions)
+                except CensusFileError as exc:
+                    self._errors.append(f"--backends-baseline-update: {exc}")
+            elif self._unaccepted() and session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self._errors and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _unaccepted(self) -> dict[Key, list[str]]:
+        """Nondeterministic ops of the census that the baseline does not accept."""
+        return {
+            key: tests
+            for key, tests in self.census.nondeterministic().items()
+            if not self.baseline.accepts(key)
+        }
+
+    def merge_worker(self, rows: Any, node: str) -> None:
+        """Merge the census entries an xdist worker sent back."""
+        self.census.merge_data(rows, source=f"census data from xdist worker {node}")
+
+    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
+        if _is_worker(config):
+            return
+        settings = self.settings
+        nondet = self.census.nondeterministic()
+        write = terminalreporter.write_line
+        if not (nondet or settings.census or settings.baseline):
+            return
+        terminalreporter.section("determinism", sep="=")
+        for error in self._errors:
+            write(f"ERROR: {error}", red=True)
+        write(f"{len(self.census)} op keys (op, device, dtype) recorded over {settings.runs} runs")
+        for key, tests in nondet.items():
+            if settings.baseline is None:
+                status = "NONDETERMINISTIC"
+            elif self.baseline.accepts(key):
+                status = "accepted by the baseline"
+            elif settings.baseline_update:
+                status = "added to the baseline"
+            else:
+                status = "NEW, not in the baseline"
+            shown = ", ".join(tests[:3]) + (f" (+{len(tests) - 3} more)" if len(tests) > 3 else "")
+            write(f"{_format_key(key)}: {status}; in {shown}")
+        if settings.census is not None:
+            write(f"census written to {settings.census}")
+        if settings.baseline is not None:
+            if settings.baseline_update:
+                write(f"baseline updated: {settings.baseline}")
+            else:
+                unaccepted = self._unaccepted()
+                if unaccepted:
+                    ops = ", ".join(_format_key(k) for k in unaccepted)
+                    write(
+                        f"FAILED: {len(unaccepted)} nondeterministic op(s) not in the baseline "
+                        f"{settings.baseline}: {ops}",
+                        red=True,
+                    )
+                else:
+                    write(f"every nondeterministic op is in the baseline {settings.baseline}")
+
+
+def _format_key(key: Key) -> str:
+    op, device, dtype = key
+    where = ", ".join(x for x in (device, dtype) if x)
+    return f"{op} ({where})" if where else op
+
+
+def _raise(lines: list[str], d: Divergence, blame: bool = True) -> None:
+    raise NondeterministicOpError(
+        "\n".join(lines),
+        op=d.op if blame else None,
+        run=d.run,
+        output_index=d.output_index,
+        op_index=d.op_index,
+    )
+
+
+class _XdistHooks:
+    """pytest-xdist hooks, registered only when xdist is installed."""
+
+    def __init__(self, plugin: DeterminismPlugin) -> None:
+        self.plugin = plugin
+
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        output = getattr(node, "workeroutput", None) or {}
+        rows = output.get(_WORKEROUTPUT_KEY)
+        if rows is not None:
+            name = output.get("workerid") or getattr(node, "gateway", None)
+            self.plugin.merge_worker(rows, str(name))
