@@ -56,21 +56,31 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", dest="output", type=Path, default=None)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as tmp1:
+        root, single = Path(tmp), Path(tmp1)
         _write_suite(root, args.tests)
+        _write_suite(single, 1)
         _run(root, [])  # warm the file cache and bytecode
         on: list[float] = []
         off: list[float] = []
+        on1: list[float] = []
+        off1: list[float] = []
         for _ in range(args.repeats):
             off.append(_run(root, ["-p", "no:backends"]))
             on.append(_run(root, []))
+            off1.append(_run(single, ["-p", "no:backends"]))
+            on1.append(_run(single, []))
     t_on, t_off = min(on), min(off)
+    fixed = min(on1) - min(off1)
+    per_test = ((t_on - t_off) - fixed) / (args.tests - 1) * 1e6
     lines = [
         f"overhead: {args.tests} trivial tests, best of {args.repeats} alternating runs",
         f"  bare pytest (-p no:backends): {t_off:.3f} s  ({t_off / args.tests * 1e6:.0f} us/test)",
         f"  with pytest-backends:         {t_on:.3f} s  ({t_on / args.tests * 1e6:.0f} us/test)",
         f"  ratio plugin / bare:          {t_on / t_off:.3f}  ({(t_on / t_off - 1) * 100:+.1f} %)",
+        f"  fixed cost (1-test suite):    {fixed * 1e3:+.0f} ms (plugin import and setup)",
+        f"  per-test cost:                {per_test:.0f} us/test "
+        f"({per_test / (t_off / args.tests * 1e6) * 100:.1f} % of a bare trivial test)",
         f"  guard snapshot+compare:       {_guard_cost():.1f} us/test (direct measurement)",
     ]
     text = "\n".join(lines)

@@ -13,6 +13,7 @@ suite that never imports torch never pays for it.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import warnings
@@ -29,7 +30,6 @@ __all__ = [
     "BackendsLeakWarning",
     "FlagSetter",
     "IsolationPlugin",
-    "LeakError",
     "LeakSettings",
     "parse_leak_mode",
     "resolve_leak_mode",
@@ -43,15 +43,10 @@ LEAK_MODES = ("fail", "warn", "off")
 ITEM_FLAGS_KEY = pytest.StashKey[Mapping[str, object]]()
 
 _SETUP_ERROR_KEY = pytest.StashKey[BaseException]()
-_EXTRA_REPORT_KEY = pytest.StashKey[str]()
 
 
 class BackendsLeakWarning(pytest.PytestWarning):
     """A torch backend flag was left changed (``--backends-leaks=warn``)."""
-
-
-class LeakError(Exception):
-    """A test or fixture left torch backend flags changed."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +101,9 @@ def _torch_loaded() -> bool:
     return "torch" in sys.modules
 
 
+@functools.lru_cache(maxsize=None)
 def _registry() -> Any:
+    # flags imports nothing heavy itself; the registry imports torch on first use
     from pytest_backends.flags import registry
 
     return registry()
@@ -290,7 +287,7 @@ class IsolationPlugin:
         except BaseException:
             message = self._check(item)
             if message:
-                item.stash[_EXTRA_REPORT_KEY] = message
+                item.add_report_section("teardown", "torch backend flags leaked", message)
             raise
         message = self._check(item)
         if message:
@@ -298,7 +295,7 @@ class IsolationPlugin:
             # pytest would turn a teardown error of an xfail test into one more
             # "xfailed", hiding the leak; a warning stays visible.
             if mode == "fail" and item.get_closest_marker("xfail") is None:
-                raise LeakError(message)
+                pytest.fail(message, pytrace=False)
             warnings.warn(BackendsLeakWarning(message), stacklevel=1)
         return result
 
@@ -337,20 +334,6 @@ class IsolationPlugin:
             "\nFlags are process-global, so a thread an earlier test left running may have "
             f"made this change:{lines}"
         )
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(
-        self, item: pytest.Item, call: pytest.CallInfo[None]
-    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        report = yield
-        if call.when != "teardown":
-            return report
-        if call.excinfo is not None and isinstance(call.excinfo.value, LeakError):
-            report.longrepr = str(call.excinfo.value)
-        extra = item.stash.get(_EXTRA_REPORT_KEY, None)
-        if extra:
-            report.sections.append(("torch backend flags leaked", extra))
-        return report
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self._fixture_leaks:
