@@ -8,8 +8,11 @@ and teardown run once, so function-scoped fixture values are shared by all
 runs. The runs are then compared op by op; an op that gave different outputs
 from identical inputs fails the test (unless the baseline accepts it).
 
-Under pytest-xdist each worker sends its census entries back through
-``workeroutput``; the controller merges them and writes the files.
+Each test's verdicts travel on its call-phase report (an attribute that
+pytest-xdist serializes with the report), and whichever process logs the
+report adds them to the census. So the census is built from the same stream
+as the terminal results: a worker that crashes loses nothing that it had
+already reported.
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ __all__ = [
     "resolve_settings",
 ]
 
-_WORKEROUTPUT_KEY = "pytest_backends_census"
+#: Report attribute carrying one test's census rows (plain JSON-ready data).
+REPORT_ATTR = "backends_census"
+_VERDICTS_KEY = pytest.StashKey[list[dict[str, Any]]]()
 _OFF = ("0", "off", "false", "no")
 
 
@@ -155,10 +160,8 @@ def configure(config: pytest.Config) -> None:
             message = baseline.version_mismatch(settings.baseline, Versions.current())
             if message:
                 config.issue_config_time_warning(BaselineVersionWarning(message), stacklevel=2)
-    plugin = DeterminismPlugin(settings, baseline)
+    plugin = DeterminismPlugin(config, settings, baseline)
     config.pluginmanager.register(plugin, "backends-determinism")
-    if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(_XdistHooks(plugin), "backends-determinism-xdist")
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -179,7 +182,10 @@ def _selected(item: pytest.Item, select_all: bool) -> bool:
 class DeterminismPlugin:
     """Re-runs selected tests, records the census and enforces the baseline."""
 
-    def __init__(self, settings: DeterminismSettings, baseline: Baseline) -> None:
+    def __init__(
+        self, config: pytest.Config, settings: DeterminismSettings, baseline: Baseline
+    ) -> None:
+        self.config = config
         self.settings = settings
         self.baseline = baseline
         self.census = Census()
@@ -225,13 +231,27 @@ class DeterminismPlugin:
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
+        rows = item.stash.get(_VERDICTS_KEY, None)
+        if rows is not None and call.when == "call":
+            setattr(report, REPORT_ATTR, rows)
         if call.excinfo is not None and isinstance(call.excinfo.value, NondeterministicOpError):
             # The harness's own frames say nothing useful: show the finding alone.
             report.longrepr = str(call.excinfo.value)
         return report
 
     def _record(self, item: pytest.Item, comparison: Comparison) -> None:
-        self.census.add_test(item.nodeid, comparison.verdicts)
+        item.stash[_VERDICTS_KEY] = [
+            {"op": op, "device": device, "dtype": dtype, "verdict": verdict}
+            for (op, device, dtype), verdict in comparison.verdicts.items()
+        ]
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        rows = getattr(report, REPORT_ATTR, None)
+        if not rows or _is_worker(self.config) or str(report.outcome) == "rerun":
+            return
+        self.census.add_test(
+            report.nodeid, {(r["op"], r["device"], r["dtype"]): r["verdict"] for r in rows}
+        )
 
     def _check(self, comparison: Comparison) -> None:
         blamed = comparison.blamed
@@ -255,7 +275,6 @@ class DeterminismPlugin:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         config = session.config
         if _is_worker(config):
-            config.workeroutput[_WORKEROUTPUT_KEY] = self.census.to_data()  # type: ignore[attr-defined]
             return
         settings = self.settings
         versions = Versions.current() if (settings.census or settings.baseline) else None
@@ -283,10 +302,6 @@ class DeterminismPlugin:
             for key, tests in self.census.nondeterministic().items()
             if not self.baseline.accepts(key)
         }
-
-    def merge_worker(self, rows: Any, node: str) -> None:
-        """Merge the census entries an xdist worker sent back."""
-        self.census.merge_data(rows, source=f"census data from xdist worker {node}")
 
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
         if _is_worker(config):
@@ -343,17 +358,3 @@ def _raise(lines: list[str], d: Divergence, blame: bool = True) -> None:
         output_index=d.output_index,
         op_index=d.op_index,
     )
-
-
-class _XdistHooks:
-    """pytest-xdist hooks, registered only when xdist is installed."""
-
-    def __init__(self, plugin: DeterminismPlugin) -> None:
-        self.plugin = plugin
-
-    def pytest_testnodedown(self, node: Any, error: object) -> None:
-        output = getattr(node, "workeroutput", None) or {}
-        rows = output.get(_WORKEROUTPUT_KEY)
-        if rows is not None:
-            name = output.get("workerid") or getattr(node, "gateway", None)
-            self.plugin.merge_worker(rows, str(name))

@@ -126,3 +126,40 @@ def test_html_report_escapes_ids_params_and_messages(pytester: pytest.Pytester) 
     assert "<img src=x" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "&lt;img src=x onerror=alert(2)&gt;" in page
+
+
+def test_crash_under_determinism_mode_keeps_results_and_census(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import os, pytest, torch
+
+        @pytest.mark.backends(deterministic="on")
+        def test_matmul():
+            a = torch.randn(16, 16)
+            assert (a @ a).shape == (16, 16)
+
+        @pytest.mark.backends(deterministic="on")
+        def test_crashes_on_second_run():
+            torch.randn(3).sum()
+            if os.environ.get("PYTEST_XDIST_WORKER") and os.path.exists("ran_once"):
+                os._exit(3)
+            open("ran_once", "w").close()
+
+        @pytest.mark.parametrize("i", range(4))
+        def test_plain(i):
+            assert i >= 0
+        """
+    )
+    census = pytester.path / "census.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "-n", "2", "--backends-determinism=3",
+        f"--backends-census={census}",
+    )
+    out = result.stdout.str()
+    assert "INTERNALERROR" not in out
+    outcomes = result.parseoutcomes()
+    assert outcomes["failed"] == 1, out[-3000:]
+    assert outcomes["passed"] == 5
+    assert "crashed" in out
+    data = json.loads(census.read_text())
+    assert "aten::mm" in json.dumps(data)
