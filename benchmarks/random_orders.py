@@ -1,6 +1,6 @@
 """Run test paths under pytest-randomly with many seeds; expect no leaks, same outcomes.
 
-    python benchmarks/random_orders.py --seeds 20 tests examples
+    python benchmarks/random_orders.py --seeds 20 tests examples -- -n 2
 
 Each seed is a separate pytest process (``-p randomly --randomly-seed=S``).
 Per-test outcomes come from JUnit XML; leak reports are counted from the
@@ -52,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--output", type=Path, default=None)
-    parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:  # everything after "--" goes to pytest
+        extra = argv[argv.index("--") + 1:]
+        argv = argv[: argv.index("--")]
     args = parser.parse_args(argv)
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     reference: dict[str, str] | None = None
@@ -60,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     total_leaks = 0
     differing: set[str] = set()
     for seed in seeds:
-        outcomes, leaks, summary = run_seed(seed, args.paths, args.pytest_args)
+        outcomes, leaks, summary = run_seed(seed, args.paths, extra)
         total_leaks += leaks
         if reference is None:
             reference = outcomes
