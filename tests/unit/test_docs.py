@@ -17,3 +17,17 @@ def test_every_registry_row_is_documented() -> None:
     ]
     missing = [name for name in names if f"``{name}``" not in text]
     assert not missing, f"add these flags to docs/reference/flags.rst: {missing}"
+
+
+def test_guarantees_page_names_real_tests() -> None:
+    import ast
+    import re
+
+    root = DOCS.parent
+    text = (DOCS / "explanation" / "guarantees.rst").read_text()
+    refs = re.findall(r"``(tests/[\w/]+\.py)::(\w+)``", text)
+    assert len(refs) >= 25
+    for path, name in refs:
+        tree = ast.parse((root / path).read_text())
+        names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        assert name in names, f"{path}::{name} is named in guarantees.rst but does not exist"
