@@ -26,8 +26,14 @@ demo: $(STAMP)
 		--backends-report=examples-report.json --backends-html=examples-report.html -q -rs || true
 	@echo "JSON report: examples-report.json   HTML grid: examples-report.html"
 
+# pytest-torch is only a point of comparison for the determinism benchmark: it is
+# installed beside the venv (it registers a pytest plugin of its own) and put
+# on PYTHONPATH for that benchmark alone.
+BENCH_DEPS := .bench-deps
 bench: $(STAMP)
-	$(PY) benchmarks/run_all.py
+	test -d $(BENCH_DEPS) || $(PY) -m pip install -q --disable-pip-version-check --no-deps \
+		--target $(BENCH_DEPS) "pytest-torch==1.1.1" || true
+	PYTEST_BACKENDS_BENCH_DEPS=$(BENCH_DEPS) $(PY) benchmarks/run_all.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pytest_backends tests benchmarks examples

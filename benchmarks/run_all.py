@@ -7,6 +7,7 @@ docstring of each script. ``--quick`` runs smaller sizes for a smoke check.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -46,7 +47,14 @@ def main() -> int:
             continue
         print(f"=== {name}", flush=True)
         start = time.perf_counter()
-        code = subprocess.call([sys.executable, str(ROOT / argv[0]), *argv[1:]], cwd=ROOT.parent)
+        env = dict(os.environ)
+        deps = os.environ.get("PYTEST_BACKENDS_BENCH_DEPS")
+        if name == "reproducible" and deps:
+            # pytest-torch, the comparison point, lives outside the venv
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [deps, env.get("PYTHONPATH")]))
+        code = subprocess.call(
+            [sys.executable, str(ROOT / argv[0]), *argv[1:]], cwd=ROOT.parent, env=env
+        )
         print(f"=== {name}: exit {code} in {time.perf_counter() - start:.0f} s", flush=True)
         if code:
             failed.append(name)
