@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     reference: dict[str, str] | None = None
     lines: list[str] = []
     total_leaks = 0
+    printed: set[str] = set()
     differing: set[str] = set()
     for seed in seeds:
         outcomes, leaks, summary = run_seed(seed, args.paths, extra)
@@ -72,7 +73,13 @@ def main(argv: list[str] | None = None) -> int:
             differing |= {k for k in reference.keys() | outcomes.keys()
                           if reference.get(k) != outcomes.get(k)}
         lines.append(f"seed {seed:>3}: {len(outcomes)} tests, {leaks} leak reports | {summary}")
-        print(lines[-1], flush=True)
+        lines.extend(
+            f"    {outcome}: {name}" for name, outcome in sorted(outcomes.items())
+            if outcome not in ("passed", "skipped")
+        )
+        print("\n".join(line for line in lines if line.startswith(("seed", "    "))
+                        and line not in printed), flush=True)
+        printed.update(lines)
     verdict = (
         f"{len(seeds)} seeds ({seeds[0]}..{seeds[-1]}) over {' '.join(args.paths)}: "
         f"{total_leaks} leak reports, {len(differing)} tests with differing outcomes"

@@ -101,7 +101,7 @@ def _torch_loaded() -> bool:
     return "torch" in sys.modules
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _registry() -> Any:
     # flags imports nothing heavy itself; the registry imports torch on first use
     from pytest_backends.flags import registry
