@@ -14,14 +14,13 @@ This module does not import torch; :meth:`Versions.current` does.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pytest_backends._files import atomic_write_text
 
 __all__ = [
     "BASELINE_FORMAT",
@@ -79,30 +78,15 @@ class Versions:
 
 
 def atomic_write_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file and ``os.replace``.
+    """Write ``data`` as JSON to ``path`` atomically (see :func:`atomic_write_text`).
 
     Readers never see a half-written file; on failure the old file is left
     as it was and :class:`CensusFileError` names the path.
     """
-    path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        atomic_write_text(Path(path), json.dumps(data, indent=2) + "\n")
     except OSError as exc:
         raise CensusFileError(f"cannot write {path}: {exc}") from exc
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise CensusFileError(f"cannot write {path}: {exc}") from exc
-        raise
 
 
 def _load(path: Path, what: str, expected_format: str) -> dict[str, Any]:
