@@ -1059,8 +1059,16 @@ class ChildPlugin:
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         self._writer.write({"ev": "report", "nodeid": report.nodeid, "data": data})
 
-    def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
-        self._writer.write({"ev": "finish", "nodeid": nodeid})
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_protocol(
+        self, item: pytest.Item, nextitem: pytest.Item | None
+    ) -> Generator[None, object, object]:
+        # "finish" is written outside the warnings plugin's wrapper, which
+        # records the test's warnings only after pytest_runtest_logfinish:
+        # the parent replays a test once it is finished, warnings included.
+        result = yield
+        self._writer.write({"ev": "finish", "nodeid": item.nodeid})
+        return result
 
     def pytest_warning_recorded(
         self,
