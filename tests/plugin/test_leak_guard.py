@@ -197,14 +197,19 @@ def test_thread_changing_flags_after_the_test_is_reported(pytester: pytest.Pytes
         """
         import threading, time, torch
 
+        GO = threading.Event()
+
         def test_starts_thread():
             def later():
-                time.sleep(0.3)
+                GO.wait(30)
                 torch.backends.cudnn.benchmark = True
             threading.Thread(target=later, daemon=True).start()
 
         def test_waits():
-            time.sleep(0.6)
+            GO.set()  # the earlier test's thread changes the flag while this test runs
+            deadline = time.monotonic() + 30
+            while not torch.backends.cudnn.benchmark and time.monotonic() < deadline:
+                time.sleep(0.01)
 
         def test_sees_clean_flags():
             assert not torch.backends.cudnn.benchmark
