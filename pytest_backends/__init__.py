@@ -34,7 +34,6 @@ _EXPORTS: dict[str, str] = {
     "Tolerance": "tolerance",
     "flag_effect": "effect",
     "FlagEffect": "effect",
-    # <exports>
 }
 
 __all__ = sorted(_EXPORTS)

@@ -66,6 +66,64 @@ class DeterminismSettings:
 SETTINGS_KEY = pytest.StashKey[DeterminismSettings]()
 
 
+def addoption(parser: pytest.Parser, group: Any) -> None:
+    """Register the determinism, census and baseline options with their ini twins."""
+    group.addoption(
+        "--backends-determinism",
+        action="store",
+        nargs="?",
+        const="on",
+        default=None,
+        metavar="N",
+        help="run each test marked @pytest.mark.backends(deterministic=...) N times "
+        "(bare flag: 5) under an op recorder and fail it when an op's output differs "
+        "between runs; 'off' disables. ini: backends_determinism",
+    )
+    parser.addini(
+        "backends_determinism",
+        "determinism runs per selected test: a number >= 2, 'on' (5) or 'off'",
+        default="",
+    )
+    group.addoption(
+        "--backends-determinism-all",
+        action="store_true",
+        default=False,
+        help="check every test, not only marked ones (turns the check on). "
+        "ini: backends_determinism_all",
+    )
+    parser.addini(
+        "backends_determinism_all", "determinism check for every test", type="bool", default=False
+    )
+    group.addoption(
+        "--backends-census",
+        action="store",
+        default=None,
+        metavar="PATH",
+        help="write the op census (verdict per op, device and dtype) as JSON to PATH "
+        "(turns the check on). ini: backends_census",
+    )
+    parser.addini("backends_census", "op census JSON file to write", default="")
+    group.addoption(
+        "--backends-baseline",
+        action="store",
+        default=None,
+        metavar="PATH",
+        help="JSON file of accepted nondeterministic ops: the run fails only for ops "
+        "not in it (turns the check on). ini: backends_baseline",
+    )
+    parser.addini("backends_baseline", "baseline JSON file of accepted ops", default="")
+    group.addoption(
+        "--backends-baseline-update",
+        action="store_true",
+        default=False,
+        help="rewrite the --backends-baseline file with this run's nondeterministic ops "
+        "instead of failing on them. ini: backends_baseline_update",
+    )
+    parser.addini(
+        "backends_baseline_update", "rewrite the baseline file", type="bool", default=False
+    )
+
+
 def parse_runs(value: str, source: str) -> int | None:
     """Parse ``--backends-determinism``'s ``N``: an int >= 2, ``on`` (default) or ``off`` (None)."""
     text = value.strip().lower()
@@ -141,8 +199,20 @@ def resolve_settings(config: pytest.Config) -> DeterminismSettings | None:
     return DeterminismSettings(runs, select_all, census, baseline, update)
 
 
+_OPTION_NAMES = (
+    "backends_determinism",
+    "backends_determinism_all",
+    "backends_census",
+    "backends_baseline",
+    "backends_baseline_update",
+)
+
+
 def configure(config: pytest.Config) -> None:
     """Resolve the settings and register the plugin when the feature is on."""
+    # An empty value (as the CPU-level children get) means "off", not a bad path.
+    if not any(config.getoption(name, None) or config.getini(name) for name in _OPTION_NAMES):
+        return
     settings = resolve_settings(config)
     if settings is None:
         return

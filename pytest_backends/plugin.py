@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_backends import isolation
+from pytest_backends import _capability_runner, determinism_plugin, isolation, markers, matrix
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -31,70 +31,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "what to do when a test leaks a torch backend flag: fail, warn or off",
         default="fail",
     )
-    # <matrix-options>
-    from pytest_backends import matrix
-
     matrix.addoption(parser, group)
-    # <capability-options>
-    from pytest_backends import _capability_runner
-
     _capability_runner.addoption(parser, group)
-    # <determinism-options>
-    group.addoption(
-        "--backends-determinism",
-        action="store",
-        nargs="?",
-        const="on",
-        default=None,
-        metavar="N",
-        help="run each test marked @pytest.mark.backends(deterministic=...) N times "
-        "(bare flag: 5) under an op recorder and fail it when an op's output differs "
-        "between runs; 'off' disables. ini: backends_determinism",
-    )
-    parser.addini(
-        "backends_determinism",
-        "determinism runs per selected test: a number >= 2, 'on' (5) or 'off'",
-        default="",
-    )
-    group.addoption(
-        "--backends-determinism-all",
-        action="store_true",
-        default=False,
-        help="check every test, not only marked ones (turns the check on). "
-        "ini: backends_determinism_all",
-    )
-    parser.addini(
-        "backends_determinism_all", "determinism check for every test", type="bool", default=False
-    )
-    group.addoption(
-        "--backends-census",
-        action="store",
-        default=None,
-        metavar="PATH",
-        help="write the op census (verdict per op, device and dtype) as JSON to PATH "
-        "(turns the check on). ini: backends_census",
-    )
-    parser.addini("backends_census", "op census JSON file to write", default="")
-    group.addoption(
-        "--backends-baseline",
-        action="store",
-        default=None,
-        metavar="PATH",
-        help="JSON file of accepted nondeterministic ops: the run fails only for ops "
-        "not in it (turns the check on). ini: backends_baseline",
-    )
-    parser.addini("backends_baseline", "baseline JSON file of accepted ops", default="")
-    group.addoption(
-        "--backends-baseline-update",
-        action="store_true",
-        default=False,
-        help="rewrite the --backends-baseline file with this run's nondeterministic ops "
-        "instead of failing on them. ini: backends_baseline_update",
-    )
-    parser.addini(
-        "backends_baseline_update", "rewrite the baseline file", type="bool", default=False
-    )
-    # <tolerance-options>
+    determinism_plugin.addoption(parser, group)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -103,33 +42,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "backends_leaks(mode): override --backends-leaks (fail, warn, off) for one test",
     )
-    # <markers>
-    from pytest_backends import markers
-
     config.addinivalue_line("markers", markers.marker_line())
     settings = isolation.resolve_leak_mode(config)
     config.pluginmanager.register(isolation.IsolationPlugin(settings), "backends-isolation")
-    # <matrix-configure>
-    from pytest_backends import matrix
-
     matrix.configure(config)
-    # <capability-configure>
-    from pytest_backends import _capability_runner
-
     _capability_runner.configure(config)
-    # <determinism-configure>
-    determinism_names = (
-        "backends_determinism",
-        "backends_determinism_all",
-        "backends_census",
-        "backends_baseline",
-        "backends_baseline_update",
-    )
-    if any(config.getoption(n, None) or config.getini(n) for n in determinism_names):
-        from pytest_backends import determinism_plugin
-
-        determinism_plugin.configure(config)
-    # <tolerance-configure>
+    determinism_plugin.configure(config)
 
 
 @pytest.fixture
@@ -147,7 +65,6 @@ def backend_flags() -> Generator[Any, None, None]:
         handle.close()
 
 
-# <matrix-fixtures>
 @pytest.fixture
 def backend_config(request: pytest.FixtureRequest) -> Any:
     """The ``BackendConfig`` the test runs under (``.id``, ``.axes``, ``.flags``, ``.device``).
@@ -156,20 +73,15 @@ def backend_config(request: pytest.FixtureRequest) -> Any:
     this is its config; otherwise it is the ``default`` config (torch's
     defaults, on the CPU).
     """
-    from pytest_backends import matrix
-
     return matrix.config_for(request.node)
 
 
 @pytest.fixture
 def backend_device(backend_config: Any) -> Any:
     """A ``torch.device`` for the config's device axis (``cpu`` unless the config says)."""
-    from pytest_backends import matrix
-
     return matrix.device_for(backend_config)
 
 
-# <tolerance-fixtures>
 @pytest.fixture
 def backend_tolerance(backend_config: Any) -> Any:
     """Tolerances from the active precision flags, for the config's device.
