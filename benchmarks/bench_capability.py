@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pytest_backends import capability
+from pytest_backends.capability import levels as capability
 
 LEVELS = ("default", "avx2", "avx512")
 

@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_backends import _native
-from pytest_backends.digest import digest_bytes
+from pytest_backends.determinism.digest import digest_bytes
 
 SIZES_MB = (1, 16, 128)
 

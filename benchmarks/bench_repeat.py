@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_backends import _native
-from pytest_backends.digest import _to_host, repeat
+from pytest_backends.determinism.digest import _to_host, repeat
 
 
 def _time(fn: Callable[[], object], device: torch.device) -> float:

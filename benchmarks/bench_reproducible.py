@@ -37,8 +37,9 @@ from pathlib import Path
 
 import torch
 
-from pytest_backends import assert_reproducible, digest
-from pytest_backends.oplog import OpRecorder
+from pytest_backends import assert_reproducible
+from pytest_backends.determinism import digest
+from pytest_backends.determinism.recorder import OpRecorder
 
 try:  # optional: only compared when installed
     from pytest_torch import (  # type: ignore[import-not-found,unused-ignore]

@@ -18,16 +18,16 @@ _EXPORTS: dict[str, str] = {
     "override_flags": "flags",
     "diff_flags": "flags",
     "flag_names": "flags",
-    "assert_reproducible": "determinism",
-    "expect_nondeterministic_alert": "determinism",
-    "DeterminismError": "determinism",
-    "NotReproducibleError": "determinism",
-    "NondeterministicOpError": "determinism",
-    "AlertExpectationError": "determinism",
-    "use_config": "matrix",
-    "BackendConfig": "configs",
-    "Axis": "configs",
-    "AxisValue": "configs",
+    "assert_reproducible": "determinism.api",
+    "expect_nondeterministic_alert": "determinism.api",
+    "DeterminismError": "determinism.api",
+    "NotReproducibleError": "determinism.api",
+    "NondeterministicOpError": "determinism.api",
+    "AlertExpectationError": "determinism.api",
+    "use_config": "matrix.plugin",
+    "BackendConfig": "matrix.configs",
+    "Axis": "matrix.configs",
+    "AxisValue": "matrix.configs",
     "assert_close": "tolerance",
     "tolerance_for": "tolerance",
     "reference": "tolerance",
@@ -39,22 +39,22 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from pytest_backends.determinism import (
+    from pytest_backends.determinism.api import (
         AlertExpectationError as AlertExpectationError,
     )
-    from pytest_backends.determinism import (
+    from pytest_backends.determinism.api import (
         DeterminismError as DeterminismError,
     )
-    from pytest_backends.determinism import (
+    from pytest_backends.determinism.api import (
         NondeterministicOpError as NondeterministicOpError,
     )
-    from pytest_backends.determinism import (
+    from pytest_backends.determinism.api import (
         NotReproducibleError as NotReproducibleError,
     )
-    from pytest_backends.determinism import (
+    from pytest_backends.determinism.api import (
         assert_reproducible as assert_reproducible,
     )
-    from pytest_backends.determinism import (
+    from pytest_backends.determinism.api import (
         expect_nondeterministic_alert as expect_nondeterministic_alert,
     )
     from pytest_backends.effect import FlagEffect as FlagEffect

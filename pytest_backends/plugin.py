@@ -12,7 +12,11 @@ from typing import Any
 
 import pytest
 
-from pytest_backends import _capability_runner, determinism_plugin, isolation, markers, matrix
+from pytest_backends import isolation
+from pytest_backends.capability import runner as _capability_runner
+from pytest_backends.determinism import plugin as determinism_plugin
+from pytest_backends.matrix import markers
+from pytest_backends.matrix import plugin as matrix
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

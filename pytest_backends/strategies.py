@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 import pytest
 from hypothesis import strategies as st
 
-from pytest_backends import availability, markers
-from pytest_backends.configs import AxisRegistry, BackendConfig, builtin_registry
+from pytest_backends.matrix import availability, markers
+from pytest_backends.matrix.configs import AxisRegistry, BackendConfig, builtin_registry
 
 __all__ = ["MAX_CONFIGS", "backend_configs"]
 
@@ -45,7 +45,7 @@ def backend_configs(
     available_only: bool = True,
     registry: AxisRegistry | None = None,
 ) -> st.SearchStrategy[BackendConfig]:
-    """A strategy of :class:`~pytest_backends.configs.BackendConfig` over ``axes``.
+    """A strategy of :class:`~pytest_backends.matrix.configs.BackendConfig` over ``axes``.
 
     ``axes`` is a list of axis names (every value) or a mapping of axis name to
     value(s), as in ``@pytest.mark.backends``.  With ``available_only`` (the

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_backends import capability
+from pytest_backends.capability import levels as capability
 
 pytest_plugins = ["pytester"]
 

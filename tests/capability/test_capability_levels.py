@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_backends import _capability_runner as runner
-from pytest_backends import capability
+from pytest_backends.capability import levels as capability
+from pytest_backends.capability import runner
 
 X86_FULL = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl", "sse42"})
 
@@ -238,7 +238,7 @@ def test_parse_jobs_rejects_non_positive(value: str) -> None:
 
 def test_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, pytest_backends.capability, pytest_backends._capability_runner;"
+        "import sys, pytest_backends.capability.levels, pytest_backends.capability.runner;"
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_backends.census import (
+from pytest_backends.determinism.census import (
     BASELINE_FORMAT,
     FORMAT_VERSION,
     Baseline,

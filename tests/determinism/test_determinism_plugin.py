@@ -13,7 +13,7 @@ import pytest
 # keeps pytester's sys.modules snapshot from unloading (and re-importing) it.
 import torch  # noqa: F401
 
-from pytest_backends.determinism_plugin import parse_runs
+from pytest_backends.determinism.plugin import parse_runs
 
 SUITE = """
 import pytest
@@ -84,8 +84,8 @@ def test_parse_runs_rejects(value: str, message: str) -> None:
 def test_harness_modules_do_not_import_torch() -> None:
     code = (
         "import sys\n"
-        "import pytest_backends.determinism, pytest_backends.determinism_plugin\n"
-        "import pytest_backends.census\n"
+        "import pytest_backends.determinism.api, pytest_backends.determinism.plugin\n"
+        "import pytest_backends.determinism.census\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from pytest_backends import override_flags
-from pytest_backends.determinism import RngState
-from pytest_backends.oplog import Comparison, OpRecorder, RunLog, compare_runs
+from pytest_backends.determinism.api import RngState
+from pytest_backends.determinism.recorder import Comparison, OpRecorder, RunLog, compare_runs
 
 
 def _record(fn: Callable[[int], object], runs: int = 3) -> tuple[list[RunLog], Comparison]:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pytest_backends import _native
-from pytest_backends.digest import digest, digest_bytes, digest_many, repeat
+from pytest_backends.determinism.digest import digest, digest_bytes, digest_many, repeat
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

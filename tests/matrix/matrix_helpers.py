@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_backends.availability import Availability
+from pytest_backends.matrix.availability import Availability
 
 #: Every flag a torch >= 2.9 build has that the built-in axes can set.
 NEW_API_FLAGS = frozenset({

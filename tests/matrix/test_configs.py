@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from matrix_helpers import LEGACY_FLAGS, NEW_API_FLAGS
 
-from pytest_backends.configs import (
+from pytest_backends.matrix.configs import (
     Axis,
     AxisRegistry,
     AxisValue,
@@ -223,8 +223,8 @@ def test_axis_validation(name: str, values: tuple[str, ...], message: str) -> No
 def test_every_value_sets_real_flags_in_this_torch() -> None:
     import torch  # noqa: F401  (the registry needs it)
 
-    from pytest_backends.availability import probe
     from pytest_backends.flags import override_flags, snapshot_flags
+    from pytest_backends.matrix.availability import probe
 
     avail = probe()
     checked = 0

@@ -6,8 +6,8 @@ import inspect
 
 import pytest
 
-from pytest_backends.configs import builtin_registry
-from pytest_backends.markers import MarkerError, backends, bind, marker_line, resolve
+from pytest_backends.matrix.configs import builtin_registry
+from pytest_backends.matrix.markers import MarkerError, backends, bind, marker_line, resolve
 
 REG = builtin_registry()
 

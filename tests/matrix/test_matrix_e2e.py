@@ -153,7 +153,7 @@ def test_marker_typo_is_an_error_naming_the_test_and_the_rest_runs(
 
 def test_plugin_axes_from_conftest_set_their_flags(pytester: pytest.Pytester, run: Run) -> None:
     pytester.makeconftest("""
-        from pytest_backends.configs import Axis, AxisValue
+        from pytest_backends.matrix.configs import Axis, AxisValue
 
         def pytest_backends_configurations(config):
             return [Axis("fastpath", (

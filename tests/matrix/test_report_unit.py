@@ -7,7 +7,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from pytest_backends.report import (
+from pytest_backends.matrix.report import (
     Result,
     base_test_id,
     build_rows,

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from matrix_helpers import NEW_API_FLAGS
 
-from pytest_backends.configs import BackendConfig, builtin_registry
 from pytest_backends.flags import override_flags
-from pytest_backends.verify import PROMISES, OpRecorder, evaluate, promises_for
+from pytest_backends.matrix.configs import BackendConfig, builtin_registry
+from pytest_backends.matrix.verify import PROMISES, OpRecorder, evaluate, promises_for
 
 REG = builtin_registry()
 

@@ -12,15 +12,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_backends import _native
-from pytest_backends import digest as digest_mod
-from pytest_backends.digest import (
+from pytest_backends.determinism import digest as digest_mod
+from pytest_backends.determinism.digest import (
     NativeDigestUnavailableWarning,
     digest,
     digest_bytes,
     digest_many,
     use_python_fallback,
 )
-from pytest_backends.digest import (
+from pytest_backends.determinism.digest import (
     backend as digest_backend,
 )
 

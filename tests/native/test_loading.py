@@ -157,7 +157,8 @@ def test_aot_build_is_preferred_and_needs_no_cache(
         f"""
         import pytest_backends, torch
         pytest_backends.__path__.append({str(aot)!r})
-        from pytest_backends import _native, digest
+        from pytest_backends import _native
+        from pytest_backends.determinism import digest
         module = _native.load()
         print(module.__file__)
         print(digest.backend(), digest.digest_bytes(torch.arange(5)).hex())
@@ -168,7 +169,7 @@ def test_aot_build_is_preferred_and_needs_no_cache(
     assert result.returncode == 0, result.stderr
     file, line = result.stdout.strip().splitlines()[-2:]
     assert Path(file).parent == aot
-    from pytest_backends.digest import digest_bytes
+    from pytest_backends.determinism.digest import digest_bytes
 
     assert line == f"native {digest_bytes(torch.arange(5), backend='python').hex()}"
     assert not (tmp_path / "unused-cache").exists()
@@ -178,7 +179,7 @@ def test_importing_the_modules_neither_imports_torch_nor_builds(tmp_path: Path) 
     result = _python(
         """
         import sys
-        import pytest_backends.digest, pytest_backends._native, pytest_backends.__main__
+        import pytest_backends.determinism.digest, pytest_backends._native, pytest_backends.__main__
         print("torch" in sys.modules)
         """,
         PYTEST_BACKENDS_CACHE_DIR=str(tmp_path / "cache"),

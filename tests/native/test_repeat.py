@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_backends.digest import DIGEST_SIZE, digest_bytes, repeat
+from pytest_backends.determinism.digest import DIGEST_SIZE, digest_bytes, repeat
 
 aten = torch.ops.aten
 

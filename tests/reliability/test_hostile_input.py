@@ -16,8 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_backends import capability, isolation, markers, matrix
-from pytest_backends.configs import ConfigError, builtin_registry
+from pytest_backends import isolation
+from pytest_backends.capability import levels as capability
+from pytest_backends.matrix import markers
+from pytest_backends.matrix import plugin as matrix
+from pytest_backends.matrix.configs import ConfigError, builtin_registry
 
 pytest_plugins = ["pytester"]
 

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_backends._files import atomic_write_text
-from pytest_backends.configs import DEFAULT_ID, ConfigError
-from pytest_backends.matrix import PROPERTY
-from pytest_backends.verify import DETAIL_PROPERTY, STATUS_PROPERTY
+from pytest_backends.matrix.configs import DEFAULT_ID, ConfigError
+from pytest_backends.matrix.plugin import PROPERTY
+from pytest_backends.matrix.verify import DETAIL_PROPERTY, STATUS_PROPERTY
 
 if TYPE_CHECKING:
-    from pytest_backends.matrix import MatrixPlugin, MatrixSettings
+    from pytest_backends.matrix.plugin import MatrixPlugin, MatrixSettings
 
 __all__ = [
     "OUTCOMES",
@@ -346,7 +346,7 @@ class ReportPlugin:
         avail = self.matrix.probed
         if avail is None:
             return []
-        from pytest_backends.availability import header_lines
+        from pytest_backends.matrix.availability import header_lines
 
         return [line.removeprefix("backends: ") for line in header_lines(avail)]
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from pytest_backends.configs import BackendConfig
+from pytest_backends.matrix.configs import BackendConfig
 
 __all__ = [
     "PROMISES",
@@ -284,7 +284,7 @@ class VerifyPlugin:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
-        from pytest_backends.matrix import CONFIG_KEY
+        from pytest_backends.matrix.plugin import CONFIG_KEY
 
         config = item.stash.get(CONFIG_KEY, None)
         if config is None or not promises_for(config, self.table):

@@ -2,7 +2,7 @@
 
 Both import torch only when called, so importing this module is cheap.
 Outputs and gradients are compared through 128-bit digests
-(:mod:`pytest_backends.digest`) computed on the tensors' own device; the
+(:mod:`pytest_backends.determinism.digest`) computed on the tensors' own device; the
 digests of all runs are copied to the host once, at the end.
 """
 
@@ -241,7 +241,7 @@ class _Digests:
     def add(self, label: str, value: object) -> None:
         import torch
 
-        from pytest_backends.digest import digest
+        from pytest_backends.determinism.digest import digest
 
         self.labels.append(label)
         if isinstance(value, torch.Tensor):

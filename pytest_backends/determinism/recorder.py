@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pytest_backends.census import VERDICTS
-from pytest_backends.determinism import ALERT_TEXT
+from pytest_backends.determinism.api import ALERT_TEXT
+from pytest_backends.determinism.census import VERDICTS
 
 __all__ = [
     "Comparison",
@@ -201,7 +201,7 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _digest_slot(self, t: torch.Tensor) -> Slot:
         if t.layout != torch.strided or t.device.type == "meta" or t.is_quantized:
             return ("opaque", _dtype_name(t), tuple(t.shape), str(t.layout), t.device.type)
-        from pytest_backends.digest import digest
+        from pytest_backends.determinism.digest import digest
 
         try:
             d = digest(t)

@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pytest_backends.configs import AxisRegistry
+from pytest_backends.matrix.configs import AxisRegistry
 
 __all__ = ["MARKER", "MarkerError", "MarkerSpec", "backends", "marker_line", "resolve"]
 

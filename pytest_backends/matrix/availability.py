@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pytest_backends import capability
+from pytest_backends.capability import levels as capability
 
 if TYPE_CHECKING:
-    from pytest_backends.configs import AxisRegistry, BackendConfig
+    from pytest_backends.matrix.configs import AxisRegistry, BackendConfig
 
 __all__ = [
     "Availability",

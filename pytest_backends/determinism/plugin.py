@@ -3,7 +3,7 @@
 Registered by :mod:`pytest_backends.plugin` only when one of the options
 (or its ini twin) is in use. A selected test's call phase runs ``N`` times:
 the global RNGs are reset to the state they had when the call phase began,
-and an :class:`~pytest_backends.oplog.OpRecorder` records every op. Setup
+and an :class:`~pytest_backends.determinism.recorder.OpRecorder` records every op. Setup
 and teardown run once, so function-scoped fixture values are shared by all
 runs. The runs are then compared op by op; an op that gave different outputs
 from identical inputs fails the test (unless the baseline accepts it).
@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_backends.census import (
+from pytest_backends.determinism.api import DEFAULT_RUNS, NondeterministicOpError
+from pytest_backends.determinism.census import (
     Baseline,
     BaselineVersionWarning,
     Census,
@@ -32,10 +33,9 @@ from pytest_backends.census import (
     Key,
     Versions,
 )
-from pytest_backends.determinism import DEFAULT_RUNS, NondeterministicOpError
 
 if TYPE_CHECKING:
-    from pytest_backends.oplog import Comparison, Divergence
+    from pytest_backends.determinism.recorder import Comparison, Divergence
 
 __all__ = [
     "SETTINGS_KEY",
@@ -265,8 +265,8 @@ class DeterminismPlugin:
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
         if not _selected(item, self.settings.select_all):
             return (yield)
-        from pytest_backends.determinism import RngState
-        from pytest_backends.oplog import OpRecorder, RunLog, compare_runs
+        from pytest_backends.determinism.api import RngState
+        from pytest_backends.determinism.recorder import OpRecorder, RunLog, compare_runs
 
         runs = self.settings.runs
         start = RngState.capture()

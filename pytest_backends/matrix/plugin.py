@@ -10,7 +10,7 @@ Data flows one way (DESIGN B):
    The list depends only on markers and options, never on the machine, so
    collection is identical everywhere, xdist workers included.
 3. :meth:`MatrixPlugin.pytest_collection_modifyitems` stores each item's
-   :class:`~pytest_backends.configs.BackendConfig` under :data:`CONFIG_KEY`, hands
+   :class:`~pytest_backends.matrix.configs.BackendConfig` under :data:`CONFIG_KEY`, hands
    its flags to the leak guard (``isolation.ITEM_FLAGS_KEY``), and turns a
    config this machine cannot run into a skip with a precise reason.
 
@@ -30,8 +30,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
-from pytest_backends import _xdist, availability, isolation, markers
-from pytest_backends.configs import (
+from pytest_backends import isolation
+from pytest_backends.matrix import availability, markers
+from pytest_backends.matrix import xdist as _xdist
+from pytest_backends.matrix.configs import (
     DEFAULT_CONFIG,
     Axis,
     AxisRegistry,
@@ -41,7 +43,7 @@ from pytest_backends.configs import (
 )
 
 if TYPE_CHECKING:
-    from pytest_backends.availability import Availability
+    from pytest_backends.matrix.availability import Availability
 
 __all__ = [
     "CONFIG_KEY",
@@ -308,7 +310,7 @@ def resolve_settings(config: pytest.Config) -> MatrixSettings:
     value, axes_source, _ = _option(config, "backends_matrix")
     enabled, axes = parse_matrix(str(value), axes_source)
     # --backends-cpu-capability asks for the cpu_capability axis by itself.
-    from pytest_backends import _capability_runner
+    from pytest_backends.capability import runner as _capability_runner
 
     enabled, axes = _capability_runner.widen_matrix(config, enabled, axes)
     raw_ids, select_source, _ = _option(config, "backends_config")
@@ -652,14 +654,14 @@ def configure(config: pytest.Config) -> None:
     plugin = MatrixPlugin(config, settings)
     config.pluginmanager.register(plugin, "backends-matrix")
     if settings.verify != "off":
-        from pytest_backends.verify import VerifyPlugin
+        from pytest_backends.matrix.verify import VerifyPlugin
 
         config.pluginmanager.register(
             VerifyPlugin(strict=settings.verify == "strict"), "backends-verify"
         )
     is_worker = hasattr(config, "workerinput")
     if not is_worker and (settings.enabled or settings.report_json or settings.report_html):
-        from pytest_backends.report import ReportPlugin
+        from pytest_backends.matrix.report import ReportPlugin
 
         config.pluginmanager.register(ReportPlugin(config, settings, plugin), "backends-report")
     if not is_worker and config.pluginmanager.hasplugin("xdist"):

@@ -9,7 +9,7 @@ unique, stable and identical on every machine.
 What a value *does* is data too: the torch flags it sets (which may depend on
 the flags the running torch has, e.g. the ``fp32_precision`` API), the devices
 it can run on, and what it needs from the machine.  Whether a configuration can
-run *here* is decided by :mod:`pytest_backends.availability`; that never changes
+run *here* is decided by :mod:`pytest_backends.matrix.availability`; that never changes
 which configurations exist.
 
 Nothing here imports torch.
@@ -25,7 +25,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:
-    from pytest_backends.availability import Availability
+    from pytest_backends.matrix.availability import Availability
 
 __all__ = [
     "BUILTIN_AXES",

@@ -49,7 +49,7 @@ from typing import Any
 
 import pytest
 
-from pytest_backends import capability
+from pytest_backends.capability import levels as capability
 
 __all__ = [
     "CHILD_OPTION",
@@ -195,7 +195,7 @@ class LevelAxisPlugin:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        from pytest_backends import markers
+        from pytest_backends.matrix import markers
 
         for mark in metafunc.definition.iter_markers(markers.MARKER):
             if capability.AXIS in mark.kwargs or capability.AXIS in mark.args:
@@ -223,7 +223,7 @@ def configure(config: pytest.Config) -> None:
 def level_of(item: pytest.Item) -> str | None:
     """The CPU capability level an item must run under, or ``None``."""
     # Imported lazily: the matrix module is only needed once items exist.
-    from pytest_backends import matrix
+    from pytest_backends.matrix import plugin as matrix
 
     backend_config = item.stash.get(matrix.CONFIG_KEY, None)
     if backend_config is None:
@@ -419,7 +419,7 @@ def _has_ini(config: pytest.Config, name: str) -> bool:
 
 def _matrix_args(config: pytest.Config) -> list[str]:
     # A sampled matrix with a random seed must sample the same configs in the child.
-    from pytest_backends import matrix
+    from pytest_backends.matrix import plugin as matrix
 
     settings = config.stash.get(matrix.SETTINGS_KEY, None)
     if settings is not None and settings.sample is not None and settings.seed is not None:
@@ -744,7 +744,7 @@ def _stand_in(session: pytest.Session, item: pytest.Item, level: str) -> LevelIt
         # The test's timeout applies in its child; the parent only waits.
         timeout = pytest.mark.timeout(0)
         standin.own_markers.insert(0, timeout.mark)
-    from pytest_backends import matrix
+    from pytest_backends.matrix import plugin as matrix
 
     backend_config = item.stash.get(matrix.CONFIG_KEY, None)
     if backend_config is not None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_backends.matrix import MatrixSettings
+    from pytest_backends.matrix.plugin import MatrixSettings
 
 __all__ = ["WORKERINPUT_SEED", "XdistHooks"]
 

@@ -1,0 +1,1 @@
+"""CPU capability levels: a process-level axis run on pytest-xdist workers."""

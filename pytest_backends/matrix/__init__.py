@@ -1,0 +1,1 @@
+"""The backend matrix: configurations, markers, expansion, verification and reports."""
