@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from pytest_backends import _keys
+
 __all__ = [
     "ITEM_FLAGS_KEY",
     "LEAK_MODES",
@@ -37,10 +39,8 @@ __all__ = [
 
 LEAK_MODES = ("fail", "warn", "off")
 
-#: Flags to apply around one item's setup, call and teardown (``name -> value``).
-#: Features such as the backend matrix put a config's flags here; the guard
-#: applies them, checks leaks relative to them and restores them afterwards.
-ITEM_FLAGS_KEY = pytest.StashKey[Mapping[str, object]]()
+#: Flags to apply around one item's setup, call and teardown (see :mod:`pytest_backends._keys`).
+ITEM_FLAGS_KEY = _keys.ITEM_FLAGS_KEY
 
 _SETUP_ERROR_KEY = pytest.StashKey[BaseException]()
 

@@ -1,8 +1,11 @@
-"""pytest entry point: options, ini keys, markers and hook registration.
+"""pytest entry point and the plugin's only registrar.
 
-This module is imported for every pytest run once the package is installed,
-so it stays declarative and never imports torch; the feature modules it
-delegates to import torch lazily, when a feature is in use.
+This module adds the hookspecs, the options and the markers, resolves every
+setting once into frozen objects in ``config.stash`` (see
+:mod:`pytest_backends._keys`), and registers the feature plugins that are in
+use.  Feature modules build their plugin objects; only this module registers
+them.  It is imported for every pytest run once the package is installed,
+so it never imports torch; the feature modules import torch lazily.
 """
 
 from __future__ import annotations
@@ -12,11 +15,17 @@ from typing import Any
 
 import pytest
 
-from pytest_backends import isolation
-from pytest_backends.capability import runner as _capability_runner
+from pytest_backends import _keys, hookspecs, isolation
+from pytest_backends.capability import levels as capability_levels
+from pytest_backends.capability import plugin as capability
 from pytest_backends.determinism import plugin as determinism_plugin
 from pytest_backends.matrix import markers
 from pytest_backends.matrix import plugin as matrix
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    """Add the plugin's own hooks (``pytest_backends_configurations``)."""
+    pluginmanager.add_hookspecs(hookspecs)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -36,24 +45,47 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="fail",
     )
     matrix.addoption(parser, group)
-    _capability_runner.addoption(parser, group)
+    capability.addoption(parser, group)
     determinism_plugin.addoption(parser, group)
 
 
+def resolve(config: pytest.Config) -> None:
+    """Resolve every setting once, in data-dependency order, into ``config.stash``.
+
+    The CPU levels come first because they require the matrix's
+    ``cpu_capability`` axis; no feature re-resolves another's options.
+    """
+    if _keys.MATRIX_KEY in config.stash:
+        return
+    config.stash[_keys.LEAK_KEY] = isolation.resolve_leak_mode(config)
+    levels = capability.resolve_settings(config)
+    config.stash[_keys.CAPABILITY_KEY] = levels
+    required = (capability_levels.AXIS,) if levels.levels is not None else ()
+    config.stash[_keys.MATRIX_KEY] = matrix.resolve_settings(config, required)
+
+
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Plan the CPU level workers before pytest-xdist starts any (it has read ``-n`` by now)."""
+    resolve(config)
+    capability.plan_distribution(config)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Resolve settings once and register the feature plugins that are in use."""
+    """Register the feature plugins that the resolved settings ask for."""
     config.addinivalue_line(
         "markers",
         "backends_leaks(mode): override --backends-leaks (fail, warn, off) for one test",
     )
     config.addinivalue_line("markers", markers.marker_line())
-    settings = isolation.resolve_leak_mode(config)
-    config.pluginmanager.register(isolation.IsolationPlugin(settings), "backends-isolation")
-    matrix.configure(config)
-    _capability_runner.configure(config)
-    determinism_plugin.configure(config)
-
-
+    resolve(config)
+    plugins: list[tuple[object, str]] = [
+        (isolation.IsolationPlugin(config.stash[_keys.LEAK_KEY]), "backends-isolation")
+    ]
+    plugins += matrix.configure(config, config.stash[_keys.MATRIX_KEY])
+    plugins += capability.configure(config, config.stash[_keys.CAPABILITY_KEY])
+    plugins += determinism_plugin.configure(config)
+    for plugin, name in plugins:
+        config.pluginmanager.register(plugin, name)
 @pytest.fixture
 def backend_flags() -> Generator[Any, None, None]:
     """Set torch backend flags inside a test; every flag is restored at teardown.

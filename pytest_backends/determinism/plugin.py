@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_backends import _keys
 from pytest_backends.determinism.api import DEFAULT_RUNS, NondeterministicOpError
 from pytest_backends.determinism.census import (
     Baseline,
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 #: Report attribute carrying one test's census rows (plain JSON-ready data).
-REPORT_ATTR = "backends_census"
+REPORT_ATTR = _keys.REPORT_ATTR_CENSUS
 _VERDICTS_KEY = pytest.StashKey[list[dict[str, Any]]]()
 _OFF = ("0", "off", "false", "no")
 
@@ -63,7 +64,7 @@ class DeterminismSettings:
     baseline_update: bool
 
 
-SETTINGS_KEY = pytest.StashKey[DeterminismSettings]()
+SETTINGS_KEY = _keys.DETERMINISM_KEY
 
 
 def addoption(parser: pytest.Parser, group: Any) -> None:
@@ -208,14 +209,14 @@ _OPTION_NAMES = (
 )
 
 
-def configure(config: pytest.Config) -> None:
-    """Resolve the settings and register the plugin when the feature is on."""
-    # An empty value (as the CPU-level children get) means "off", not a bad path.
+def configure(config: pytest.Config) -> list[tuple[object, str]]:
+    """Resolve the settings; the plugin to register when the feature is on (else none)."""
+    # An empty value means "off", not a bad path.
     if not any(config.getoption(name, None) or config.getini(name) for name in _OPTION_NAMES):
-        return
+        return []
     settings = resolve_settings(config)
     if settings is None:
-        return
+        return []
     config.stash[SETTINGS_KEY] = settings
     baseline = Baseline()
     if settings.baseline is not None:
@@ -230,8 +231,7 @@ def configure(config: pytest.Config) -> None:
             message = baseline.version_mismatch(settings.baseline, Versions.current())
             if message:
                 config.issue_config_time_warning(BaselineVersionWarning(message), stacklevel=2)
-    plugin = DeterminismPlugin(config, settings, baseline)
-    config.pluginmanager.register(plugin, "backends-determinism")
+    return [(DeterminismPlugin(config, settings, baseline), "backends-determinism")]
 
 
 def _is_worker(config: pytest.Config) -> bool:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
-from pytest_backends import isolation
+from pytest_backends import _keys
 from pytest_backends.matrix import availability, markers
 from pytest_backends.matrix import xdist as _xdist
 from pytest_backends.matrix.configs import (
@@ -61,19 +61,16 @@ __all__ = [
     "use_config",
 ]
 
-#: The :class:`BackendConfig` of an item (``default`` for a marked test outside the matrix).
-CONFIG_KEY = pytest.StashKey[BackendConfig]()
-#: The resolved :class:`MatrixSettings` of the run.
-SETTINGS_KEY = pytest.StashKey["MatrixSettings"]()
-#: The registry of axes of the run (built-ins plus ``pytest_backends_configurations``).
-REGISTRY_KEY = pytest.StashKey[AxisRegistry]()
+CONFIG_KEY = _keys.CONFIG_KEY
+SETTINGS_KEY = _keys.MATRIX_KEY
+REGISTRY_KEY = _keys.REGISTRY_KEY
 
 _MARKER_ERROR_KEY = pytest.StashKey[str]()
 
 #: The test-id parameter and fixture that carry the config.
 PARAM = "backend_config"
 #: The JUnit XML property (``record_property`` style) naming an item's config.
-PROPERTY = "backend_config"
+PROPERTY = _keys.PROPERTY_CONFIG
 
 VERIFY_MODES = ("off", "on", "strict")
 _ON = ("all", "on", "yes", "true", "1")
@@ -305,14 +302,32 @@ def _path(config: pytest.Config, name: str) -> Path | None:
     return base / text
 
 
-def resolve_settings(config: pytest.Config) -> MatrixSettings:
-    """Resolve every matrix option once (raises ``pytest.UsageError`` on bad input)."""
+def require_axes(
+    enabled: bool, axes: tuple[str, ...] | None, required: Sequence[str]
+) -> tuple[bool, tuple[str, ...] | None]:
+    """``(enabled, axes)`` once another feature requires ``required`` axes.
+
+    Required axes turn the matrix on for themselves alone when it is off, and
+    join a restricted ``--backends-matrix=a,b`` list.
+    """
+    if not required:
+        return enabled, axes
+    if not enabled:
+        return True, tuple(required)
+    if axes is not None:
+        return True, tuple(dict.fromkeys((*axes, *required)))
+    return enabled, axes
+
+
+def resolve_settings(config: pytest.Config, required: Sequence[str] = ()) -> MatrixSettings:
+    """Resolve every matrix option once (raises ``pytest.UsageError`` on bad input).
+
+    ``required`` are axes another feature needs (``cpu_capability`` for
+    ``--backends-cpu-capability``).
+    """
     value, axes_source, _ = _option(config, "backends_matrix")
     enabled, axes = parse_matrix(str(value), axes_source)
-    # --backends-cpu-capability asks for the cpu_capability axis by itself.
-    from pytest_backends.capability import runner as _capability_runner
-
-    enabled, axes = _capability_runner.widen_matrix(config, enabled, axes)
+    enabled, axes = require_axes(enabled, axes, required)
     raw_ids, select_source, _ = _option(config, "backends_config")
     select = parse_config_ids(list(raw_ids or ()), select_source)
     if select and config.getoption("backends_matrix", None) is None:
@@ -573,7 +588,7 @@ class MatrixPlugin:
             if why is not None:
                 item.add_marker(pytest.mark.skip(reason=why))
             elif backend.flags:
-                item.stash[isolation.ITEM_FLAGS_KEY] = backend.flags
+                item.stash[_keys.ITEM_FLAGS_KEY] = backend.flags
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = kept
@@ -644,25 +659,20 @@ def use_config(
 # --- registration -------------------------------------------------------------------------
 
 
-def configure(config: pytest.Config) -> None:
-    """Resolve the settings and register the matrix, verification and report plugins."""
-    from pytest_backends import hookspecs
-
-    config.pluginmanager.add_hookspecs(hookspecs)
-    settings = resolve_settings(config)
-    config.stash[SETTINGS_KEY] = settings
+def configure(config: pytest.Config, settings: MatrixSettings) -> list[tuple[object, str]]:
+    """The matrix, verification, report and xdist plugins ``settings`` need (not registered)."""
+    plugins: list[tuple[object, str]] = []
     plugin = MatrixPlugin(config, settings)
-    config.pluginmanager.register(plugin, "backends-matrix")
+    plugins.append((plugin, "backends-matrix"))
     if settings.verify != "off":
         from pytest_backends.matrix.verify import VerifyPlugin
 
-        config.pluginmanager.register(
-            VerifyPlugin(strict=settings.verify == "strict"), "backends-verify"
-        )
+        plugins.append((VerifyPlugin(strict=settings.verify == "strict"), "backends-verify"))
     is_worker = hasattr(config, "workerinput")
     if not is_worker and (settings.enabled or settings.report_json or settings.report_html):
         from pytest_backends.matrix.report import ReportPlugin
 
-        config.pluginmanager.register(ReportPlugin(config, settings, plugin), "backends-report")
+        plugins.append((ReportPlugin(config, settings, plugin), "backends-report"))
     if not is_worker and config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(_xdist.XdistHooks(settings), "backends-xdist")
+        plugins.append((_xdist.XdistHooks(settings), "backends-xdist"))
+    return plugins

@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from pytest_backends import _keys
 from pytest_backends.matrix.configs import BackendConfig
 
 __all__ = [
@@ -44,8 +45,8 @@ __all__ = [
 ]
 
 #: JUnit/report properties written by the verifier.
-STATUS_PROPERTY = "backends_verify"
-DETAIL_PROPERTY = "backends_verify_detail"
+STATUS_PROPERTY = _keys.PROPERTY_VERIFY_STATUS
+DETAIL_PROPERTY = _keys.PROPERTY_VERIFY_DETAIL
 
 # Ops that *implement* a convolution, i.e. that show which path ran.
 CONV_IMPLS = (

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_backends.capability import levels as capability
-from pytest_backends.capability import runner
+from pytest_backends.capability import plugin as levels_plugin
 
 X86_FULL = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl", "sse42"})
 
@@ -115,139 +114,118 @@ def test_verify_level_compares_what_torch_reports() -> None:
     assert "none of this level's tests were run" in message
 
 
-def test_child_env_sets_the_level_and_drops_xdist_identity() -> None:
-    base = {"PATH": "/bin", "PYTEST_XDIST_WORKER": "gw0", "ATEN_CPU_CAPABILITY": "avx512"}
-    env = runner.child_env("default", base)
-    assert env["PATH"] == "/bin"
-    assert env["ATEN_CPU_CAPABILITY"] == "default"
-    assert "PYTEST_XDIST_WORKER" not in env
+def test_level_spec_sets_the_level_the_library_caps_and_an_inductor_cache() -> None:
+    spec = levels_plugin.level_spec("avx2", {"TORCHINDUCTOR_CACHE_DIR": "/cache"})
+    parts = spec.split("//")
+    assert parts[0] == "popen"
+    env = dict(part.removeprefix("env:").split("=", 1) for part in parts[1:])
+    assert env["ATEN_CPU_CAPABILITY"] == "avx2"
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/cache/cap-avx2"
+    for name, value in capability.level_env("avx2").items():
+        assert env[name] == value
 
 
-def test_describe_exit() -> None:
-    assert runner.describe_exit(1) == "exit code 1"
-    assert runner.describe_exit(-11) == "killed by signal SIGSEGV"
-
-
-def test_tail_drops_the_session_header(tmp_path: Path) -> None:
-    log = tmp_path / "child.log"
-    log.write_text(
-        "==== test session starts ====\nplatform linux\nrootdir: /x\ncollected 3 items\n\n"
-        "t.py::a PASSED\nt.py::b \n"
+def test_each_level_gets_its_own_inductor_cache() -> None:
+    dirs = {levels_plugin.inductor_cache_dir(lv, {}) for lv in ("default", "avx2", "avx512")}
+    assert len(dirs) == 3
+    assert all("torchinductor_" in d for d in dirs)
+    assert levels_plugin.inductor_cache_dir("default", {"TORCHINDUCTOR_CACHE_DIR": "/c/"}) == (
+        "/c/cap-default"
     )
-    tail = runner._tail(log)
-    assert "rootdir" not in tail
-    assert tail.splitlines() == ["    t.py::a PASSED", "    t.py::b "]
 
 
-def test_feed_reads_complete_lines_only(tmp_path: Path) -> None:
-    path = tmp_path / "avx2.events.jsonl"
-    feed = runner.LevelFeed("avx2", path)
-    assert feed.poll() is False
-    events = [
-        {"ev": "hello", "pid": 42},
-        {"ev": "start", "nodeid": "t.py::a"},
-        {"ev": "report", "nodeid": "t.py::a", "data": {"when": "call"}},
-        {"ev": "finish", "nodeid": "t.py::a"},
-        {"ev": "start", "nodeid": "t.py::b"},
-        {"ev": "crash", "nodeid": "t.py::b", "message": "boom"},
-        {"ev": "lost", "nodeids": ["t.py::a", "t.py::c"], "message": "not run"},
-        {"ev": "end"},
+def test_a_spec_cannot_carry_a_double_slash() -> None:
+    with pytest.raises(pytest.UsageError, match="contains '//'"):
+        levels_plugin.level_spec("default", {"TORCHINDUCTOR_CACHE_DIR": "//server/share"})
+
+
+def test_plan_starts_n_workers_per_runnable_level() -> None:
+    plan = levels_plugin.plan_workers(
+        ("default", "avx2", "avx512"), 2, {"default": None, "avx2": None, "avx512": "no avx512f"}
+    )
+    assert plan.runnable == ("default", "avx2")
+    assert plan.unsupported == {"avx512": "no avx512f"}
+    assert len(plan.specs) == 4
+    assert [s.split("//")[1] for s in plan.specs] == [
+        "env:ATEN_CPU_CAPABILITY=default",
+        "env:ATEN_CPU_CAPABILITY=default",
+        "env:ATEN_CPU_CAPABILITY=avx2",
+        "env:ATEN_CPU_CAPABILITY=avx2",
     ]
-    text = "".join(json.dumps(e) + "\n" for e in events)
-    cut = text.index("t.py::b") + 3
-    path.write_text(text[:cut])
-    assert feed.poll() is True
-    assert feed.child_pid == 42
-    assert feed.record("t.py::a").done and feed.record("t.py::a").reports == [{"when": "call"}]
-    assert not feed.record("t.py::b").started
-    with path.open("a") as f:
-        f.write(text[cut:])
-    assert feed.poll() is True
-    assert feed.record("t.py::b").crash == "boom" and feed.record("t.py::b").done
-    assert feed.record("t.py::c").lost == "not run"
-    assert feed.record("t.py::a").lost is None, "a finished item must keep its reports only"
-    assert feed.ended
+    assert plan.worker_levels == ("default", "avx2")
 
 
-def test_child_args_replace_paths_and_override_outputs(
-    pytester: pytest.Pytester, tmp_path: Path
+def test_plan_without_a_runnable_level_starts_one_plain_worker() -> None:
+    plan = levels_plugin.plan_workers(("avx512",), 3, {"avx512": "no avx512f"})
+    assert plan.specs == ("popen",)
+    assert plan.worker_levels == (None,)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("default, avx2", ("default", "avx2")),
+        ("off", None),
+        ("none", None),
+        ("", None),
+        ("NO", None),
+    ],
+)
+def test_parse_settings_accepts_levels_and_the_off_words(
+    value: str, expected: tuple[str, ...] | None
 ) -> None:
-    pytester.makepyfile(test_a="def test_a(): pass")
-    config = pytester.parseconfig(
-        "-p",
-        "no:randomly",
-        "-x",
-        "--backends-report=r.json",
-        "-k",
-        "a",
-        "test_a.py",
-        "-W",
-        "error",
-        "--backends-matrix",
-    )
-    args = runner.child_args(
-        config, ["test_a.py::test_a[cap-avx2]"], tmp_path / "spec.json", None, tmp_path / "c"
-    )
-    assert "test_a.py" not in args
-    # The file comes first, so the bare --backends-matrix cannot take it as its value.
-    assert args[:10] == [
-        str(pytester.path / "test_a.py"),
-        "-p",
-        "no:randomly",
-        "-x",
-        "--backends-report=r.json",
-        "-k",
-        "a",
-        "-W",
-        "error",
-        "--backends-matrix",
-    ]
-    tail = args[10:]
-    assert f"{runner.CHILD_OPTION}={tmp_path / 'spec.json'}" in tail
-    assert "--maxfail=0" in tail and "--junit-xml=" in tail and "--backends-report=" in tail
-    assert tail[tail.index("-n") + 1] == "0"
+    assert levels_plugin.parse_settings(value, "--x").levels == expected
 
 
-def test_widen_matrix_turns_on_only_the_capability_axis(pytester: pytest.Pytester) -> None:
-    config = pytester.parseconfig("--backends-cpu-capability=default")
-    assert runner.widen_matrix(config, False, None) == (True, ("cpu_capability",))
-    assert runner.widen_matrix(config, True, ("mkldnn",)) == (True, ("mkldnn", "cpu_capability"))
-    assert runner.widen_matrix(config, True, None) == (True, None)
-    plain = pytester.parseconfig()
-    assert runner.widen_matrix(plain, False, None) == (False, None)
+def test_widen_matrix_turns_on_only_the_capability_axis() -> None:
+    on = ("default",)
+    assert levels_plugin.widen_matrix(on, False, None) == (True, ("cpu_capability",))
+    assert levels_plugin.widen_matrix(on, True, ("mkldnn",)) == (True, ("mkldnn", "cpu_capability"))
+    assert levels_plugin.widen_matrix(on, True, None) == (True, None)
+    assert levels_plugin.widen_matrix(None, False, None) == (False, None)
 
 
-def test_ini_twins_and_command_line_precedence(pytester: pytest.Pytester) -> None:
-    pytester.makeini(
-        "[pytest]\nbackends_cpu_capability = avx2, default\nbackends_cpu_capability_jobs = 2\n"
-    )
-    settings = runner.resolve_settings(pytester.parseconfig())
-    assert (settings.levels, settings.jobs) == (("avx2", "default"), 2)
-    cli = pytester.parseconfig(
-        "--backends-cpu-capability=default", "--backends-cpu-capability-jobs=3"
-    )
-    settings = runner.resolve_settings(cli)
-    assert (settings.levels, settings.jobs) == (("default",), 3)
+def test_ini_twin_and_command_line_precedence(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nbackends_cpu_capability = avx2, default\n")
+    settings = levels_plugin.resolve_settings(pytester.parseconfig())
+    assert settings.levels == ("avx2", "default")
+    cli = pytester.parseconfig("--backends-cpu-capability=default")
+    assert levels_plugin.resolve_settings(cli).levels == ("default",)
+    off = pytester.parseconfig("--backends-cpu-capability=off")
+    assert levels_plugin.resolve_settings(off).levels is None
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "two", ""])
-def test_parse_jobs_rejects_non_positive(value: str) -> None:
-    with pytest.raises(pytest.UsageError, match="--backends-cpu-capability-jobs: expected a"):
-        runner.parse_jobs(value, "--backends-cpu-capability-jobs")
+def test_describe_exit_reads_wait_statuses() -> None:
+    assert levels_plugin.describe_exit(1 << 8) == "exit code 1"
+    assert levels_plugin.describe_exit(11) == "killed by signal SIGSEGV"
+    assert levels_plugin.describe_exit(11 | 0x80) == "killed by signal SIGSEGV"
+    assert levels_plugin.describe_exit(0) == "exit code 0"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_exit_status_of_a_dead_child_is_read_without_reaping_it() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import os; os._exit(3)"])
+    try:
+        status = levels_plugin.exit_status(child.pid, wait_s=10)
+        assert status is not None and levels_plugin.describe_exit(status) == "exit code 3"
+    finally:
+        assert child.wait() == 3, "the child was reaped by someone else"
+    assert levels_plugin.exit_status(child.pid, wait_s=0) is None
+
+
+def test_fault_tail_keeps_the_start_of_a_fatal_error() -> None:
+    frames = "".join(f'  File "x.py", line {i} in f{i}\n' for i in range(40))
+    text = f"noise\nFatal Python error: Segmentation fault\n\n{frames}"
+    tail = levels_plugin.fault_tail(text).splitlines()
+    assert tail[0] == "    Fatal Python error: Segmentation fault"
+    assert tail[1].endswith("in f0") and tail[-1] == "    ..."
+    assert levels_plugin.fault_tail("") == ""
 
 
 def test_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, pytest_backends.capability.levels, pytest_backends.capability.runner;"
+        "import sys, pytest_backends.capability.levels, pytest_backends.capability.plugin,"
+        "pytest_backends.capability.scheduler;"
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
-
-
-def test_tail_keeps_the_start_of_a_fatal_error(tmp_path: Path) -> None:
-    log = tmp_path / "child.log"
-    frames = "".join(f'  File "x.py", line {i} in f{i}\n' for i in range(40))
-    log.write_text(f"collected 1 item\nt.py::a Fatal Python error: Segmentation fault\n{frames}")
-    tail = runner._tail(log).splitlines()
-    assert tail[0] == "    Fatal Python error: Segmentation fault"
-    assert tail[1].endswith("in f0") and tail[-1] == "    ..."

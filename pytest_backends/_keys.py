@@ -1,0 +1,73 @@
+"""Every ``StashKey`` and report property name of the plugin, in one place.
+
+Feature modules read and write state through these keys only, so that a
+feature never has to import another feature to find its state (which is how
+import circles start).  Nothing here imports torch or a feature module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from pytest_backends.capability.plugin import CapabilitySettings, WorkerPlan
+    from pytest_backends.determinism.plugin import DeterminismSettings
+    from pytest_backends.isolation import LeakSettings
+    from pytest_backends.matrix.configs import AxisRegistry, BackendConfig
+    from pytest_backends.matrix.plugin import MatrixSettings
+
+__all__ = [
+    "CAPABILITY_KEY",
+    "CONFIG_KEY",
+    "DETERMINISM_KEY",
+    "ITEM_FLAGS_KEY",
+    "LEAK_KEY",
+    "MATRIX_KEY",
+    "PROPERTY_CONFIG",
+    "PROPERTY_CPU_LEVEL",
+    "PROPERTY_VERIFY_DETAIL",
+    "PROPERTY_VERIFY_STATUS",
+    "REGISTRY_KEY",
+    "REPORT_ATTR_CENSUS",
+    "WORKER_PLAN_KEY",
+]
+
+# --- config.stash: settings, resolved once ---------------------------------------------------
+
+#: The resolved ``--backends-leaks`` settings.
+LEAK_KEY: pytest.StashKey[LeakSettings] = pytest.StashKey()
+#: The resolved matrix settings.
+MATRIX_KEY: pytest.StashKey[MatrixSettings] = pytest.StashKey()
+#: The resolved ``--backends-cpu-capability`` settings.
+CAPABILITY_KEY: pytest.StashKey[CapabilitySettings] = pytest.StashKey()
+#: The controller's plan of CPU level workers (xdist specs per level).
+WORKER_PLAN_KEY: pytest.StashKey[WorkerPlan] = pytest.StashKey()
+#: The resolved determinism settings.
+DETERMINISM_KEY: pytest.StashKey[DeterminismSettings] = pytest.StashKey()
+#: The registry of axes of the run (built-ins plus ``pytest_backends_configurations``).
+REGISTRY_KEY: pytest.StashKey[AxisRegistry] = pytest.StashKey()
+
+# --- item.stash ------------------------------------------------------------------------------
+
+#: The ``BackendConfig`` of an item (``default`` for a marked test outside the matrix).
+CONFIG_KEY: pytest.StashKey[BackendConfig] = pytest.StashKey()
+#: Flags to apply around one item's setup, call and teardown (``name -> value``).
+#: Features such as the backend matrix put a config's flags here; the leak guard
+#: applies them, checks leaks relative to them and restores them afterwards.
+ITEM_FLAGS_KEY: pytest.StashKey[Mapping[str, Any]] = pytest.StashKey()
+
+# --- report properties (``report.user_properties`` names, JUnit ``<property>``) ---------------
+
+#: The id of the configuration a test ran under.
+PROPERTY_CONFIG = "backend_config"
+#: The verification status of a test's configuration.
+PROPERTY_VERIFY_STATUS = "backends_verify"
+#: The verification detail of a test's configuration.
+PROPERTY_VERIFY_DETAIL = "backends_verify_detail"
+#: The CPU capability level a test ran under (``default``, ``avx2``...).
+PROPERTY_CPU_LEVEL = "backends_cpu_level"
+#: Report attribute carrying one test's census rows (plain JSON-ready data).
+REPORT_ATTR_CENSUS = "backends_census"
