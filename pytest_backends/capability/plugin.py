@@ -362,6 +362,8 @@ class ControllerPlugin:
             message += f" The worker's last output:\n{dump}"
         report.longrepr = message
         report.when = "call"
+        path, _, name = crashitem.partition("::")
+        report.location = (path, None, name.replace("::", ".") or path)
         if config_id is not None:
             report.user_properties = [(_keys.PROPERTY_CONFIG, str(config_id))]
 

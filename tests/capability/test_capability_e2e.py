@@ -1,11 +1,17 @@
-"""CPU capability levels end to end: one real process per level, merged into one run.
+"""CPU capability levels end to end: real pytest-xdist workers, one set per level.
 
-Each child imports torch (about 2 s), so the runs are few and each checks a lot.
+Each worker imports torch (about 2 s), so the runs are few and each checks a lot.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
@@ -27,23 +33,22 @@ needs_x86_levels = pytest.mark.skipif(
 SUITE = """
 import json
 import os
+import unittest
 import warnings
 
 import pytest
 import torch
 
-LEVELS = ["default", "avx2", "avx512"]
-
 
 def record(request, **extra):
     cap = torch.backends.cpu.get_cpu_capability()
     request.node.user_properties.append(("cpu_capability", cap))
-    line = {"nodeid": request.node.nodeid, "cap": cap, "pid": os.getpid(), **extra}
+    line = {"nodeid": request.node.nodeid, "cap": cap, "pid": os.getpid(),
+            "inductor": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), **extra}
     with open(os.environ["CAP_RECORD"], "a") as f:
         f.write(json.dumps(line) + "\\n")
 
 
-@pytest.mark.backends(cpu_capability=LEVELS)
 def test_records(request):
     record(request)
     cap = torch.backends.cpu.get_cpu_capability()
@@ -51,14 +56,13 @@ def test_records(request):
     warnings.warn(f"warned under {cap}")
 
 
-@pytest.mark.backends(cpu_capability=LEVELS)
 def test_exits_in_avx2(request, backend_config):
     record(request)
     if backend_config.axes["cpu_capability"] == "avx2":
         os._exit(1)
 
 
-@pytest.mark.backends("mkldnn", cpu_capability=LEVELS)
+@pytest.mark.backends("mkldnn")
 def test_with_mkldnn(request, backend_config):
     record(request, mkldnn=torch.backends.mkldnn.enabled)
     assert torch.backends.mkldnn.enabled is (backend_config.axes["mkldnn"] == "on")
@@ -69,8 +73,18 @@ def test_sve():
     pass
 
 
-def test_plain(request):
+def test_deselected_by_k():
+    pass
+
+
+@pytest.mark.parametrize("n", range(4))
+def test_many(request, n):
     record(request)
+
+
+class Legacy(unittest.TestCase):
+    def test_unittest_style(self):
+        self.assertTrue(torch.ones(1).item() == 1)
 """
 
 
@@ -78,46 +92,78 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _check_matrix_run(result: pytest.RunResult, record: Path, junit: Path) -> bool:
-    # 3 records + 2 surviving exit tests + 6 mkldnn x level + sve-default + plain.
-    result.assert_outcomes(passed=13, failed=1, skipped=1)
+def _run_levels(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *args: str
+) -> tuple[pytest.RunResult, list[dict[str, Any]], Path, Path]:
+    pytester.makepyfile(test_levels=SUITE)
+    record = pytester.path / "record.jsonl"
+    junit = pytester.path / "junit.xml"
+    report = pytester.path / "matrix.json"
+    monkeypatch.setenv("CAP_RECORD", str(record))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    result = pytester.runpytest_subprocess(
+        "--backends-cpu-capability=default,avx2,avx512",
+        "--backends-matrix",
+        "-k",
+        "not test_deselected_by_k",
+        "-rsP",
+        f"--junitxml={junit}",
+        f"--backends-report={report}",
+        *args,
+    )
+    return result, _records(record), junit, report
+
+
+def _check_levels(
+    result: pytest.RunResult, rows: list[dict[str, Any]], junit: Path, report: Path
+) -> dict[str, set[int]]:
+    # per level: records, exits (fails in avx2), mkldnn on/off, 4 many; sve-default;
+    # sve256 skipped; the TestCase method once.
+    result.assert_outcomes(passed=3 * 8 - 1 + 1 + 1, failed=1, skipped=1, warnings=4)
     result.stdout.fnmatch_lines(
         [
             "*_ test_exits_in_avx2?cap-avx2? _*",
-            "crashed the cap-avx2 process (exit code 1) while running this test.*",
+            "crashed the cap-avx2 worker gw* (exit code 1) while running this test. "
+            "The level's remaining tests run on a replacement worker.",
         ]
     )
-    result.stdout.fnmatch_lines(["SKIPPED*cap-sve256: sve256 is a CPU level of aarch64*"])
-    # Captured output and warnings of the level processes reach this run's summaries.
+    result.stdout.fnmatch_lines(
+        ["SKIPPED*cap-sve256 cannot run on this machine: sve256 is a CPU level of aarch64*"]
+    )
+    # Captured output and warnings of the level workers reach this run's summaries.
     result.stdout.fnmatch_lines(["*test_records?cap-avx2?*", "*stdout of the AVX2 process"])
     result.stdout.fnmatch_lines(["*warnings summary*", "*UserWarning: warned under AVX512"])
+    # The TestCase method cannot be parametrized: one warning says so, naming it.
+    result.stdout.fnmatch_lines(
+        [
+            "*CapabilityWarning: test_levels.py::Legacy::test_unittest_style runs once, at CPU "
+            "capability level default, not at avx2, avx512: it is a unittest.TestCase method*"
+        ]
+    )
+    assert result.stdout.str().count("Legacy::test_unittest_style runs once") == 1
+    # Every worker deselected the same 3 items (one per level); they are counted once.
+    result.stdout.fnmatch_lines(["backends: 3 deselected (the same items in every worker*"])
 
-    rows = _records(record)
     ids = [row["nodeid"] for row in rows]
     assert len(ids) == len(set(ids)), "an item ran twice"
-    by_level = {row["nodeid"]: row["cap"] for row in rows if "test_records" in row["nodeid"]}
-    assert sorted(by_level.values()) == ["AVX2", "AVX512", "DEFAULT"]
+    pids: dict[str, set[int]] = defaultdict(set)
     caps_by_pid: dict[int, set[str]] = defaultdict(set)
-    parent_pids = {row["pid"] for row in rows if row["nodeid"].endswith("test_plain")}
+    inductor: dict[str, set[str]] = defaultdict(set)
     for row in rows:
-        if row["nodeid"].endswith("test_plain"):
-            continue
-        level = next(lv for lv in LEVELS if f"cap-{lv}]" in row["nodeid"])
+        level = next(lv for lv in LEVELS if re.search(rf"cap-{lv}\b", row["nodeid"]))
         assert row["cap"] == capability.LEVELS[level].reported, row
         caps_by_pid[row["pid"]].add(row["cap"])
+        pids[level].add(row["pid"])
+        inductor[level].add(row["inductor"])
     assert all(len(caps) == 1 for caps in caps_by_pid.values()), caps_by_pid
-    assert not parent_pids & set(caps_by_pid), "a level item ran in a pytest process"
+    # Each level has a TORCHINDUCTOR_CACHE_DIR of its own.
+    assert all(len(dirs) == 1 for dirs in inductor.values()), inductor
+    assert len({next(iter(dirs)) for dirs in inductor.values()}) == 3, inductor
 
     mkldnn = [row for row in rows if "test_with_mkldnn" in row["nodeid"]]
     assert len(mkldnn) == 6
     for row in mkldnn:
         assert row["mkldnn"] is ("mkldnn-on," in row["nodeid"]), row
-    # The avx2 process died in test_exits_in_avx2; a new one ran the rest of the level
-    # (unless pytest-randomly put the exiting test last).
-    avx2_pids = {row["pid"] for row in rows if "cap-avx2]" in row["nodeid"]}
-    restarted = "remaining tests run in a new process" in result.stdout.str()
-    assert len(avx2_pids) == (2 if restarted else 1)
-    return restarted
 
     cases = {case.get("name"): case for case in ET.parse(junit).getroot().iter("testcase")}
     for level in LEVELS:
@@ -130,40 +176,47 @@ def _check_matrix_run(result: pytest.RunResult, record: Path, junit: Path) -> bo
     failure = cases["test_exits_in_avx2[cap-avx2]"].find("failure")
     assert failure is not None and "exit code 1" in (failure.get("message") or "")
 
-
-@needs_x86_levels
-def test_three_levels_side_by_side_without_xdist(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pytester.makepyfile(test_levels=SUITE)
-    record = pytester.path / "record.jsonl"
-    junit = pytester.path / "junit.xml"
-    monkeypatch.setenv("CAP_RECORD", str(record))
-    result = pytester.runpytest_subprocess(
-        "-p",
-        "no:randomly",
-        "-p",
-        "no:xdist",
-        "--backends-matrix",
-        "--backends-cpu-capability-jobs=3",
-        "-rsP",
-        f"--junitxml={junit}",
-    )
-    assert _check_matrix_run(result, record, junit), "the avx2 level was not restarted"
+    # The matrix report puts the crash in its config's row, with the reason.
+    data = json.loads(report.read_text())
+    rows_by_id = {row["id"]: row["counts"] for row in data["configs"]}
+    assert rows_by_id["cap-avx2"]["failed"] == 1
+    assert rows_by_id["cap-default"]["failed"] == 0
+    failed = [t for t in data["tests"] if t["outcome"] == "failed"]
+    assert [t["config"] for t in failed] == ["cap-avx2"]
+    assert "crashed the cap-avx2 worker" in failed[0]["message"]
+    return pids
 
 
 @needs_x86_levels
-def test_three_levels_under_xdist(
+def test_three_levels_one_worker_each(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytester.makepyfile(test_levels=SUITE)
-    record = pytester.path / "record.jsonl"
-    junit = pytester.path / "junit.xml"
-    monkeypatch.setenv("CAP_RECORD", str(record))
-    result = pytester.runpytest_subprocess(
-        "-n", "2", "--backends-matrix", "-rsP", f"--junitxml={junit}", "-p", "randomly"
+    result, rows, junit, report = _run_levels(pytester, monkeypatch, "-p", "no:randomly")
+    result.stdout.fnmatch_lines(
+        ["backends: CPU capability levels default, avx2, avx512; 1 xdist worker per level"]
     )
-    _check_matrix_run(result, record, junit)
+    pids = _check_levels(result, rows, junit, report)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    # The avx2 worker died in test_exits_in_avx2; a replacement ran the rest of the level
+    # (the suite runs in file order, so items of the level come after the crash).
+    assert len(pids["avx2"]) == 2
+    assert len(pids["default"]) == len(pids["avx512"]) == 1
+    result.stdout.fnmatch_lines(["*replacing crashed worker gw1*"])
+
+
+@needs_x86_levels
+def test_two_workers_per_level_with_n_2(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result, rows, junit, report = _run_levels(
+        pytester, monkeypatch, "-n", "2", "-p", "randomly"
+    )
+    result.stdout.fnmatch_lines(
+        ["backends: CPU capability levels default, avx2, avx512; 2 xdist workers per level"]
+    )
+    pids = _check_levels(result, rows, junit, report)
+    # Load is balanced within a level: both default workers ran items.
+    assert len(pids["default"]) == 2, pids
 
 
 FAULTS = """
@@ -194,14 +247,9 @@ def test_skips_in_its_process():
 @pytest.mark.backends(cpu_capability=["avx512"])
 def test_marker_wins():
     pass
-
-
-@pytest.mark.parametrize("seen", [os.environ.get("ATEN_CPU_CAPABILITY", "unset")])
-def test_collected_differently(seen):
-    pass
 """
 
-# Simulates a torch that ignored ATEN_CPU_CAPABILITY in the avx2 process.
+# Simulates a torch that ignored ATEN_CPU_CAPABILITY in the avx2 worker.
 IGNORING_TORCH = """
 import os
 
@@ -213,23 +261,24 @@ def pytest_configure(config):
 
 
 @needs_x86_levels
-def test_unsupported_level_mismatch_segfault_and_collection_drift(
+def test_unsupported_level_mismatch_and_segfault(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytester.makepyfile(test_faults=FAULTS)
     pytester.makeconftest(IGNORING_TORCH)
     monkeypatch.setenv(capability.FAKE_FEATURES_ENV, "-avx512f")
     result = pytester.runpytest_subprocess(
-        "-p", "no:randomly", "-p", "no:xdist", "--backends-cpu-capability=all", "-rs", "-v"
+        "-p", "no:randomly", "--backends-cpu-capability=all,avx512", "-rs", "-v"
     )
     result.stdout.fnmatch_lines(
         [
-            "backends: CPU capability levels default, avx2, one process each (CPU features "
-            "edited by PYTEST_BACKENDS_FAKE_CPU_FEATURES=-avx512f)"
+            "backends: CPU capability levels default, avx2, avx512; 1 xdist worker per level "
+            "(no workers for avx512: this CPU cannot run them) (CPU features edited by "
+            "PYTEST_BACKENDS_FAKE_CPU_FEATURES=-avx512f)"
         ]
     )
-    # all = default and avx2 here; the avx2 process is refused before any test runs.
-    result.assert_outcomes(passed=2, failed=1, skipped=2, errors=6)
+    # The avx2 worker refuses to run anything on the wrong kernels.
+    result.assert_outcomes(passed=2, failed=1, skipped=6, errors=4)
     result.stdout.fnmatch_lines(
         [
             "*::test_first[[]cap-default[]] PASSED*",
@@ -240,8 +289,9 @@ def test_unsupported_level_mismatch_segfault_and_collection_drift(
     )
     result.stdout.fnmatch_lines(
         [
-            "crashed the cap-default process (killed by signal SIGSEGV) while running this test."
-            " The level's 3 remaining tests run in a new process.*",
+            "crashed the cap-default worker gw0 (killed by signal SIGSEGV) while running this "
+            "test. The level's remaining tests run on a replacement worker. The worker's last "
+            "output:",
             "*Fatal Python error: Segmentation fault*",
             "*File*test_faults.py*, line * in test_segfaults_in_default",
         ]
@@ -253,13 +303,111 @@ def test_unsupported_level_mismatch_segfault_and_collection_drift(
         ]
     )
     result.stdout.fnmatch_lines(
-        ["SKIPPED*cap-avx512: this CPU lacks avx512f (PYTEST_BACKENDS_FAKE_CPU_FEATURES is set)*"]
+        ["SKIPPED*cap-avx512 cannot run on this machine: this CPU lacks avx512f "
+         "(PYTEST_BACKENDS_FAKE_CPU_FEATURES is set)*"]
     )
-    result.stdout.fnmatch_lines(["not run: the cap-default process did not collect this test*"])
     result.stdout.fnmatch_lines(
         ["SKIPPED [[]1[]] test_faults.py:*: skipped inside the level process"]
     )
     assert "test_marker_wins[cap-default]" not in result.stdout.str()
+
+
+STOPS = """
+import os
+import time
+
+import pytest
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_fails_in_default(n):
+    if os.environ["ATEN_CPU_CAPABILITY"] == "default" and n == 1:
+        raise AssertionError("fails at default")
+    time.sleep(0.2)
+"""
+
+
+@needs_x86_levels
+def test_exitfirst_and_last_failed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_stops=STOPS)
+    first = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "--backends-cpu-capability=default,avx2", "-x"
+    )
+    first.stdout.fnmatch_lines(["*stopping after 1 failures*"])
+    outcomes = first.parseoutcomes()
+    assert outcomes["failed"] == 1
+    assert outcomes.get("passed", 0) < 11, "-x did not stop the run"
+    assert first.ret == pytest.ExitCode.TESTS_FAILED
+    again = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "--backends-cpu-capability=default,avx2", "--lf", "-v"
+    )
+    again.stdout.fnmatch_lines(["*::test_fails_in_default[[]1-cap-default[]] FAILED*"])
+    again.assert_outcomes(failed=1)
+
+
+SLEEPS = """
+import os
+import time
+
+
+def test_sleeps():
+    path = os.path.join(os.environ["PID_DIR"], os.environ["ATEN_CPU_CAPABILITY"])
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat")
+    return not (state.exists() and state.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+
+
+@needs_x86_levels
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_sigterm_to_the_controller_leaves_no_worker_behind(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_sleeps=SLEEPS)
+    pid_dir = pytester.path / "pids"
+    pid_dir.mkdir()
+    env = {**os.environ, "PID_DIR": str(pid_dir)}
+    controller = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "pytest_backends.plugin",
+         "--backends-cpu-capability=default,avx2", "-q"],
+        cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(pid_dir.iterdir())) < 2 and time.monotonic() < deadline:
+            assert controller.poll() is None, controller.stdout.read() if controller.stdout else ""
+            time.sleep(0.2)
+        workers = [int(p.read_text()) for p in pid_dir.iterdir()]
+        assert len(workers) == 2
+        controller.send_signal(signal.SIGTERM)
+        out, _ = controller.communicate(timeout=60)
+        assert controller.returncode == pytest.ExitCode.INTERRUPTED, out
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in workers if _alive(pid)], "a level worker outlived the run"
+        assert b"pytest received SIGTERM" in out
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.wait()
+
+
+def test_without_xdist_the_levels_are_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_a(): pass")
+    result = pytester.runpytest_subprocess("-p", "no:xdist", "--backends-cpu-capability=default")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*--backends-cpu-capability runs each level in pytest-xdist workers, and pytest-xdist "
+         "is not active: install it (pip install pytest-xdist)*"]
+    )
 
 
 def test_bad_level_is_a_usage_error(pytester: pytest.Pytester) -> None:
