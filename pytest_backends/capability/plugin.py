@@ -296,6 +296,8 @@ class ControllerPlugin:
         self._warned_home = False
         self._deselected = 0
         self._previous_sigterm: Any = None
+        self._failures = 0
+        self._terminated = False
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         plan = self.plan
@@ -371,7 +373,24 @@ class ControllerPlugin:
         # SIGTERM would end the controller at once and leave its workers behind;
         # as an interrupt, xdist tears them down first.
         with contextlib.suppress(ValueError):  # not the main thread
-            self._previous_sigterm = signal.signal(signal.SIGTERM, _interrupt)
+            self._previous_sigterm = signal.signal(signal.SIGTERM, self._interrupt)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed:
+            self._failures += 1
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        # xdist ends a run that -x/--maxfail stops as interrupted (exit code 2);
+        # without workers pytest says "tests failed" (1), and so does a level run.
+        maxfail = int(self.config.getoption("maxfail", 0) or 0)
+        if (
+            session.exitstatus == pytest.ExitCode.INTERRUPTED
+            and not self._terminated
+            and maxfail
+            and self._failures >= maxfail
+        ):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self._deselected and not terminalreporter.stats.get("deselected"):
@@ -380,15 +399,15 @@ class ControllerPlugin:
                 "counted once)"
             )
 
+    def _interrupt(self, signum: int, frame: FrameType | None) -> None:
+        self._terminated = True
+        raise KeyboardInterrupt(f"pytest received {signal.Signals(signum).name}")
+
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self._previous_sigterm is not None:
             with contextlib.suppress(ValueError):
                 signal.signal(signal.SIGTERM, self._previous_sigterm)
         shutil.rmtree(self.notes.root, ignore_errors=True)
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"pytest received {signal.Signals(signum).name}")
 
 
 class WorkerPlugin:

@@ -204,21 +204,6 @@ def test_three_levels_one_worker_each(
     result.stdout.fnmatch_lines(["*replacing crashed worker gw1*"])
 
 
-@needs_x86_levels
-def test_two_workers_per_level_with_n_2(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    result, rows, junit, report = _run_levels(
-        pytester, monkeypatch, "-n", "2", "-p", "randomly"
-    )
-    result.stdout.fnmatch_lines(
-        ["backends: CPU capability levels default, avx2, avx512; 2 xdist workers per level"]
-    )
-    pids = _check_levels(result, rows, junit, report)
-    # Load is balanced within a level: both default workers ran items.
-    assert len(pids["default"]) == 2, pids
-
-
 FAULTS = """
 import ctypes
 import os
@@ -261,35 +246,34 @@ def pytest_configure(config):
 
 
 @needs_x86_levels
-def test_unsupported_level_mismatch_and_segfault(
+def test_two_workers_per_level_unsupported_level_mismatch_and_segfault(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytester.makepyfile(test_faults=FAULTS)
     pytester.makeconftest(IGNORING_TORCH)
     monkeypatch.setenv(capability.FAKE_FEATURES_ENV, "-avx512f")
     result = pytester.runpytest_subprocess(
-        "-p", "no:randomly", "--backends-cpu-capability=all,avx512", "-rs", "-v"
+        "-p", "no:randomly", "--backends-cpu-capability=all,avx512", "-rs", "-v", "-n", "2"
     )
     result.stdout.fnmatch_lines(
         [
-            "backends: CPU capability levels default, avx2, avx512; 1 xdist worker per level "
+            "backends: CPU capability levels default, avx2, avx512; 2 xdist workers per level "
             "(no workers for avx512: this CPU cannot run them) (CPU features edited by "
             "PYTEST_BACKENDS_FAKE_CPU_FEATURES=-avx512f)"
         ]
     )
     # The avx2 worker refuses to run anything on the wrong kernels.
     result.assert_outcomes(passed=2, failed=1, skipped=6, errors=4)
+    for line in (
+        "*PASSED *::test_first[[]cap-default[]]*",
+        "*FAILED *::test_segfaults_in_default[[]cap-default[]]*",
+        "*PASSED *::test_after_the_crash[[]cap-default[]]*",
+        "*SKIPPED *::test_skips_in_its_process[[]cap-default[]]*",
+    ):
+        result.stdout.fnmatch_lines([line])
     result.stdout.fnmatch_lines(
         [
-            "*::test_first[[]cap-default[]] PASSED*",
-            "*::test_segfaults_in_default[[]cap-default[]] FAILED*",
-            "*::test_after_the_crash[[]cap-default[]] PASSED*",
-            "*::test_skips_in_its_process[[]cap-default[]] SKIPPED (skip*",
-        ]
-    )
-    result.stdout.fnmatch_lines(
-        [
-            "crashed the cap-default worker gw0 (killed by signal SIGSEGV) while running this "
+            "crashed the cap-default worker gw? (killed by signal SIGSEGV) while running this "
             "test. The level's remaining tests run on a replacement worker. The worker's last "
             "output:",
             "*Fatal Python error: Segmentation fault*",
@@ -331,17 +315,17 @@ def test_fails_in_default(n):
 def test_exitfirst_and_last_failed(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_stops=STOPS)
     first = pytester.runpytest_subprocess(
-        "-p", "no:randomly", "--backends-cpu-capability=default,avx2", "-x"
+        "-p", "no:randomly", "--backends-cpu-capability=default", "-x"
     )
     first.stdout.fnmatch_lines(["*stopping after 1 failures*"])
     outcomes = first.parseoutcomes()
     assert outcomes["failed"] == 1
-    assert outcomes.get("passed", 0) < 11, "-x did not stop the run"
+    assert outcomes.get("passed", 0) < 5, "-x did not stop the run"
     assert first.ret == pytest.ExitCode.TESTS_FAILED
     again = pytester.runpytest_subprocess(
-        "-p", "no:randomly", "--backends-cpu-capability=default,avx2", "--lf", "-v"
+        "-p", "no:randomly", "--backends-cpu-capability=default", "--lf", "-v"
     )
-    again.stdout.fnmatch_lines(["*::test_fails_in_default[[]1-cap-default[]] FAILED*"])
+    again.stdout.fnmatch_lines(["*FAILED *::test_fails_in_default[[]cap-default-1[]]*"])
     again.assert_outcomes(failed=1)
 
 
@@ -375,7 +359,7 @@ def test_sigterm_to_the_controller_leaves_no_worker_behind(pytester: pytest.Pyte
     pid_dir.mkdir()
     env = {**os.environ, "PID_DIR": str(pid_dir)}
     controller = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "pytest_backends.plugin",
+        [sys.executable, "-m", "pytest", "-p", "no:randomly",
          "--backends-cpu-capability=default,avx2", "-q"],
         cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
