@@ -122,7 +122,7 @@ def test_a_level_is_balanced_over_its_workers(config: pytest.Config) -> None:
     assert ran["gw0"] and ran["gw1"], ran
     assert ran["gw2"] and ran["gw3"], ran
     assert {n for n in ran["gw0"] + ran["gw1"]} & {n for n in ran["gw2"] + ran["gw3"]} == set()
-    assert sorted(sum(ran.values(), [])) == sorted(COLLECTION)
+    assert sorted(n for items in ran.values() for n in items) == sorted(COLLECTION)
 
 
 def test_a_crash_returns_the_crashed_item_and_a_replacement_runs_the_rest(
