@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_backends._files import atomic_write_text
+from pytest_backends._keys import PROPERTY_CONFIG as PROPERTY
+from pytest_backends._keys import PROPERTY_VERIFY_DETAIL as DETAIL_PROPERTY
+from pytest_backends._keys import PROPERTY_VERIFY_STATUS as STATUS_PROPERTY
 from pytest_backends.matrix.configs import DEFAULT_ID, ConfigError
-from pytest_backends.matrix.plugin import PROPERTY
-from pytest_backends.matrix.verify import DETAIL_PROPERTY, STATUS_PROPERTY
 
 if TYPE_CHECKING:
     from pytest_backends.matrix.plugin import MatrixPlugin, MatrixSettings
