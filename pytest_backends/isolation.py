@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from pytest_backends import _keys
+from pytest_backends import _keys, _options
 
 __all__ = [
     "ITEM_FLAGS_KEY",
@@ -59,6 +59,8 @@ class LeakSettings:
 def parse_leak_mode(value: str, source: str) -> str:
     """Validate a leak mode; ``source`` names where it came from for the error."""
     mode = value.strip().lower()
+    if _options.is_off(mode):
+        return "off"
     if mode not in LEAK_MODES:
         raise pytest.UsageError(
             f"{source}: invalid value {value!r}; choose one of {', '.join(LEAK_MODES)}"
@@ -68,11 +70,8 @@ def parse_leak_mode(value: str, source: str) -> str:
 
 def resolve_leak_mode(config: pytest.Config) -> LeakSettings:
     """Resolve the leak mode once: command line wins over ini."""
-    cli = config.getoption("backends_leaks", None)
-    if cli is not None:
-        return LeakSettings(parse_leak_mode(str(cli), "--backends-leaks"))
-    ini = config.getini("backends_leaks")
-    return LeakSettings(parse_leak_mode(str(ini or "fail"), "ini option backends_leaks"))
+    raw = _options.lookup(config, "backends_leaks")
+    return LeakSettings(parse_leak_mode(raw.text or "fail", raw.source))
 
 
 @dataclass

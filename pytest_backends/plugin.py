@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_backends import _keys, hookspecs, isolation
+from pytest_backends import _keys, _options, hookspecs, isolation
 from pytest_backends.capability import levels as capability_levels
 from pytest_backends.capability import plugin as capability
 from pytest_backends.determinism import plugin as determinism_plugin
@@ -29,24 +29,8 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Register the ``--backends-*`` options and their ini twins."""
-    group = parser.getgroup("backends", "torch backend flags, matrix and determinism")
-    group.addoption(
-        "--backends-leaks",
-        action="store",
-        default=None,
-        metavar="MODE",
-        help="what to do when a test leaves a torch backend flag changed: "
-        "fail (default), warn or off. ini: backends_leaks",
-    )
-    parser.addini(
-        "backends_leaks",
-        "what to do when a test leaks a torch backend flag: fail, warn or off",
-        default="fail",
-    )
-    matrix.addoption(parser, group)
-    capability.addoption(parser, group)
-    determinism_plugin.addoption(parser, group)
+    """Register the ``--backends-*`` options and their ini twins (from the option table)."""
+    _options.register(parser)
 
 
 def resolve(config: pytest.Config) -> None:

@@ -37,7 +37,7 @@ from typing import IO, Any
 
 import pytest
 
-from pytest_backends import _keys
+from pytest_backends import _keys, _options
 from pytest_backends.capability import levels
 from pytest_backends.capability.scheduler import (
     LevelScheduling,
@@ -99,7 +99,7 @@ class WorkerPlan:
 def parse_settings(value: str | None, source: str) -> CapabilitySettings:
     """``default,avx2`` or ``all`` -> the levels; empty, ``off`` or ``none`` -> off."""
     text = (value or "").strip()
-    if text.lower() in ("", "off", "none", "no", "false", "0"):
+    if not text or _options.is_off(text):
         return CapabilitySettings(None)
     return CapabilitySettings(levels.parse_levels(text, source))
 
@@ -535,30 +535,7 @@ def configure(config: pytest.Config, settings: CapabilitySettings) -> list[tuple
     return plugins
 
 
-def addoption(parser: pytest.Parser, group: Any) -> None:
-    """Register ``--backends-cpu-capability`` and its ini twin."""
-    group.addoption(
-        "--backends-cpu-capability",
-        action="store",
-        default=None,
-        metavar="LEVELS",
-        help="run every test once per CPU capability level, each level in pytest-xdist "
-        "workers started with ATEN_CPU_CAPABILITY=<level>: a comma-separated list of "
-        f"{', '.join(levels.LEVELS)}, 'all' (every level this CPU can run) or 'off'. "
-        "-n N starts N workers per level. A test whose @pytest.mark.backends names "
-        "cpu_capability keeps its levels. ini: backends_cpu_capability",
-    )
-    parser.addini(
-        "backends_cpu_capability",
-        "CPU capability levels to run every test under (comma-separated, 'all' or 'off')",
-        default="",
-    )
-
-
 def resolve_settings(config: pytest.Config) -> CapabilitySettings:
     """The command line wins over the ini key."""
-    cli = config.getoption("backends_cpu_capability", None)
-    if cli is not None:
-        return parse_settings(str(cli), "--backends-cpu-capability")
-    ini = str(config.getini("backends_cpu_capability") or "")
-    return parse_settings(ini, "ini option backends_cpu_capability")
+    raw = _options.lookup(config, "backends_cpu_capability")
+    return parse_settings(raw.text, raw.source)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_backends import _keys
+from pytest_backends import _keys, _options
 from pytest_backends.determinism.api import DEFAULT_RUNS, NondeterministicOpError
 from pytest_backends.determinism.census import (
     Baseline,
@@ -50,7 +50,7 @@ __all__ = [
 #: Report attribute carrying one test's census rows (plain JSON-ready data).
 REPORT_ATTR = _keys.REPORT_ATTR_CENSUS
 _VERDICTS_KEY = pytest.StashKey[list[dict[str, Any]]]()
-_OFF = ("0", "off", "false", "no")
+_OFF = _options.OFF_WORDS
 
 
 @dataclass(frozen=True)
@@ -65,64 +65,6 @@ class DeterminismSettings:
 
 
 SETTINGS_KEY = _keys.DETERMINISM_KEY
-
-
-def addoption(parser: pytest.Parser, group: Any) -> None:
-    """Register the determinism, census and baseline options with their ini twins."""
-    group.addoption(
-        "--backends-determinism",
-        action="store",
-        nargs="?",
-        const="on",
-        default=None,
-        metavar="N",
-        help="run each test marked @pytest.mark.backends(deterministic=...) N times "
-        "(bare flag: 5) under an op recorder and fail it when an op's output differs "
-        "between runs; 'off' disables. ini: backends_determinism",
-    )
-    parser.addini(
-        "backends_determinism",
-        "determinism runs per selected test: a number >= 2, 'on' (5) or 'off'",
-        default="",
-    )
-    group.addoption(
-        "--backends-determinism-all",
-        action="store_true",
-        default=False,
-        help="check every test, not only marked ones (turns the check on). "
-        "ini: backends_determinism_all",
-    )
-    parser.addini(
-        "backends_determinism_all", "determinism check for every test", type="bool", default=False
-    )
-    group.addoption(
-        "--backends-census",
-        action="store",
-        default=None,
-        metavar="PATH",
-        help="write the op census (verdict per op, device and dtype) as JSON to PATH "
-        "(turns the check on). ini: backends_census",
-    )
-    parser.addini("backends_census", "op census JSON file to write", default="")
-    group.addoption(
-        "--backends-baseline",
-        action="store",
-        default=None,
-        metavar="PATH",
-        help="JSON file of accepted nondeterministic ops: the run fails only for ops "
-        "not in it (turns the check on). ini: backends_baseline",
-    )
-    parser.addini("backends_baseline", "baseline JSON file of accepted ops", default="")
-    group.addoption(
-        "--backends-baseline-update",
-        action="store_true",
-        default=False,
-        help="rewrite the --backends-baseline file with this run's nondeterministic ops "
-        "instead of failing on them. ini: backends_baseline_update",
-    )
-    parser.addini(
-        "backends_baseline_update", "rewrite the baseline file", type="bool", default=False
-    )
 
 
 def parse_runs(value: str, source: str) -> int | None:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
-from pytest_backends import _keys
+from pytest_backends import _keys, _options
 from pytest_backends.matrix import availability, markers
 from pytest_backends.matrix import xdist as _xdist
 from pytest_backends.matrix.configs import (
@@ -50,7 +50,6 @@ __all__ = [
     "SETTINGS_KEY",
     "MatrixPlugin",
     "MatrixSettings",
-    "addoption",
     "configure",
     "parse_config_ids",
     "parse_matrix",
@@ -73,69 +72,15 @@ PARAM = "backend_config"
 PROPERTY = _keys.PROPERTY_CONFIG
 
 VERIFY_MODES = ("off", "on", "strict")
-_ON = ("all", "on", "yes", "true", "1")
-_OFF = ("off", "no", "false", "0", "none", "")
+_ON = ("all", *_options.ON_WORDS)
+_OFF = (*_options.OFF_WORDS, "")
 _AXIS_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 _TOKEN = re.compile(r"[a-z][a-z0-9_]*-[a-z0-9][a-z0-9_.]*\Z")
 
 C = TypeVar("C", bound="tuple[Hashable, ...]")
 
 
-# --- options ------------------------------------------------------------------------------
-
-
-def addoption(parser: pytest.Parser, group: Any) -> None:
-    """Register the matrix, verification and report options with their ini twins."""
-    group.addoption(
-        "--backends-matrix", action="store", nargs="?", const="all", default=None,
-        metavar="AXES",
-        help="run each @pytest.mark.backends test once per backend configuration. "
-        "Optionally restrict the axes: --backends-matrix=mkldnn,device ('off' disables). "
-        "ini: backends_matrix",
-    )
-    group.addoption(
-        "--backends-sample", action="store", default=None, metavar="N",
-        help="run a seeded sample of N configurations per test instead of the full "
-        "product. ini: backends_sample",
-    )
-    group.addoption(
-        "--backends-seed", action="store", default=None, metavar="S",
-        help="seed of --backends-sample (default: random, shown in the header). "
-        "ini: backends_seed",
-    )
-    group.addoption(
-        "--backends-config", action="append", default=None, metavar="ID",
-        help="run only the items of the configurations matching ID (e.g. mkldnn-off or "
-        "cudnn-on,sdpa-math; every token must match); repeatable; implies "
-        "--backends-matrix. ini: backends_config",
-    )
-    group.addoption(
-        "--backends-verify", action="store", nargs="?", const="on", default=None,
-        metavar="MODE",
-        help="check with torch.profiler that each config's kernel path really ran: "
-        "on (broken promises fail, unexercised ones are reported), strict (unexercised "
-        "ones fail too) or off. ini: backends_verify",
-    )
-    group.addoption(
-        "--backends-report", action="store", default=None, metavar="PATH",
-        help="write the matrix report as JSON to PATH. ini: backends_report",
-    )
-    group.addoption(
-        "--backends-html", action="store", default=None, metavar="PATH",
-        help="write the matrix report as a self-contained HTML grid to PATH. "
-        "ini: backends_html",
-    )
-    parser.addini("backends_matrix", "backend matrix: off, all, or a comma-separated list "
-                  "of axes", default="off")
-    parser.addini("backends_sample", "configurations sampled per test (empty: all)",
-                  default="")
-    parser.addini("backends_seed", "seed of backends_sample (empty: random)", default="")
-    parser.addini("backends_config", "run only the items of these configuration ids",
-                  type="args", default=[])
-    parser.addini("backends_verify", "kernel-path verification: off, on or strict",
-                  default="off")
-    parser.addini("backends_report", "path of the JSON matrix report", default="")
-    parser.addini("backends_html", "path of the HTML matrix report", default="")
+# --- options (declared in pytest_backends._options) ------------------------------------
 
 
 def _path_hint(value: str) -> str:
@@ -243,9 +188,11 @@ def check_config_ids(
 def parse_verify(value: str, source: str) -> str:
     """``on``, ``strict`` or ``off``."""
     text = value.strip().lower()
-    if text in ("", "on", "yes", "true", "1"):
-        return "on" if text else "off"
-    if text in ("off", "no", "false", "0"):
+    if text == "":
+        return "off"
+    if _options.is_on(text):
+        return "on"
+    if _options.is_off(text):
         return "off"
     if text == "strict":
         return "strict"
@@ -287,10 +234,8 @@ class MatrixSettings:
 
 def _option(config: pytest.Config, name: str) -> tuple[Any, str, bool]:
     """(value, source name, from the command line?) for option ``name``."""
-    cli = config.getoption(name, None)
-    if cli is not None:
-        return cli, "--" + name.replace("_", "-"), True
-    return config.getini(name), f"ini option {name}", False
+    raw = _options.lookup(config, name)
+    return raw.value, raw.source, raw.from_cli
 
 
 def _path(config: pytest.Config, name: str) -> Path | None:
