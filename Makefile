@@ -37,6 +37,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pytest_backends tests benchmarks examples
+	$(VENV)/bin/ruff format --check pytest_backends tests benchmarks examples
 	$(VENV)/bin/mypy --strict pytest_backends
 
 docs: $(STAMP)

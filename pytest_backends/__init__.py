@@ -7,9 +7,14 @@ pytest does for every run once the plugin is installed) never imports torch.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+try:
+    # Written once, in pyproject.toml; read from the installed package's metadata.
+    __version__ = importlib.metadata.version("pytest-backends")
+except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 # public name -> defining submodule
 _EXPORTS: dict[str, str] = {

@@ -80,55 +80,74 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option(
-        "backends_leaks", "value", "MODE",
-        "what to do when a test leaves a torch backend flag changed: "
-        "fail (default), warn or off",
+        "backends_leaks",
+        "value",
+        "MODE",
+        "what to do when a test leaves a torch backend flag changed: fail (default), warn or off",
         "what to do when a test leaks a torch backend flag: fail, warn or off",
         default="fail",
     ),
     Option(
-        "backends_matrix", "optional", "AXES",
+        "backends_matrix",
+        "optional",
+        "AXES",
         "run each @pytest.mark.backends test once per backend configuration. "
         "Optionally restrict the axes: --backends-matrix=mkldnn,device ('off' disables)",
         "backend matrix: off, all, or a comma-separated list of axes",
-        default="off", const="all",
+        default="off",
+        const="all",
     ),
     Option(
-        "backends_sample", "value", "N",
+        "backends_sample",
+        "value",
+        "N",
         "run a seeded sample of N configurations per test instead of the full product",
         "configurations sampled per test (empty: all)",
     ),
     Option(
-        "backends_seed", "value", "S",
+        "backends_seed",
+        "value",
+        "S",
         "seed of --backends-sample (default: random, shown in the header)",
         "seed of backends_sample (empty: random)",
     ),
     Option(
-        "backends_config", "list", "ID",
+        "backends_config",
+        "list",
+        "ID",
         "run only the items of the configurations matching ID (e.g. mkldnn-off or "
         "cudnn-on,sdpa-math; every token must match); repeatable; implies --backends-matrix",
         "run only the items of these configuration ids",
     ),
     Option(
-        "backends_verify", "optional", "MODE",
+        "backends_verify",
+        "optional",
+        "MODE",
         "check with torch.profiler that each config's kernel path really ran: "
         "on (broken promises fail, unexercised ones are reported), strict (unexercised "
         "ones fail too) or off",
         "kernel-path verification: off, on or strict",
-        default="off", const="on",
+        default="off",
+        const="on",
     ),
     Option(
-        "backends_report", "value", "PATH",
+        "backends_report",
+        "value",
+        "PATH",
         "write the matrix report as JSON to PATH",
         "path of the JSON matrix report",
     ),
     Option(
-        "backends_html", "value", "PATH",
+        "backends_html",
+        "value",
+        "PATH",
         "write the matrix report as a self-contained HTML grid to PATH",
         "path of the HTML matrix report",
     ),
     Option(
-        "backends_cpu_capability", "value", "LEVELS",
+        "backends_cpu_capability",
+        "value",
+        "LEVELS",
         "run every test once per CPU capability level, each level in pytest-xdist workers "
         "started with ATEN_CPU_CAPABILITY=<level>: a comma-separated list of default, avx2, "
         "avx512, vsx, zvector, sve256, 'all' (every level this CPU can run) or 'off'. "
@@ -137,7 +156,9 @@ OPTIONS: tuple[Option, ...] = (
         "CPU capability levels to run every test under (comma-separated, 'all' or 'off')",
     ),
     Option(
-        "backends_determinism", "optional", "N",
+        "backends_determinism",
+        "optional",
+        "N",
         "run each test marked @pytest.mark.backends(deterministic=...) N times "
         "(bare flag: 5) under an op recorder and fail it when an op's output differs "
         "between runs; 'off' disables",
@@ -145,24 +166,32 @@ OPTIONS: tuple[Option, ...] = (
         const="on",
     ),
     Option(
-        "backends_determinism_all", "flag", "",
+        "backends_determinism_all",
+        "flag",
+        "",
         "check every test, not only marked ones (turns the check on)",
         "determinism check for every test",
     ),
     Option(
-        "backends_census", "value", "PATH",
+        "backends_census",
+        "value",
+        "PATH",
         "write the op census (verdict per op, device and dtype) as JSON to PATH "
         "(turns the check on)",
         "op census JSON file to write",
     ),
     Option(
-        "backends_baseline", "value", "PATH",
+        "backends_baseline",
+        "value",
+        "PATH",
         "JSON file of accepted nondeterministic ops: the run fails only for ops "
         "not in it (turns the check on)",
         "baseline JSON file of accepted ops",
     ),
     Option(
-        "backends_baseline_update", "flag", "",
+        "backends_baseline_update",
+        "flag",
+        "",
         "rewrite the --backends-baseline file with this run's nondeterministic ops "
         "instead of failing on them",
         "rewrite the baseline file",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -642,3 +643,8 @@ def override_flags(mapping: Mapping[str, object]) -> Iterator[dict[str, object]]
         yield before
     finally:
         reg.restore(before)
+
+
+def torch_imported() -> bool:
+    """Whether something in this process has imported torch already (never imports it)."""
+    return "torch" in sys.modules

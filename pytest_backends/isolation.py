@@ -14,7 +14,6 @@ suite that never imports torch never pays for it.
 from __future__ import annotations
 
 import functools
-import sys
 import threading
 import warnings
 import weakref
@@ -25,6 +24,7 @@ from typing import Any
 import pytest
 
 from pytest_backends import _keys, _options
+from pytest_backends.flags import torch_imported as _torch_loaded
 
 __all__ = [
     "ITEM_FLAGS_KEY",
@@ -94,10 +94,6 @@ class _ItemState:
     threads: list[tuple[str, str]] = field(default_factory=list)
     # fingerprint read after teardown when it matched ``expected_fp``
     end_fp: tuple[object, ...] | None = None
-
-
-def _torch_loaded() -> bool:
-    return "torch" in sys.modules
 
 
 @functools.cache

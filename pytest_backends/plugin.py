@@ -70,6 +70,8 @@ def pytest_configure(config: pytest.Config) -> None:
     plugins += determinism_plugin.configure(config)
     for plugin, name in plugins:
         config.pluginmanager.register(plugin, name)
+
+
 @pytest.fixture
 def backend_flags() -> Generator[Any, None, None]:
     """Set torch backend flags inside a test; every flag is restored at teardown.

@@ -164,9 +164,7 @@ def plan_workers(
     missing = {lv: why for lv, why in unsupported.items() if why is not None}
     runnable = tuple(lv for lv in wanted if lv not in missing)
     specs = [level_spec(lv, environ) for lv in runnable for _ in range(per_level)]
-    return WorkerPlan(
-        tuple(wanted), runnable, missing, per_level, tuple(specs or ["popen"])
-    )
+    return WorkerPlan(tuple(wanted), runnable, missing, per_level, tuple(specs or ["popen"]))
 
 
 def levels_in_use(config: pytest.Config) -> CapabilitySettings:
@@ -449,10 +447,7 @@ class WorkerPlugin:
     def _why_once(self, item: pytest.Item) -> str:
         cls = getattr(item, "cls", None)
         if isinstance(cls, type) and issubclass(cls, unittest.TestCase):
-            what = (
-                "it is a unittest.TestCase method, and pytest runs those without "
-                "parametrization"
-            )
+            what = "it is a unittest.TestCase method, and pytest runs those without parametrization"
             fix = "write it as a pytest test function (or a method of a plain class)"
         else:
             what = f"pytest cannot parametrize a {type(item).__name__} item"

@@ -172,9 +172,7 @@ class LevelScheduling:
         if not self.scheduled:
             for level, collection in self.collections.items():
                 self.pending[level] = [
-                    index
-                    for index, nodeid in enumerate(collection)
-                    if self._owns(level, nodeid)
+                    index for index, nodeid in enumerate(collection) if self._owns(level, nodeid)
                 ]
             self.scheduled = True
             for level in self.collections:
@@ -255,7 +253,5 @@ class LevelScheduling:
             f"(does collection depend on the worker?). Only in another worker: {missing}; "
             f"only in {node.gateway.id}: {extra}"
         )
-        report = pytest.CollectReport(
-            nodeid="", outcome="failed", longrepr=text, result=None
-        )
+        report = pytest.CollectReport(nodeid="", outcome="failed", longrepr=text, result=None)
         self.config.hook.pytest_collectreport(report=report)

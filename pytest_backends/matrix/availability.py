@@ -13,12 +13,12 @@ Torch is imported by :func:`probe`, never at module import.
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_backends.capability import levels as capability
+from pytest_backends.flags import torch_imported as torch_imported
 
 if TYPE_CHECKING:
     from pytest_backends.matrix.configs import AxisRegistry, BackendConfig
@@ -237,11 +237,6 @@ def unavailable_reason(
                 reasons.append(f"{token} {why}")
     unique = list(dict.fromkeys(reasons))
     return "; ".join(unique) or None
-
-
-def torch_imported() -> bool:
-    """Whether something in this process has imported torch already."""
-    return "torch" in sys.modules
 
 
 def _yes(flag: bool, detail: str = "") -> str:

@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pytest_backends.matrix.availability import Availability
@@ -43,10 +43,10 @@ __all__ = [
 DEFAULT_ID = "default"
 
 #: Why a value cannot run on a machine (a reason fragment), or ``None``.
-Need = Callable[["Availability"], Union[str, None]]
+Need = Callable[["Availability"], str | None]
 
 #: The flags a value sets, given the flag names the running torch has.
-FlagsSpec = Union[Mapping[str, object], Callable[[frozenset[str]], Mapping[str, object]]]
+FlagsSpec = Mapping[str, object] | Callable[[frozenset[str]], Mapping[str, object]]
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 _VALUE = re.compile(r"[a-z0-9][a-z0-9_.]*\Z")

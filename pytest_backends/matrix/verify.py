@@ -37,7 +37,7 @@ from pytest_backends.matrix.configs import BackendConfig
 
 __all__ = [
     "PROMISES",
-    "OpRecorder",
+    "ProfilerOpRecorder",
     "Promise",
     "Verdict",
     "VerifyPlugin",
@@ -247,7 +247,7 @@ def _quiet_stderr() -> Iterator[None]:
 
 
 @dataclass
-class OpRecorder:
+class ProfilerOpRecorder:
     """Records the names of every op the dispatcher runs (``torch.profiler``, CPU side)."""
 
     _profiler: Any = field(default=None, repr=False)
@@ -288,7 +288,7 @@ class VerifyPlugin:
         config = item.stash.get(_keys.CONFIG_KEY, None)
         if config is None or not promises_for(config, self.table):
             return (yield)
-        recorder = OpRecorder()
+        recorder = ProfilerOpRecorder()
         if not recorder.start():
             item.user_properties.append((STATUS_PROPERTY, "unverified"))
             item.user_properties.append((DETAIL_PROPERTY, recorder.error or ""))

@@ -287,8 +287,10 @@ def test_two_workers_per_level_unsupported_level_mismatch_and_segfault(
         ]
     )
     result.stdout.fnmatch_lines(
-        ["SKIPPED*cap-avx512 cannot run on this machine: this CPU lacks avx512f "
-         "(PYTEST_BACKENDS_FAKE_CPU_FEATURES is set)*"]
+        [
+            "SKIPPED*cap-avx512 cannot run on this machine: this CPU lacks avx512f "
+            "(PYTEST_BACKENDS_FAKE_CPU_FEATURES is set)*"
+        ]
     )
     result.stdout.fnmatch_lines(
         ["SKIPPED [[]1[]] test_faults.py:*: skipped inside the level process"]
@@ -359,9 +361,19 @@ def test_sigterm_to_the_controller_leaves_no_worker_behind(pytester: pytest.Pyte
     pid_dir.mkdir()
     env = {**os.environ, "PID_DIR": str(pid_dir)}
     controller = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "no:randomly",
-         "--backends-cpu-capability=default,avx2", "-q"],
-        cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:randomly",
+            "--backends-cpu-capability=default,avx2",
+            "-q",
+        ],
+        cwd=pytester.path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 120
@@ -389,8 +401,10 @@ def test_without_xdist_the_levels_are_a_usage_error(pytester: pytest.Pytester) -
     result = pytester.runpytest_subprocess("-p", "no:xdist", "--backends-cpu-capability=default")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
-        ["*--backends-cpu-capability runs each level in pytest-xdist workers, and pytest-xdist "
-         "is not active: install it (pip install pytest-xdist)*"]
+        [
+            "*--backends-cpu-capability runs each level in pytest-xdist workers, and pytest-xdist "
+            "is not active: install it (pip install pytest-xdist)*"
+        ]
     )
 
 

@@ -9,7 +9,7 @@ from matrix_helpers import NEW_API_FLAGS
 
 from pytest_backends.flags import override_flags
 from pytest_backends.matrix.configs import BackendConfig, builtin_registry
-from pytest_backends.matrix.verify import PROMISES, OpRecorder, evaluate, promises_for
+from pytest_backends.matrix.verify import PROMISES, ProfilerOpRecorder, evaluate, promises_for
 
 REG = builtin_registry()
 
@@ -79,7 +79,7 @@ def test_recorder_sees_the_kernel_under_the_composite_op(
     if "nnpack" in expected and not torch.backends.nnpack.is_available():
         pytest.skip("torch was built without NNPACK")
     x, w = torch.randn(*shape), torch.randn(shape[1], shape[1], 3, 3)
-    recorder = OpRecorder()
+    recorder = ProfilerOpRecorder()
     with override_flags({"mkldnn.enabled": enabled}):
         assert recorder.start()
         F.conv2d(x, w)

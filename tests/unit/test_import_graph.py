@@ -75,7 +75,7 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
 
 def known_path_is_code(name: str) -> bool:
     path = _modules()[name]
-    return path.name != "__init__.py" or bool(path.read_text(encoding="utf-8").strip("\n\" "))
+    return path.name != "__init__.py" or bool(path.read_text(encoding="utf-8").strip('\n" '))
 
 
 def import_graph() -> dict[str, set[str]]:
