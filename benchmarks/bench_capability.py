@@ -1,20 +1,23 @@
-"""Wall time of a 3-level CPU capability run against running the suite 3 times by hand.
+"""Wall time of one 3-level CPU capability run against three hand-made runs side by side.
 
-Generates a small torch suite (convolutions, matmuls, attention, reductions)
-in a temporary directory and times, with the same pytest and torch:
+Generates a small torch suite of 40 tests (convolutions, matmuls, attention,
+reductions) in a temporary directory and times, with the same pytest and torch
+and the same total number of xdist workers:
 
-* ``by hand``: three plain ``pytest`` runs in a row, each with
-  ``ATEN_CPU_CAPABILITY`` (and the matching oneDNN/MKL caps) set by the caller;
-* ``plugin``: one ``pytest --backends-cpu-capability=default,avx2,avx512`` run,
-  which starts one process per level and merges the results (levels one
-  after another, and with ``--backends-cpu-capability-jobs=3`` side by side);
-* by hand and plugin with ``-n 2`` (pytest-xdist).
+* ``by hand``: three ``ATEN_CPU_CAPABILITY=<level> pytest -n K`` runs started at
+  once (each with the level's oneDNN/MKL caps), waited for together;
+* ``plugin``: one ``pytest --backends-cpu-capability=default,avx2,avx512 -n K``
+  run, whose level scheduler starts K workers per level.
+
+The two are measured alternately (by hand, plugin, by hand, ...), so both see
+the same machine load; the ratio is of the medians.
 
 Usage::
 
-    python benchmarks/bench_capability.py [--tests 40] [--repeat 3] [--out PATH]
+    python benchmarks/bench_capability.py [--tests 10] [--workers 1] [--repeat 3] [--out PATH]
 
-Results go to stdout and to ``benchmarks/results/capability-cpu.txt``.
+Results go to stdout and to ``benchmarks/results/capability-cpu.txt``, with the
+CPU model and its vector features.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pytest_backends.capability import levels as capability
@@ -69,50 +72,66 @@ def test_reductions(case):
     assert torch.allclose(x.softmax(-1).sum(-1), torch.ones(4096), atol=1e-5)
 """
 
+_BASE = ["-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
 
-def _run(args: Sequence[str], cwd: Path, env: dict[str, str]) -> float:
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:randomly",
-            "-p",
-            "no:cacheprovider",
-            *args,
-        ],
+
+def _start(args: Sequence[str], cwd: Path, env: Mapping[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", *_BASE, *args],
         cwd=cwd,
-        env=env,
+        env=dict(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        check=False,
     )
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"pytest {' '.join(args)} failed:\n{proc.stdout[-3000:]}")
-    return elapsed
 
 
-def _by_hand(cwd: Path, extra: Sequence[str]) -> float:
-    total = 0.0
-    for level in LEVELS:
-        env = {**os.environ, **capability.level_env(level)}
-        total += _run(extra, cwd, env)
-    return total
+def _wait(procs: Sequence[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        out, _ = proc.communicate()
+        if proc.returncode != 0:
+            raise SystemExit(f"pytest {proc.args} failed:\n{out[-3000:]}")
 
 
-def _plugin(cwd: Path, extra: Sequence[str]) -> float:
+def by_hand(cwd: Path, workers: int) -> float:
+    """Three runs, one per level, started together."""
+    start = time.perf_counter()
+    procs = [
+        _start(["-n", str(workers)], cwd, {**os.environ, **capability.level_env(level)})
+        for level in LEVELS
+    ]
+    _wait(procs)
+    return time.perf_counter() - start
+
+
+def plugin(cwd: Path, workers: int) -> float:
+    """One run; the plugin starts ``workers`` xdist workers per level."""
+    start = time.perf_counter()
     levels = ",".join(LEVELS)
-    return _run([f"--backends-cpu-capability={levels}", *extra], cwd, dict(os.environ))
+    _wait([_start([f"--backends-cpu-capability={levels}", "-n", str(workers)], cwd, os.environ)])
+    return time.perf_counter() - start
+
+
+def cpu_description() -> str:
+    """The CPU model and the vector features the levels need."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    wanted = sorted({f for name in LEVELS for f in capability.LEVELS[name].requires})
+    have = capability.cpu_features()
+    features = " ".join(f"{f}{'+' if f in have else '-'}" for f in wanted)
+    return f"{model}; {os.cpu_count()} CPUs; features: {features}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tests", type=int, default=10, help="cases per test function")
+    parser.add_argument("--tests", type=int, default=10, help="cases per test function (x4)")
+    parser.add_argument("--workers", type=int, default=1, help="xdist workers per level")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument(
         "--out",
@@ -124,40 +143,33 @@ def main() -> None:
     if missing:
         raise SystemExit(f"this CPU cannot run {missing}; the benchmark needs all of {LEVELS}")
 
+    hand: list[float] = []
+    ours: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-capability-") as tmp:
         suite = Path(tmp)
         (suite / "test_suite.py").write_text(SUITE.replace("{n}", str(options.tests)))
         (suite / "pytest.ini").write_text("[pytest]\n")
-        rows: list[tuple[str, list[float]]] = []
-        for label, fn, extra in (
-            ("by hand: 3 runs, -n 0", _by_hand, ()),
-            ("plugin: 1 run, -n 0", _plugin, ()),
-            ("plugin: 1 run, -n 0, jobs 3", _plugin, ("--backends-cpu-capability-jobs=3",)),
-            ("by hand: 3 runs, -n 2", _by_hand, ("-n", "2")),
-            ("plugin: 1 run, -n 2", _plugin, ("-n", "2")),
-        ):
-            times = [fn(suite, extra) for _ in range(options.repeat)]
-            rows.append((label, times))
-            print(f"{label:30s} median {statistics.median(times):6.2f} s", flush=True)
+        for _ in range(options.repeat):
+            hand.append(by_hand(suite, options.workers))
+            ours.append(plugin(suite, options.workers))
+            print(f"by hand {hand[-1]:6.2f} s   plugin {ours[-1]:6.2f} s", flush=True)
 
-    per_level = 4 * options.tests
+    total = len(LEVELS) * options.workers
+    ratio = statistics.median(ours) / statistics.median(hand)
     lines = [
-        "CPU capability levels: 3-level run vs the suite run 3 times by hand",
-        f"python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs; "
-        f"suite: {per_level} tests x {len(LEVELS)} levels ({', '.join(LEVELS)}); "
-        f"median of {options.repeat} (wall seconds)",
+        "CPU capability levels: one plugin run vs three hand-made runs side by side",
+        f"CPU: {cpu_description()}",
+        f"python {platform.python_version()}; suite: {4 * options.tests} tests x "
+        f"{len(LEVELS)} levels ({', '.join(LEVELS)}); {options.workers} xdist worker(s) per "
+        f"level, {total} in all on both sides; measured alternately, median of "
+        f"{options.repeat} (wall seconds)",
         "",
-    ]
-    for label, times in rows:
-        shown = ", ".join(f"{t:.2f}" for t in times)
-        lines.append(f"{label:30s} {statistics.median(times):6.2f}   ({shown})")
-    base = statistics.median(rows[0][1])
-    lines += [
+        f"{'by hand: 3 x pytest -n ' + str(options.workers):34s} "
+        f"{statistics.median(hand):6.2f}   ({', '.join(f'{t:.2f}' for t in hand)})",
+        f"{'plugin: 1 run, -n ' + str(options.workers):34s} "
+        f"{statistics.median(ours):6.2f}   ({', '.join(f'{t:.2f}' for t in ours)})",
         "",
-        f"plugin -n 0 / by hand -n 0: {statistics.median(rows[1][1]) / base:.2f}",
-        f"plugin -n 0 jobs 3 / by hand -n 0: {statistics.median(rows[2][1]) / base:.2f}",
-        f"plugin -n 2 / by hand -n 2: "
-        f"{statistics.median(rows[4][1]) / statistics.median(rows[3][1]):.2f}",
+        f"plugin / by hand: {ratio:.2f}x (target <= 1.10x)",
     ]
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.write_text("\n".join(lines) + "\n")

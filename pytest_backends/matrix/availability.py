@@ -137,7 +137,8 @@ class Availability:
             return None
         return (
             f"runs in a process of its own (ATEN_CPU_CAPABILITY={level} is read once, when "
-            f"torch is imported); this process runs torch's {self.cpu_capability} kernels"
+            f"torch is imported); this process runs torch's {self.cpu_capability} kernels: "
+            f"add --backends-cpu-capability={level} to run it in an xdist worker of that level"
         )
 
     def flag_missing(self, name: str) -> str | None:

@@ -107,7 +107,8 @@ def test_cpu_capability_levels() -> None:
     assert reason({"cpu_capability": "avx512"}) is None
     assert reason({"cpu_capability": "avx2"}) == (
         "cap-avx2 runs in a process of its own (ATEN_CPU_CAPABILITY=avx2 is read once, when "
-        "torch is imported); this process runs torch's AVX512 kernels"
+        "torch is imported); this process runs torch's AVX512 kernels: add "
+        "--backends-cpu-capability=avx2 to run it in an xdist worker of that level"
     )
     got = reason({"cpu_capability": "vsx"}) or ""
     assert got.startswith("cap-vsx cannot run on this machine: vsx is a CPU level of ppc64le")
