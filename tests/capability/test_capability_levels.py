@@ -229,3 +229,35 @@ def test_modules_do_not_import_torch() -> None:
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--pdb",), "--pdb cannot debug a test that runs in a CPU capability level's worker"),
+        (("--tx", "popen"), "use -n N (N workers for each level) instead of --tx"),
+    ],
+)
+def test_options_that_cannot_work_with_level_workers_are_usage_errors(
+    pytester: pytest.Pytester, args: tuple[str, ...], message: str
+) -> None:
+    pytester.makepyfile("def test_a(): pass")
+    result = pytester.runpytest_inprocess("--backends-cpu-capability=default", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str()
+
+
+def test_the_plan_turns_n_into_workers_per_level(pytester: pytest.Pytester) -> None:
+    from pytest_backends import _keys
+    from pytest_backends import plugin as registrar
+
+    config = pytester.parseconfig("--backends-cpu-capability=default,avx512,sve256", "-n", "2")
+    config.option.numprocesses = 2
+    registrar.resolve(config)
+    levels_plugin.plan_distribution(config)
+    plan = config.stash[_keys.WORKER_PLAN_KEY]
+    assert "sve256" in plan.unsupported and "sve256" not in plan.runnable
+    assert len(config.option.tx) == 2 * len(plan.runnable)
+    assert all(spec.startswith("popen//env:ATEN_CPU_CAPABILITY=") for spec in config.option.tx)
+    assert config.option.dist != "no"
+    assert config.option.maxworkerrestart == str(4 * len(config.option.tx))
