@@ -7,7 +7,7 @@ or from the CPU it detects.  A level can therefore only be chosen for a fresh
 process, before ``import torch``.  This module holds the pure part of that:
 the level table, the hardware check, the environment of a level's process and
 the verification of the level a process really got.  Running the processes
-is :mod:`pytest_backends.capability.runner`'s job.
+is :mod:`pytest_backends.capability.plugin`'s job (as pytest-xdist workers).
 
 Torch does not check the hardware: ``ATEN_CPU_CAPABILITY=avx512`` on a CPU
 without AVX-512 reports ``AVX512`` and then dies of an illegal instruction
