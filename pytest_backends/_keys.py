@@ -25,13 +25,15 @@ __all__ = [
     "DETERMINISM_KEY",
     "ITEM_FLAGS_KEY",
     "LEAK_KEY",
+    "MARKER_ERROR_KEY",
     "MATRIX_KEY",
     "PROPERTY_CONFIG",
-    "PROPERTY_CPU_LEVEL",
     "PROPERTY_VERIFY_DETAIL",
     "PROPERTY_VERIFY_STATUS",
     "REGISTRY_KEY",
     "REPORT_ATTR_CENSUS",
+    "SETUP_ERROR_KEY",
+    "VERDICTS_KEY",
     "WORKER_PLAN_KEY",
 ]
 
@@ -58,6 +60,12 @@ CONFIG_KEY: pytest.StashKey[BackendConfig] = pytest.StashKey()
 #: Features such as the backend matrix put a config's flags here; the leak guard
 #: applies them, checks leaks relative to them and restores them afterwards.
 ITEM_FLAGS_KEY: pytest.StashKey[Mapping[str, Any]] = pytest.StashKey()
+#: An exception the leak guard caught while applying an item's flags at setup.
+SETUP_ERROR_KEY: pytest.StashKey[BaseException] = pytest.StashKey()
+#: Why an item's ``@pytest.mark.backends`` marker is invalid (the item fails at setup).
+MARKER_ERROR_KEY: pytest.StashKey[str] = pytest.StashKey()
+#: The determinism verdicts (census rows) of one item, until its report is made.
+VERDICTS_KEY: pytest.StashKey[list[dict[str, Any]]] = pytest.StashKey()
 
 # --- report properties (``report.user_properties`` names, JUnit ``<property>``) ---------------
 
@@ -67,7 +75,5 @@ PROPERTY_CONFIG = "backend_config"
 PROPERTY_VERIFY_STATUS = "backends_verify"
 #: The verification detail of a test's configuration.
 PROPERTY_VERIFY_DETAIL = "backends_verify_detail"
-#: The CPU capability level a test ran under (``default``, ``avx2``...).
-PROPERTY_CPU_LEVEL = "backends_cpu_level"
 #: Report attribute carrying one test's census rows (plain JSON-ready data).
 REPORT_ATTR_CENSUS = "backends_census"

@@ -42,7 +42,7 @@ LEAK_MODES = ("fail", "warn", "off")
 #: Flags to apply around one item's setup, call and teardown (see :mod:`pytest_backends._keys`).
 ITEM_FLAGS_KEY = _keys.ITEM_FLAGS_KEY
 
-_SETUP_ERROR_KEY = pytest.StashKey[BaseException]()
+_SETUP_ERROR_KEY = _keys.SETUP_ERROR_KEY
 
 
 class BackendsLeakWarning(pytest.PytestWarning):

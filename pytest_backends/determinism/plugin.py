@@ -49,7 +49,7 @@ __all__ = [
 
 #: Report attribute carrying one test's census rows (plain JSON-ready data).
 REPORT_ATTR = _keys.REPORT_ATTR_CENSUS
-_VERDICTS_KEY = pytest.StashKey[list[dict[str, Any]]]()
+_VERDICTS_KEY = _keys.VERDICTS_KEY
 _OFF = _options.OFF_WORDS
 
 

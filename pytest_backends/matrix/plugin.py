@@ -64,7 +64,7 @@ CONFIG_KEY = _keys.CONFIG_KEY
 SETTINGS_KEY = _keys.MATRIX_KEY
 REGISTRY_KEY = _keys.REGISTRY_KEY
 
-_MARKER_ERROR_KEY = pytest.StashKey[str]()
+_MARKER_ERROR_KEY = _keys.MARKER_ERROR_KEY
 
 #: The test-id parameter and fixture that carry the config.
 PARAM = "backend_config"

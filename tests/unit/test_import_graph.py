@@ -183,3 +183,18 @@ def test_foundations_import_no_feature_plugin(foundation: str) -> None:
                 todo.append(succ)
     plugins = {name for name in reachable if name.endswith(".plugin")}
     assert plugins == set(), f"{foundation} reaches feature plugins {sorted(plugins)}"
+
+
+def test_every_stash_key_lives_in_keys_module() -> None:
+    elsewhere = [
+        name
+        for name, path in _modules().items()
+        if name != f"{NAME}._keys" and "StashKey" in path.read_text(encoding="utf-8")
+    ]
+    assert elsewhere == []
+    from pytest_backends import _keys
+
+    keys = [getattr(_keys, n) for n in _keys.__all__ if n.endswith("_KEY")]
+    assert len({id(k) for k in keys}) == len(keys) > 5
+    names = [getattr(_keys, n) for n in _keys.__all__ if not n.endswith("_KEY")]
+    assert len(set(names)) == len(names), "two report properties share a name"
