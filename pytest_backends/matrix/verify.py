@@ -18,6 +18,18 @@ mode only sees the op it intercepts: a conv under a mode shows up as
 ``aten.convolution`` and never as the ``aten::mkldnn_convolution`` or
 ``aten::_slow_conv2d_forward`` it dispatches to, while the profiler records
 every op the dispatcher runs, nested ones included.
+
+Op names stop at the dispatcher: ``aten::mm`` says nothing about whether
+oneDNN computed it, or in which precision.  For the oneDNN tokens
+(``mkldnn-on``, ``mkldnn-off``, ``mkldnn_precision-*``) the verifier also
+captures oneDNN's primitive log during the call
+(:class:`pytest_backends.kernels.PrimitiveLog`) and attributes each
+executed primitive to the op that ran it: ``mkldnn-on`` is exercised only
+when a primitive computed an op of the test, ``mkldnn-off`` is broken by
+any primitive, a precision token is exercised only when a primitive
+computed in that precision, and the detail gives the coverage per op
+family ("exercised by 1 of 2 convolutions; aten::_slow_conv2d_forward ran
+for input (1, 3, 8, 8)").
 """
 
 from __future__ import annotations
@@ -26,16 +38,18 @@ import contextlib
 import fnmatch
 import os
 import sys
-from collections.abc import Collection, Generator, Iterable, Iterator, Mapping
+from collections.abc import Collection, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from pytest_backends.kernels import FAMILY_OPS, OpEvent, Primitive, PrimitiveLog, attribute
 from pytest_backends.matrix.configs import BackendConfig
 
 __all__ = [
     "PROMISES",
+    "KernelTrace",
     "OpRecorder",
     "Promise",
     "Verdict",
@@ -85,6 +99,11 @@ class Promise:
     ignore: tuple[str, ...] = ()
     nothing: str = "no op of that kind ran"
     devices: frozenset[str] | None = None
+    #: what oneDNN's primitive log must show, where it is captured:
+    #: ``"none"`` (no primitive may run: hard), ``"computes"`` (a primitive
+    #: computed an op: soft) or ``"precision:<mode>"`` (a primitive computed
+    #: in ``<mode>``: soft).
+    primitives: str | None = None
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
@@ -98,6 +117,7 @@ PROMISES: dict[str, Promise] = {
         "no oneDNN kernels",
         forbid=("aten::mkldnn_*", "aten::_mkldnn_*", "aten::to_mkldnn*", "mkldnn::*"),
         ignore=("mkldnn::_is_mkldnn_*",),
+        primitives="none",
     ),
     "mkldnn-on": Promise(
         "oneDNN kernels",
@@ -105,6 +125,13 @@ PROMISES: dict[str, Promise] = {
         instead=CONV_IMPLS,
         nothing="no convolution ran",
         devices=frozenset({"cpu"}),
+        primitives="computes",
+    ),
+    "mkldnn_precision-bf16": Promise(
+        "bf16 computation in oneDNN", devices=frozenset({"cpu"}), primitives="precision:bf16",
+    ),
+    "mkldnn_precision-tf32": Promise(
+        "tf32 computation in oneDNN", devices=frozenset({"cpu"}), primitives="precision:tf32",
     ),
     "nnpack-off": Promise("no NNPACK kernels", forbid=("aten::_nnpack_spatial_convolution*",)),
     "nnpack-on": Promise(
@@ -197,14 +224,155 @@ def promises_for(
     return found
 
 
+@dataclass(frozen=True)
+class KernelTrace:
+    """What oneDNN computed during a call: attributed primitives and the op events."""
+
+    primitives: tuple[Primitive, ...]
+    events: tuple[OpEvent, ...] = ()
+
+    @classmethod
+    def build(cls, primitives: Sequence[Primitive], events: Sequence[OpEvent]) -> KernelTrace:
+        """Attribute ``primitives`` to ``events`` (both in execution order)."""
+        return cls(tuple(attribute(primitives, events)), tuple(events))
+
+
+_PLURAL = {"conv": "convolutions", "matmul": "matmuls", "rnn": "RNNs"}
+# ops that show which kernel computed an op of a family (the innermost wins)
+_IMPL_OPS = {
+    "conv": CONV_IMPLS + FAMILY_OPS["conv"],
+    "matmul": FAMILY_OPS["matmul"],
+    "rnn": FAMILY_OPS["rnn"],
+}
+
+
+def _shape(shapes: Sequence[tuple[int, ...]]) -> str:
+    first = next((s for s in shapes if s), None)
+    return str(tuple(first)) if first is not None else "()"
+
+
+def _outermost(events: Sequence[OpEvent], patterns: tuple[str, ...]) -> dict[int, int]:
+    """``event index -> index of its outermost ancestor-or-self matching ``patterns``."""
+    member = [_matches(e.name, patterns) for e in events]
+    owner: dict[int, int] = {}
+    for index in range(len(events)):
+        top, at = None, index
+        while at is not None:
+            if member[at]:
+                top = at
+            at = events[at].parent
+        if top is not None:
+            owner[index] = top
+    return owner
+
+
+def coverage(trace: KernelTrace) -> list[str]:
+    """Per op family: how many of its ops a oneDNN primitive computed, and what ran for the rest.
+
+    ``["exercised by 1 of 2 convolutions; aten::_slow_conv2d_forward ran for
+    input (1, 3, 8, 8)"]``
+    """
+    events = trace.events
+    computed = {p.op_index for p in trace.primitives if p.computes and p.op_index is not None}
+    lines = []
+    for family, patterns in _IMPL_OPS.items():
+        owner = _outermost(events, patterns)
+        roots = sorted(set(owner.values()))
+        if not roots:
+            continue
+        trees: dict[int, list[int]] = {root: [] for root in roots}
+        for index, root in owner.items():
+            trees[root].append(index)
+        covered, missed = 0, []
+        for root in roots:
+            if computed.intersection(trees[root]):
+                covered += 1
+                continue
+            # the innermost (last-started) op of the family names the kernel that ran
+            impl = events[max(i for i in trees[root] if _matches(events[i].name, patterns))]
+            missed.append(f"{impl.name} ran for input {_shape(events[root].shapes)}")
+        shown = list(dict.fromkeys(missed))
+        extra = f" and {len(shown) - 3} more" if len(shown) > 3 else ""
+        line = f"exercised by {covered} of {len(roots)} {_PLURAL[family]}"
+        lines.append("; ".join([line, *shown[:3]]) + extra)
+    return lines
+
+
+def _described(primitives: Sequence[Primitive], limit: int = 3) -> str:
+    shown = list(dict.fromkeys(p.describe() for p in primitives))
+    extra = f" and {len(shown) - limit} more" if len(shown) > limit else ""
+    return ", ".join(shown[:limit]) + extra
+
+
+def _check_primitives(
+    token: str, promise: Promise, config: BackendConfig, trace: KernelTrace,
+    broken: list[str], missing: list[str], exercised: list[str], ops: Collection[str],
+) -> None:
+    rule = promise.primitives or ""
+    prims = trace.primitives
+    computing = [p for p in prims if p.computes]
+    if rule == "none":
+        if prims:
+            broken.append(
+                f"{token} promised {promise.path}, but oneDNN ran "
+                f"{_described(computing or prims)}. The flags of {config.id} were set around "
+                "the test, so something inside it changed them (torch.backends.*.flags(), "
+                "an assignment)"
+            )
+    elif rule == "computes":
+        cover = coverage(trace)
+        if computing:
+            exercised.append(f"{token} exercised: {_described(computing)}")
+            exercised.extend(f"{token} {line}" for line in cover)
+        else:
+            instead = "; ".join(line.partition("; ")[2] for line in cover if "; " in line)
+            other = [o for o in ops if _matches(o, promise.instead)]
+            ran = instead or (f"ran {_listed(other)} instead" if other else promise.nothing)
+            missing.append(
+                f"{token} not exercised: no oneDNN primitive computed an op of the test; {ran}"
+            )
+    elif rule.startswith("precision:"):
+        mode = rule.partition(":")[2]
+        f32 = [p for p in computing if "f32" in p.input_dtypes() and p.family]
+        flagged = [p for p in f32 if p.fpmath == mode]
+        done = [p for p in flagged if p.precision == mode]
+        if done:
+            exercised.append(
+                f"{token} exercised: {_described(done)} computed in {mode}"
+            )
+        elif flagged:
+            kernels = ", ".join(dict.fromkeys(p.impl for p in flagged))
+            missing.append(
+                f"{token} not exercised: the flag allowed {mode}, {kernels} computed in f32"
+            )
+        else:
+            ran = f"oneDNN computed {_described(computing)}" if computing else \
+                "no oneDNN primitive computed an op"
+            missing.append(f"{token} not exercised: no fp32 oneDNN matmul, convolution or "
+                           f"RNN ran; {ran}")
+
+
 def evaluate(
-    config: BackendConfig, ops: Collection[str], table: Mapping[str, Promise] = PROMISES
+    config: BackendConfig,
+    ops: Collection[str],
+    table: Mapping[str, Promise] = PROMISES,
+    kernels: KernelTrace | None = None,
 ) -> Verdict:
-    """Check the op names a test ran against the promises of ``config``'s tokens."""
+    """Check the op names a test ran against the promises of ``config``'s tokens.
+
+    With ``kernels`` (oneDNN's primitive log of the same call), promises
+    that name ``primitives`` are checked against the primitives that ran
+    instead of the op names.
+    """
     broken: list[str] = []
     missing: list[str] = []
     exercised: list[str] = []
     for token, promise in promises_for(config, table):
+        if kernels is not None and promise.primitives is not None:
+            before = len(broken)
+            _check_primitives(token, promise, config, kernels, broken, missing, exercised, ops)
+            if promise.primitives != "none" or len(broken) > before:
+                continue
         if promise.forbid:
             bad = [
                 o for o in ops if _matches(o, promise.forbid) and not _matches(o, promise.ignore)
@@ -247,16 +415,22 @@ def _quiet_stderr() -> Iterator[None]:
 
 @dataclass
 class OpRecorder:
-    """Records the names of every op the dispatcher runs (``torch.profiler``, CPU side)."""
+    """Records the names of every op the dispatcher runs (``torch.profiler``, CPU side).
 
+    With ``shapes`` it also keeps the op events (:attr:`events`: name, input
+    shapes, parent), which attributing oneDNN primitives needs.
+    """
+
+    shapes: bool = False
     _profiler: Any = field(default=None, repr=False)
     error: str | None = None
+    events: list[OpEvent] = field(default_factory=list)
 
     def start(self) -> bool:
         """Start recording; ``False`` (with :attr:`error`) if the profiler cannot start."""
         from torch.profiler import ProfilerActivity, profile
 
-        self._profiler = profile(activities=[ProfilerActivity.CPU], record_shapes=False)
+        self._profiler = profile(activities=[ProfilerActivity.CPU], record_shapes=self.shapes)
         try:
             with _quiet_stderr():
                 self._profiler.__enter__()
@@ -272,7 +446,26 @@ class OpRecorder:
             return frozenset()
         with _quiet_stderr():
             profiler.__exit__(None, None, None)
-        return frozenset(event.name for event in profiler.events())
+        raw = list(profiler.events())
+        if self.shapes:
+            self.events = _op_events(raw)
+        return frozenset(event.name for event in raw)
+
+
+def _op_events(raw: Sequence[Any]) -> list[OpEvent]:
+    """Profiler events in start order, with shapes and parent indices."""
+    ordered = sorted(raw, key=lambda e: (e.time_range.start, -e.time_range.end))
+    index = {id(e): i for i, e in enumerate(ordered)}
+    events = []
+    for event in ordered:
+        parent = getattr(event, "cpu_parent", None)
+        shapes = tuple(
+            tuple(int(d) for d in shape)
+            for shape in (getattr(event, "input_shapes", None) or ())
+            if isinstance(shape, (list, tuple)) and all(isinstance(d, int) for d in shape)
+        )
+        events.append(OpEvent(event.name, shapes, index.get(id(parent)) if parent else None))
+    return events
 
 
 class VerifyPlugin:
@@ -282,6 +475,9 @@ class VerifyPlugin:
         self.strict = strict
         self.table = table
 
+    def _wants_primitives(self, config: BackendConfig) -> bool:
+        return any(p.primitives for _, p in promises_for(config, self.table))
+
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
         from pytest_backends.matrix.plugin import CONFIG_KEY
@@ -289,16 +485,19 @@ class VerifyPlugin:
         config = item.stash.get(CONFIG_KEY, None)
         if config is None or not promises_for(config, self.table):
             return (yield)
-        recorder = OpRecorder()
+        log = PrimitiveLog() if self._wants_primitives(config) else None
+        recorder = OpRecorder(shapes=log is not None)
         if not recorder.start():
             item.user_properties.append((STATUS_PROPERTY, "unverified"))
             item.user_properties.append((DETAIL_PROPERTY, recorder.error or ""))
             return (yield)
+        logging = log is not None and log.start()
         try:
             result = yield
         finally:
+            primitives = log.stop() if log is not None and logging else None
             ops = recorder.stop()
-        if not ops:
+        if not ops and not primitives:
             # A torch.profiler started inside the test takes the session over and
             # leaves this one empty; a test that runs no op at all looks the same.
             item.user_properties.append((STATUS_PROPERTY, "unverified"))
@@ -307,7 +506,8 @@ class VerifyPlugin:
                 "torch.profiler, which takes the profiling session over"
             )))
             return result
-        verdict = evaluate(config, ops, self.table)
+        trace = None if primitives is None else KernelTrace.build(primitives, recorder.events)
+        verdict = evaluate(config, ops, self.table, trace)
         item.user_properties.append((STATUS_PROPERTY, verdict.status))
         item.user_properties.append((DETAIL_PROPERTY, verdict.detail))
         if verdict.broken:
