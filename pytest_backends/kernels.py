@@ -337,6 +337,23 @@ def observe() -> Iterator[PrimitiveLog]:
             log.stop()
 
 
+#: The profiler scope internal probes run in; kernel-path verification ignores it.
+PROBE_SCOPE = "pytest_backends::tolerance_probe"
+
+
+@contextlib.contextmanager
+def paused_log() -> Iterator[None]:
+    """Keep oneDNN's primitives out of the active log for the block (internal probes)."""
+    if active_log() is None:
+        yield
+        return
+    _set_verbose(0)
+    try:
+        yield
+    finally:
+        _set_verbose(1)
+
+
 def computed_precision(family: str, fpmath: str) -> tuple[str, Primitive] | None:
     """How the f32 kernels of ``family`` with ``attr-fpmath:<fpmath>`` computed so far.
 

@@ -44,7 +44,14 @@ from typing import Any
 
 import pytest
 
-from pytest_backends.kernels import FAMILY_OPS, OpEvent, Primitive, PrimitiveLog, attribute
+from pytest_backends.kernels import (
+    FAMILY_OPS,
+    PROBE_SCOPE,
+    OpEvent,
+    Primitive,
+    PrimitiveLog,
+    attribute,
+)
 from pytest_backends.matrix.configs import BackendConfig
 
 __all__ = [
@@ -446,10 +453,19 @@ class OpRecorder:
             return frozenset()
         with _quiet_stderr():
             profiler.__exit__(None, None, None)
-        raw = list(profiler.events())
+        # the tolerance model's one-time probes are not the test's ops
+        raw = [e for e in profiler.events() if not _inside_probe(e)]
         if self.shapes:
             self.events = _op_events(raw)
         return frozenset(event.name for event in raw)
+
+
+def _inside_probe(event: Any) -> bool:
+    while event is not None:
+        if event.name == PROBE_SCOPE:
+            return True
+        event = getattr(event, "cpu_parent", None)
+    return False
 
 
 def _op_events(raw: Sequence[Any]) -> list[OpEvent]:
