@@ -494,7 +494,9 @@ class VerifyPlugin:
     def _wants_primitives(self, config: BackendConfig) -> bool:
         return any(p.primitives for _, p in promises_for(config, self.table))
 
-    @pytest.hookimpl(wrapper=True)
+    # trylast: inside pytest's capture wrapper, which points fd 1 at its own
+    # file when the call starts; the primitive log must redirect fd 1 after it.
+    @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
         from pytest_backends.matrix.plugin import CONFIG_KEY
 
