@@ -174,7 +174,7 @@ def _rel_diff(a: list[object], b: list[object]) -> float | None:
         den += float(xd[keep].abs().pow(2).sum())
     if den == 0.0:
         return 0.0 if num == 0.0 else None
-    return (num / den) ** 0.5
+    return float((num / den) ** 0.5)
 
 
 def flag_effect(

@@ -27,10 +27,10 @@ from pytest_backends.flags import registry
 
 __all__ = [
     "OP_FAMILIES",
-    "kernel_precision",
     "BackendTolerance",
     "Tolerance",
     "assert_close",
+    "kernel_precision",
     "reference",
     "tolerance_for",
 ]

@@ -47,10 +47,12 @@ import pytest
 from pytest_backends.kernels import (
     FAMILY_OPS,
     PROBE_SCOPE,
+    CudaKernel,
     OpEvent,
     Primitive,
     PrimitiveLog,
     attribute,
+    classify_cuda_kernel,
 )
 from pytest_backends.matrix.configs import BackendConfig
 
@@ -111,6 +113,11 @@ class Promise:
     #: computed an op: soft) or ``"precision:<mode>"`` (a primitive computed
     #: in ``<mode>``: soft).
     primitives: str | None = None
+    #: what the CUDA kernel names must show (profiled on a GPU):
+    #: ``"precision:<mode>"`` (a kernel computed in ``<mode>``: soft),
+    #: ``"no-precision:<mode>"`` (none may: hard) or ``"library:<name>"``
+    #: (a kernel of that library ran: soft).
+    cuda_kernels: str | None = None
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
@@ -140,6 +147,12 @@ PROMISES: dict[str, Promise] = {
     "mkldnn_precision-tf32": Promise(
         "tf32 computation in oneDNN", devices=frozenset({"cpu"}), primitives="precision:tf32",
     ),
+    "tf32-on": Promise(
+        "TF32 kernels", devices=frozenset({"cuda"}), cuda_kernels="precision:tf32",
+    ),
+    "tf32-off": Promise(
+        "no TF32 kernels", devices=frozenset({"cuda"}), cuda_kernels="no-precision:tf32",
+    ),
     "nnpack-off": Promise("no NNPACK kernels", forbid=("aten::_nnpack_spatial_convolution*",)),
     "nnpack-on": Promise(
         "NNPACK convolutions",
@@ -160,6 +173,7 @@ PROMISES: dict[str, Promise] = {
         ignore=("aten::cudnn_is_acceptable",),
         nothing="no convolution, RNN or batch norm ran",
         devices=frozenset({"cuda"}),
+        cuda_kernels="library:cudnn",
     ),
     "sdpa-math": Promise(
         "the math SDPA kernel",
@@ -263,7 +277,8 @@ def _outermost(events: Sequence[OpEvent], patterns: tuple[str, ...]) -> dict[int
     member = [_matches(e.name, patterns) for e in events]
     owner: dict[int, int] = {}
     for index in range(len(events)):
-        top, at = None, index
+        top: int | None = None
+        at: int | None = index
         while at is not None:
             if member[at]:
                 top = at
@@ -359,17 +374,54 @@ def _check_primitives(
                            f"RNN ran; {ran}")
 
 
+def _check_cuda(
+    token: str, promise: Promise, config: BackendConfig, names: Sequence[str],
+    broken: list[str], missing: list[str], exercised: list[str],
+) -> None:
+    kernels = [classify_cuda_kernel(n) for n in dict.fromkeys(names)]
+    rule, _, what = (promise.cuda_kernels or "").partition(":")
+
+    def shown(found: Sequence[CudaKernel]) -> str:
+        return _listed(k.name[:80] for k in found)
+
+    if rule == "library":
+        hit = [k for k in kernels if k.library == what]
+        if hit:
+            exercised.append(f"{token} exercised: {what} kernels {shown(hit)}")
+        else:
+            work = [k for k in kernels if k.role != "other"]
+            ran = f"ran {shown(work)}" if work else "no GEMM, convolution or RNN kernel ran"
+            missing.append(f"{token} not exercised: no {what} kernel ran; {ran}")
+        return
+    hit = [k for k in kernels if k.precision == what]
+    if rule == "no-precision":
+        if hit:
+            broken.append(
+                f"{token} promised {promise.path}, but the GPU ran {shown(hit)}. The flags of "
+                f"{config.id} were set around the test, so something inside it changed them"
+            )
+    elif hit:
+        exercised.append(f"{token} exercised: {shown(hit)}")
+    else:
+        fp32 = [k for k in kernels if k.precision == "f32" and k.role != "other"]
+        ran = f"{shown(fp32)} computed in f32" if fp32 else "no fp32 GEMM or convolution ran"
+        missing.append(f"{token} not exercised: the flag allowed {what}, but {ran}")
+
+
 def evaluate(
     config: BackendConfig,
     ops: Collection[str],
     table: Mapping[str, Promise] = PROMISES,
     kernels: KernelTrace | None = None,
+    cuda_kernels: Sequence[str] | None = None,
 ) -> Verdict:
     """Check the op names a test ran against the promises of ``config``'s tokens.
 
     With ``kernels`` (oneDNN's primitive log of the same call), promises
     that name ``primitives`` are checked against the primitives that ran
-    instead of the op names.
+    instead of the op names.  With ``cuda_kernels`` (the CUDA kernel names
+    the profiler saw), promises that name ``cuda_kernels`` are checked
+    against them (:func:`pytest_backends.kernels.classify_cuda_kernel`).
     """
     broken: list[str] = []
     missing: list[str] = []
@@ -379,6 +431,10 @@ def evaluate(
             before = len(broken)
             _check_primitives(token, promise, config, kernels, broken, missing, exercised, ops)
             if promise.primitives != "none" or len(broken) > before:
+                continue
+        if cuda_kernels is not None and promise.cuda_kernels is not None:
+            _check_cuda(token, promise, config, cuda_kernels, broken, missing, exercised)
+            if not (promise.forbid or promise.expect):
                 continue
         if promise.forbid:
             bad = [
@@ -429,15 +485,19 @@ class OpRecorder:
     """
 
     shapes: bool = False
+    cuda: bool = False
     _profiler: Any = field(default=None, repr=False)
     error: str | None = None
     events: list[OpEvent] = field(default_factory=list)
+    #: names of the CUDA kernels that ran (with ``cuda``)
+    kernels: list[str] = field(default_factory=list)
 
     def start(self) -> bool:
         """Start recording; ``False`` (with :attr:`error`) if the profiler cannot start."""
         from torch.profiler import ProfilerActivity, profile
 
-        self._profiler = profile(activities=[ProfilerActivity.CPU], record_shapes=self.shapes)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        self._profiler = profile(activities=activities, record_shapes=self.shapes)
         try:
             with _quiet_stderr():
                 self._profiler.__enter__()
@@ -454,10 +514,19 @@ class OpRecorder:
         with _quiet_stderr():
             profiler.__exit__(None, None, None)
         # the tolerance model's one-time probes are not the test's ops
-        raw = [e for e in profiler.events() if not _inside_probe(e)]
+        everything = list(profiler.events())
+        raw = [e for e in everything if not _inside_probe(e) and not _on_gpu(e)]
         if self.shapes:
             self.events = _op_events(raw)
+        if self.cuda:
+            self.kernels = [e.name for e in everything if _on_gpu(e)]
+            for event in raw:  # kernels launched by ops appear as their children too
+                self.kernels.extend(k.name for k in getattr(event, "kernels", ()) or ())
         return frozenset(event.name for event in raw)
+
+
+def _on_gpu(event: Any) -> bool:
+    return "CUDA" in str(getattr(event, "device_type", ""))
 
 
 def _inside_probe(event: Any) -> bool:
@@ -494,6 +563,15 @@ class VerifyPlugin:
     def _wants_primitives(self, config: BackendConfig) -> bool:
         return any(p.primitives for _, p in promises_for(config, self.table))
 
+    def _wants_cuda_kernels(self, config: BackendConfig) -> bool:
+        if config.device != "cuda" or not any(
+            p.cuda_kernels for _, p in promises_for(config, self.table)
+        ):
+            return False
+        import torch
+
+        return bool(torch.cuda.is_available())
+
     # trylast: inside pytest's capture wrapper, which points fd 1 at its own
     # file when the call starts; the primitive log must redirect fd 1 after it.
     @pytest.hookimpl(wrapper=True, trylast=True)
@@ -504,7 +582,7 @@ class VerifyPlugin:
         if config is None or not promises_for(config, self.table):
             return (yield)
         log = PrimitiveLog() if self._wants_primitives(config) else None
-        recorder = OpRecorder(shapes=log is not None)
+        recorder = OpRecorder(shapes=log is not None, cuda=self._wants_cuda_kernels(config))
         if not recorder.start():
             item.user_properties.append((STATUS_PROPERTY, "unverified"))
             item.user_properties.append((DETAIL_PROPERTY, recorder.error or ""))
@@ -525,7 +603,8 @@ class VerifyPlugin:
             )))
             return result
         trace = None if primitives is None else KernelTrace.build(primitives, recorder.events)
-        verdict = evaluate(config, ops, self.table, trace)
+        kernels = recorder.kernels if recorder.cuda else None
+        verdict = evaluate(config, ops, self.table, trace, kernels)
         item.user_properties.append((STATUS_PROPERTY, verdict.status))
         item.user_properties.append((DETAIL_PROPERTY, verdict.detail))
         if verdict.broken:
