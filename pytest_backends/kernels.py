@@ -486,18 +486,30 @@ def attribute(primitives: Sequence[Primitive], events: Sequence[OpEvent]) -> lis
         out[index] = dataclasses.replace(
             primitive, op=event.name, op_shapes=event.shapes, op_index=chosen
         )
-    # data movement takes the op of the next (else the previous) computing primitive
+    # data movement serves a computing primitive: the next one when it reorders
+    # one of that op's inputs, else the previous one (its output), else the next
     for index, primitive in enumerate(out):
         if primitive.op is not None:
             continue
-        later = [p for p in out[index + 1:] if p.op is not None and p.family]
-        earlier = [p for p in out[:index] if p.op is not None and p.family]
-        source = later[0] if later else (earlier[-1] if earlier else None)
+        later = next((p for p in out[index + 1:] if p.op is not None and p.family), None)
+        earlier = next((p for p in reversed(out[:index]) if p.op is not None and p.family), None)
+        dims = _dims(primitive.problem)
+        if later is not None and dims is not None and dims in later.op_shapes:
+            source: Primitive | None = later
+        else:
+            source = earlier or later
         if source is not None:
             out[index] = dataclasses.replace(
                 primitive, op=source.op, op_shapes=source.op_shapes, op_index=source.op_index
             )
     return out
+
+
+def _dims(problem: str) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(x) for x in problem.split("x"))
+    except ValueError:
+        return None
 
 
 def _ancestor(events: Sequence[OpEvent], ancestor: int, index: int) -> bool:

@@ -402,6 +402,12 @@ def _check_cuda(
             )
     elif hit:
         exercised.append(f"{token} exercised: {shown(hit)}")
+    elif [k for k in kernels if k.precision is None and k.role in ("gemm", "conv")]:
+        # cuBLASLt's nvjet kernels do not name their precision
+        unknown = [k for k in kernels if k.precision is None and k.role in ("gemm", "conv")]
+        exercised.append(
+            f"{token}: the kernel names do not tell whether {what} ran ({shown(unknown)})"
+        )
     else:
         fp32 = [k for k in kernels if k.precision == "f32" and k.role != "other"]
         ran = f"{shown(fp32)} computed in f32" if fp32 else "no fp32 GEMM or convolution ran"
