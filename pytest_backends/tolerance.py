@@ -661,6 +661,7 @@ def assert_close(
     scale: float = 1.0,
     rtol: float | None = None,
     atol: float | None = None,
+    kernel: bool = True,
     **kwargs: Any,
 ) -> None:
     """Like :func:`torch.testing.assert_close`, with tolerances from the active flags.
@@ -668,6 +669,9 @@ def assert_close(
     The default ``rtol``/``atol`` come from :func:`tolerance_for` for
     ``actual``'s dtype and device, the op family ``op`` and the reduction
     length ``k``; an explicit ``rtol`` or ``atol`` wins over the model's.
+    A reduced-precision flag widens the bound only where the kernel used
+    that precision (``kernel=False``: wherever the flag allows it; see
+    :func:`tolerance_for`).
     ``expected`` may be a wider reference (an fp64 result for an fp32
     ``actual``, e.g. from :func:`reference`): ``actual`` is then compared in
     the reference's dtype.  Nested sequences and mappings are compared leaf
@@ -689,7 +693,9 @@ def assert_close(
     for where, a, e in _leaves(actual, expected, ""):
         leaf_kwargs = dict(kwargs)
         if isinstance(a, torch.Tensor):
-            tol = tolerance_for(a.dtype, device=a.device, op=op_family, k=k, scale=scale)
+            tol = tolerance_for(
+                a.dtype, device=a.device, op=op_family, k=k, scale=scale, kernel=kernel
+            )
             if _is_reference_pair(a, e):
                 a = a.to(e.dtype)
                 leaf_kwargs["check_dtype"] = False
@@ -801,10 +807,15 @@ class BackendTolerance:
         op: str | None = None,
         k: int | None = None,
         scale: float = 1.0,
+        kernel: bool = True,
     ) -> Tolerance:
-        """The bound for ``dtype`` (default: torch's default dtype) on this device."""
+        """The bound for ``dtype`` (default: torch's default dtype) on this device.
+
+        Like :func:`tolerance_for`, it follows the precision the kernel used
+        (``kernel=False``: the flags' worst case).
+        """
         chosen = torch.get_default_dtype() if dtype is None else dtype
-        return tolerance_for(chosen, device=self.device, op=op, k=k, scale=scale)
+        return tolerance_for(chosen, device=self.device, op=op, k=k, scale=scale, kernel=kernel)
 
     def __iter__(self) -> Iterator[float]:
         return iter(self())
