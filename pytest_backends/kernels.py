@@ -453,24 +453,32 @@ def attribute(primitives: Sequence[Primitive], events: Sequence[OpEvent]) -> lis
 
     Both sequences are in execution order.  A computing primitive goes to
     the next op of its family (innermost first) whose input shapes match
-    the primitive's problem, at or after the previous match; data movement
-    (reorders) goes to the op of the computing primitive it serves.  Where
-    nothing matches, ``op`` stays ``None``.
+    the primitive's problem, at or after the previous match (any shape when
+    none matches); data movement (reorders) goes to the op of the computing
+    primitive it serves.  Where nothing matches, ``op`` stays ``None``.
     """
     out = list(primitives)
-    cursor = 0
+    cursor = -1  # the event the previous computing primitive went to
     for index, primitive in enumerate(primitives):
         family = primitive.family
         if family is None:
             continue
         names = FAMILY_OPS[family]
         shapes = _problem_shapes(primitive)
-        candidates = [
-            i for i in range(cursor, len(events))
-            if events[i].name in names and _fits(shapes, events[i])
-        ]
-        if not candidates:
-            candidates = [i for i in range(len(events)) if events[i].name in names]
+
+        def found(start: int, check: bool, names: tuple[str, ...] = names,
+                  shapes: list[tuple[int, ...]] = shapes) -> list[int]:
+            return [
+                i for i in range(max(start, 0), len(events))
+                if events[i].name in names and (not check or _fits(shapes, events[i]))
+            ]
+
+        # a later op first (each op usually runs one computing primitive), then
+        # the previous one again (an op that runs several), then any shape
+        candidates = (
+            found(cursor + 1, True) or found(cursor, True)
+            or found(cursor + 1, False) or found(cursor, False)
+        )
         if not candidates:
             continue
         # innermost: the candidate whose descendants hold no other candidate

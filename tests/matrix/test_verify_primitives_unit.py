@@ -277,3 +277,15 @@ def test_computed_precision_reads_the_active_log_only() -> None:
         assert primitive.fpmath == "bf16" and precision == primitive.precision
         assert precision in ("f32", "bf16")
     assert computed_precision("matmul", "bf16") is None
+
+
+def test_two_same_shaped_ops_get_one_primitive_each() -> None:
+    events = [OpEvent("aten::mm", ((256, 256), (256, 256))),
+              OpEvent("aten::mm", ((256, 256), (256, 256)))]
+    out = attribute([parsed(MM_BF16), parsed(MM_BF16)], events)
+    assert [p.op_index for p in out] == [0, 1]
+    trace = KernelTrace.build([parsed(MM_BF16), parsed(MM_BF16)], events)
+    assert coverage(trace) == ["exercised by 2 of 2 matmuls"]
+    # one op that runs two primitives keeps both
+    single = attribute([parsed(MM_BF16), parsed(MM_BF16)], events[:1])
+    assert [p.op_index for p in single] == [0, 0]
