@@ -2,9 +2,10 @@
 
 Measures, side by side in one run, the start+stop cost of what
 ``--backends-verify`` wraps around a test's call: the op recorder alone
-(op names), the recorder with shapes plus oneDNN's primitive log and the
-attribution (what ``mkldnn-*`` configurations use), around three bodies:
-nothing, one small bf16 matmul, and 50 small convolutions.
+(op names), the recorder with input shapes, and with shapes plus oneDNN's primitive log
+and the attribution (what ``mkldnn-*`` configurations use), around three
+bodies: nothing, one small bf16 matmul, and 20 small convolutions.  The
+variants take turns within each repeat.
 
 Usage::
 
@@ -26,14 +27,21 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from calibrate_tolerance import cpu_line  # noqa: E402
+from calibrate_tolerance import cpu_line
 
-from pytest_backends.kernels import PrimitiveLog  # noqa: E402
-from pytest_backends.matrix.verify import KernelTrace, OpRecorder  # noqa: E402
+from pytest_backends.kernels import PrimitiveLog
+from pytest_backends.matrix.verify import KernelTrace, OpRecorder
 
 
 def _ops_only(body: Callable[[], object]) -> None:
     recorder = OpRecorder()
+    recorder.start()
+    body()
+    recorder.stop()
+
+
+def _ops_shapes(body: Callable[[], object]) -> None:
+    recorder = OpRecorder(shapes=True)
     recorder.start()
     body()
     recorder.stop()
@@ -53,29 +61,42 @@ def _bare(body: Callable[[], object]) -> None:
     body()
 
 
-def _median_ms(fn: Callable[[Callable[[], object]], None], body: Callable[[], object],
-               repeat: int) -> float:
-    fn(body)  # warm up
-    times = []
+VARIANTS: dict[str, Callable[[Callable[[], object]], None]] = {
+    "bare": _bare,
+    "op names": _ops_only,
+    "+ shapes": _ops_shapes,
+    "+ log": _with_log,
+}
+
+
+def _medians_ms(body: Callable[[], object], repeat: int) -> dict[str, float]:
+    """Median time per variant; the variants take turns, so drift hits all alike."""
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    for fn in VARIANTS.values():
+        fn(body)  # warm up
     for _ in range(repeat):
-        start = time.perf_counter()
-        fn(body)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+        for name, fn in VARIANTS.items():
+            start = time.perf_counter()
+            fn(body)
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    # one thread: on a shared 2-core machine OpenMP's spinning threads make
+    # the timings depend on the neighbours' load more than on what is measured
+    torch.set_num_threads(1)
     a = torch.randn(256, 256, dtype=torch.bfloat16)
     x, w = torch.randn(8, 16, 32, 32), torch.randn(16, 16, 3, 3)
     bodies: dict[str, Callable[[], object]] = {
         "empty test": lambda: None,
         "one bf16 256x256 matmul": lambda: a @ a,
-        "50 convs 8x16x32x32": lambda: [F.conv2d(x, w) for _ in range(50)],
+        "20 convs 8x16x32x32": lambda: [F.conv2d(x, w) for _ in range(20)],
     }
     lines = [
         "pytest_backends: cost of --backends-verify per test (median ms, "
@@ -83,13 +104,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads",
         cpu_line(),
         "",
-        f"{'body':<26} {'bare':>8} {'op names':>9} {'+ log':>9} {'log extra':>10}",
+        f"{'body':<26}" + "".join(f"{name:>10}" for name in VARIANTS) + f"{'log extra':>11}",
     ]
     for name, body in bodies.items():
-        bare = _median_ms(_bare, body, args.repeat)
-        ops = _median_ms(_ops_only, body, args.repeat)
-        log = _median_ms(_with_log, body, args.repeat)
-        lines.append(f"{name:<26} {bare:>8.2f} {ops:>9.2f} {log:>9.2f} {log - ops:>10.2f}")
+        ms = _medians_ms(body, args.repeat)
+        lines.append(
+            f"{name:<26}" + "".join(f"{ms[v]:>10.2f}" for v in VARIANTS)
+            + f"{ms['+ log'] - ms['+ shapes']:>11.2f}"
+        )
+    lines += [
+        "",
+        "op names = the recorder alone (configs without a oneDNN token); + shapes = with input",
+        "shapes; + log = shapes, oneDNN's primitive log and attribution (mkldnn-* configs)",
+    ]
     text = "\n".join(lines)
     print(text)
     if args.out is not None:
