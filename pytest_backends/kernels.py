@@ -170,11 +170,10 @@ def parse_primitive(line: str) -> Primitive | None:
     mds, attrs, problem = fields[at + 5], fields[at + 6], fields[at + 8]
     dtypes = []
     for md in mds.split():
-        name, sep, rest = md.partition(":")
-        if sep and "_" not in name:
-            dtype = rest.partition(":")[0]
-        else:  # old format: src_f32::blocked...
-            name, _, dtype = md.partition(":")[0].rpartition("_")
+        name, _, rest = md.partition(":")
+        dtype = rest.partition(":")[0]
+        if not dtype:  # old format: src_f32::blocked..., the type after the last "_"
+            name, _, dtype = name.rpartition("_")
         if name and dtype:
             dtypes.append((name, dtype))
     fpmath = None

@@ -289,3 +289,97 @@ def test_two_same_shaped_ops_get_one_primitive_each() -> None:
     # one op that runs two primitives keeps both
     single = attribute([parsed(MM_BF16), parsed(MM_BF16)], events[:1])
     assert [p.op_index for p in single] == [0, 0]
+
+
+RNN = (
+    "onednn_verbose,v1,primitive,exec,cpu,rnn,ref,forward_training,"
+    "src_layer:f32::blocked:abc::f0 src_iter:f32::blocked:abcd::f0 "
+    "wei_layer:f32:a:blocked:abcde::f0 wei_iter:f32:a:blocked:abcde::f0 "
+    "bias:f32::blocked:abcd::f0 dst_layer:f32::blocked:abc::f0,attr-scratchpad:user,"
+    "alg:vanilla_lstm direction:unidirectional_left2right,l1t3mb2sic8slc8dhc8dic8,24.59"
+)
+
+
+def test_timestamps_rnn_and_data_types_of_other_primitives() -> None:
+    stamped = "onednn_verbose,1700000000123.45," + MM_BF16.split(",", 1)[1]
+    assert parsed(stamped).impl == "brg_matmul:avx512_core_bf16"
+    rnn = parsed(RNN)
+    assert (rnn.family, rnn.impl, rnn.isa, rnn.precision) == ("rnn", "ref", "", "f32")
+    assert rnn.input_dtypes() == ("f32", "f32", "f32", "f32")
+    int8 = parsed(MM_BF16.replace("src:bf16", "src:u8").replace("wei:bf16", "wei:s8"))
+    assert int8.precision == "s8"
+    f16 = parsed(MM_FPMATH_NO_AMX.replace("attr-fpmath:bf16", "attr-fpmath:f16").replace(
+        "avx512_core,", "avx512_core_fp16,"))
+    assert f16.precision == "f16"
+    strict = parsed(MM_FPMATH_NO_AMX.replace(" attr-fpmath:bf16", ""))
+    assert strict.fpmath is None and strict.precision == "f32"
+    assert parsed(MM_FPMATH_AMX.replace("attr-fpmath:bf16", "attr-fpmath:bf16:true")).fpmath == (
+        "bf16"
+    )
+
+
+def test_rnn_coverage_and_a_primitive_with_no_op() -> None:
+    events = [
+        OpEvent("aten::lstm", ((3, 2, 8),)),
+        OpEvent("aten::mkldnn_rnn_layer", ((3, 2, 8),), parent=0),
+        OpEvent("aten::lstm", ((5, 2, 8),)),
+    ]
+    trace = KernelTrace.build([parsed(RNN)], events)
+    assert trace.primitives[0].op == "aten::mkldnn_rnn_layer"
+    assert coverage(trace) == [
+        "exercised by 1 of 2 RNNs; aten::lstm ran for input (5, 2, 8)"
+    ]
+    lost = KernelTrace.build([parsed(MM_BF16)], events)
+    assert lost.primitives[0].op is None  # no matmul op was recorded
+    verdict = evaluate(make({"mkldnn": "on"}), {"aten::lstm"}, kernels=lost)
+    assert verdict.status == "ok"  # oneDNN computed something all the same
+    assert verdict.detail.startswith(
+        "mkldnn-on exercised: brg_matmul:avx512_core_bf16 (matmul, bf16);"
+    )
+
+
+def test_cuda_promises_without_any_kernel_of_the_kind() -> None:
+    tf32_on = make({"tf32": "on"}, cuda=True)
+    nothing = evaluate(tf32_on, set(), cuda_kernels=["triton_poi_fused_add_0"])
+    assert nothing.detail == (
+        "tf32-on not exercised: the flag allowed tf32, but no fp32 GEMM or convolution ran"
+    )
+    cudnn = evaluate(make({"cudnn": "on"}, cuda=True), {"aten::cudnn_convolution"},
+                     cuda_kernels=[])
+    assert "no cudnn kernel ran; no GEMM, convolution or RNN kernel ran" in cudnn.detail
+    # without kernel names (no GPU profiled) only the op names count
+    assert evaluate(tf32_on, {"aten::mm"}).status == "ok"
+
+
+@needs_onednn
+def test_user_asked_log_lines_are_passed_on(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_backends import kernels
+
+    monkeypatch.setenv("ONEDNN_VERBOSE", "1")
+    try:
+        with override_flags({"mkldnn.enabled": True}), observe() as log:
+            F.conv2d(torch.randn(8, 16, 32, 32), torch.randn(16, 16, 3, 3))
+        assert any(p.kind == "convolution" for p in log.primitives())
+        assert "onednn_verbose" in capfd.readouterr().out  # the user asked for the log
+    finally:
+        kernels._set_verbose(0)
+    monkeypatch.setenv("ONEDNN_VERBOSE", "0")
+    assert kernels._user_verbose_level() == 0
+    monkeypatch.setenv("DNNL_VERBOSE", "2")
+    monkeypatch.delenv("ONEDNN_VERBOSE")
+    assert kernels._user_verbose_level() == 2
+
+
+def test_a_log_that_cannot_start_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_backends import kernels
+
+    monkeypatch.setattr(kernels, "_mkldnn_available", lambda: False)
+    log = PrimitiveLog()
+    assert not log.start()
+    assert log.error == "torch was built without oneDNN"
+    assert log.stop() == [] and log.primitives() == []
+    with observe() as empty:
+        torch.randn(4, 4) @ torch.randn(4, 4)
+    assert empty.error is not None and empty.primitives() == []

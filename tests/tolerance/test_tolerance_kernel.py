@@ -179,3 +179,20 @@ def test_flag_effect_reports_the_size() -> None:
     assert "(relative " in str(effect)
     same = flag_effect(lambda: x * 2, "deterministic_algorithms", [False, True])
     assert not same.has_effect and same.size == 0.0
+
+
+def test_flag_effect_size_edge_cases() -> None:
+    from pytest_backends.effect import _rel_diff
+
+    a = torch.tensor([3.0, 4.0])
+    assert _rel_diff([a], [a.clone()]) == 0.0
+    assert _rel_diff([a], [torch.tensor([3.0, 4.5])]) == pytest.approx(0.1)
+    assert _rel_diff([a], [a[:1]]) is None  # shapes differ
+    assert _rel_diff([a], [a, a]) is None  # structures differ
+    assert _rel_diff([torch.zeros(2)], [torch.zeros(2)]) == 0.0
+    assert _rel_diff([torch.zeros(2)], [torch.ones(2)]) is None  # nothing to be relative to
+    assert _rel_diff([torch.arange(3)], [torch.arange(3) + 1]) == 0.0  # integers: not sized
+    inf = torch.tensor([float("inf"), 4.0])
+    assert _rel_diff([inf], [torch.tensor([float("inf"), 5.0])]) == pytest.approx(0.25)
+    z = torch.tensor([3 + 4j])
+    assert _rel_diff([z], [z * (1 + 1e-3)]) == pytest.approx(1e-3, rel=1e-3)  # complex64
