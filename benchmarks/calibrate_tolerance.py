@@ -10,10 +10,17 @@ inputs, and checks the model's bound:
   of the allowed error (``bound/worst <= 10``).
 
 A flag only allows a path; whether the path ran depends on the hardware and
-the shape.  Each trial of a flagged mode is therefore also run on the mode's
-baseline path and compared bitwise: when the flag changed nothing, the row
-says so and the tightness check (b) does not apply to it (the bound is for a
-path that did not run).
+the shape.  The bound follows the kernel, as in tests: for each case the op
+runs once under oneDNN's primitive log (``pytest_backends.kernels.observe``)
+and ``tolerance_for`` reads the precision the primitive computed in (on a
+CPU without AMX, ``fp32_precision="bf16"`` runs an f32 kernel, and the bound
+is the fp32 one).  Each trial of a flagged mode is also run on the mode's
+baseline path and compared bitwise.  Every row is held to (a) and (b),
+except a row whose bound assumed the reduced-precision path when no trial
+took it (a path that did not run cannot be calibrated).
+
+The report starts with the CPU model and the features that decide the
+oneDNN paths (AMX, AVX512-BF16, AVX512-FP16).
 
 Usage::
 
@@ -27,6 +34,7 @@ TF32 and reduced-precision modes are calibrated as well.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import platform
 import sys
@@ -41,6 +49,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_backends.flags import override_flags
+from pytest_backends.kernels import observe
 from pytest_backends.tolerance import Tolerance, tolerance_for
 
 LOOSENESS_LIMIT = 10.0
@@ -104,11 +113,15 @@ class Row:
     emulated: bool = False
     tight: bool = True
     stopped: bool = False
+    # the precision the bound assumed, and what decided it ("f32 log", "bf16 probe")
+    bound: str = "-"
+    bound_reduced: bool = False
+    kernel: str = ""
 
     @property
     def ran(self) -> bool:
-        """Whether the mode's path ran in at least one trial."""
-        if not self.baseline:
+        """Whether the path the bound was made for ran in at least one trial."""
+        if not self.baseline or not self.bound_reduced:
             return True
         return (self.reduced if self.emulated else self.effect) > 0
 
@@ -308,15 +321,43 @@ def calibrate_case(mode: Mode, case: Case, trials: int, seed: int) -> Row:
         tight=case.tight,
     )
     with override_flags(mode.flags):
-        tol = tolerance_for(mode.dtype, device=mode.device, op=case.op, k=case.k, scale=case.scale)
+        tol = _kernel_tolerance(mode, case, row, seed * 100_003)
         row.rtol, row.atol = tol.rtol, tol.atol
         for trial in range(trials):
             if not _trial(mode, case, tol, row, seed * 100_003 + trial):
                 break
-            if row.baseline and row.trials == NO_EFFECT_TRIALS and row.effect == 0:
+            if (
+                row.baseline
+                and row.bound_reduced
+                and row.trials == NO_EFFECT_TRIALS
+                and row.effect == 0
+            ):
                 row.stopped = True  # the flag picks the same kernel: more trials add nothing
                 break
     return row
+
+
+def _kernel_tolerance(mode: Mode, case: Case, row: Row, seed: int) -> Tolerance:
+    """The bound for the kernel this case runs: computed inside oneDNN's primitive log."""
+    gen = torch.Generator().manual_seed(seed)
+    inputs = tuple(t.to(mode.dtype) for t in case.make(gen, mode.device))
+    with observe() as log:
+        with contextlib.suppress(RuntimeError):  # _trial reports it
+            case.run(*inputs)
+        tol = tolerance_for(mode.dtype, device=mode.device, op=case.op, k=case.k, scale=case.scale)
+        primitives = [p for p in log.primitives() if p.family]
+    row.kernel = ", ".join(dict.fromkeys(f"{p.impl} {p.precision}" for p in primitives))
+    row.bound_reduced = any(line.startswith("inputs rounded") for line in tol.path) or (
+        mode.dtype != torch.float32
+    )
+    if tol.precision_source:
+        short = {"primitive log": "log", "probe": "probe", "worst case": "worst"}
+        precision = "rdc" if row.bound_reduced else "f32"
+        for line in tol.path:
+            if line.startswith("inputs rounded to "):
+                precision = line.split()[3]
+        row.bound = f"{precision} {short.get(tol.precision_source, tol.precision_source)}"
+    return tol
 
 
 def _trial(mode: Mode, case: Case, tol: Tolerance, row: Row, seed: int) -> bool:
@@ -388,6 +429,33 @@ def _fmt(x: float) -> str:
     return f"{x:.2e}" if x else "0"
 
 
+def cpu_line() -> str:
+    """The CPU model and the features that decide oneDNN's reduced-precision paths."""
+    model, flags = platform.processor() or "?", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model in ("?", "x86_64", ""):
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    caps = getattr(torch.cpu, "get_capabilities", None)
+    if caps is not None:
+        have = caps()
+        model = str(have.get("cpu_name") or model) if model in ("?", "x86_64", "") else model
+        flags |= {name for name, on in have.items() if on is True}
+
+    def yes(*names: str) -> str:
+        return "yes" if any(n in flags for n in names) else "no"
+
+    return (
+        f"cpu: {model}; AMX: {yes('amx_bf16', 'amx_tile')} (amx_fp16: {yes('amx_fp16')}), "
+        f"AVX512-BF16: {yes('avx512_bf16')}, AVX512-FP16: {yes('avx512_fp16')}"
+    )
+
+
 def report(rows: Sequence[Row], seconds: float, trials: int) -> Iterator[str]:
     """The text report: one line per (mode, case), then a summary per mode."""
     yield "pytest_backends tolerance calibration"
@@ -398,11 +466,7 @@ def report(rows: Sequence[Row], seconds: float, trials: int) -> Iterator[str]:
     )
     if torch.cuda.is_available():
         yield f"cuda device: {torch.cuda.get_device_name()}"
-    caps = getattr(torch.cpu, "get_capabilities", None)
-    if caps is not None:
-        have = caps()
-        isa = [n for n in ("avx512_bf16", "amx_bf16", "amx_fp16", "avx512_fp16") if have.get(n)]
-        yield f"cpu: {have.get('cpu_name', '?')}, {', '.join(isa) or 'no bf16/fp16 ISA'}"
+    yield cpu_line()
     yield (
         f"{trials} seeded trials per (mode, case); error against a float64 reference "
         "from the same inputs;"
@@ -427,11 +491,15 @@ def report(rows: Sequence[Row], seconds: float, trials: int) -> Iterator[str]:
         f"differs marked ! : the output never differed in the first {NO_EFFECT_TRIALS} "
         "trials (no effect), so the case stopped there"
     )
+    yield (
+        "bound = the precision the bound assumed and what told it: log = oneDNN's "
+        "primitive log of the case's op, probe = the one-time probe; kernels = what the log showed"
+    )
     yield ""
     header = (
         f"{'mode':<17} {'case':<25} {'k':>5} {'differs':>9} {'reduced':>9} "
         f"{'max abs':>9} {'max rel':>9} {'rtol':>9} {'atol':>9} {'use':>6} "
-        f"{'loose':>7} {'viol':>4}"
+        f"{'loose':>7} {'viol':>4} {'bound':>10}  kernels"
     )
     yield header
     yield "-" * len(header)
@@ -447,7 +515,8 @@ def report(rows: Sequence[Row], seconds: float, trials: int) -> Iterator[str]:
         yield (
             f"{row.mode:<17} {row.case:<25} {row.k:>5} {differs:>9} {reduced:>9} "
             f"{_fmt(row.max_abs):>9} {_fmt(row.max_rel):>9} {_fmt(row.rtol):>9} "
-            f"{_fmt(row.atol):>9} {row.worst_use:>6.3f} {loose:>7} {row.violations:>4}"
+            f"{_fmt(row.atol):>9} {row.worst_use:>6.3f} {loose:>7} {row.violations:>4} "
+            f"{row.bound:>10}  {row.kernel or '-'}"
         )
     yield ""
     yield "summary per mode:"
@@ -462,9 +531,8 @@ def report(rows: Sequence[Row], seconds: float, trials: int) -> Iterator[str]:
         line = f"  {name}: {total} trials, {viol} violations"
         if not ran:
             line += (
-                "; the flag had NO EFFECT on any case (outputs bit-identical to the "
-                "baseline path): nothing to calibrate here, the bound is for a path "
-                "this machine did not take"
+                "; the bound assumed the reduced-precision path and no case took it: "
+                "nothing to calibrate here"
             )
         else:
             worst = max(ran, key=lambda r: r.worst_use)
@@ -476,6 +544,9 @@ def report(rows: Sequence[Row], seconds: float, trials: int) -> Iterator[str]:
             idle = [r.case for r in mine if not r.ran]
             if idle:
                 line += f"; the reduced-precision path did not run for: {', '.join(idle)}"
+            kinds = sorted({r.bound for r in mine if r.bound != "-"})
+            if kinds:
+                line += f"; bounds: {', '.join(kinds)}"
         yield line
     problems = failures(rows)
     yield ""

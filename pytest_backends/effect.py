@@ -26,7 +26,10 @@ class FlagEffect:
     (``None`` where the outputs are not comparable elementwise, e.g. shapes
     differ).  ``reproducible`` is False when running ``fn`` twice under the
     first value already gave different outputs; the comparison then says
-    nothing about the flag.  The object is truthy when the flag had an effect.
+    nothing about the flag.  ``max_rel_diff`` gives the size of the effect
+    relative to the output, so a reduced-precision path (~1e-3) can be told
+    from an fp32 kernel that merely sums in another order (~1e-7): see
+    :attr:`size`.  The object is truthy when the flag had an effect.
     """
 
     flag: str
@@ -34,11 +37,21 @@ class FlagEffect:
     groups: tuple[tuple[object, ...], ...]
     max_abs_diff: tuple[float | None, ...]
     reproducible: bool
+    #: per value, the normwise relative difference ``||out - out_0|| / ||out_0||``
+    #: from the first value's output (the size of the effect; ``None`` where
+    #: not comparable).  A bf16 path moves a matmul by ~2e-3, TF32 by ~3e-4,
+    #: an fp32 kernel that only blocks differently by ~1e-7.
+    max_rel_diff: tuple[float | None, ...] = ()
 
     @property
     def has_effect(self) -> bool:
         """True when some value gave a bitwise different output (and ``fn`` is reproducible)."""
         return self.reproducible and len(self.groups) > 1
+
+    @property
+    def size(self) -> float:
+        """The largest relative difference between any value's output and the first's."""
+        return max((r for r in self.max_rel_diff if r is not None), default=0.0)
 
     @property
     def verdict(self) -> str:
@@ -63,9 +76,10 @@ class FlagEffect:
                 "(the same path ran for every value)"
             )
         parts = " | ".join(", ".join(map(repr, group)) for group in self.groups)
+        rel = self.max_rel_diff or (None,) * len(self.values)
         diffs = ", ".join(
-            f"{value!r}: {diff:.3g}"
-            for value, diff in zip(self.values[1:], self.max_abs_diff[1:])
+            f"{value!r}: {diff:.3g}" + (f" (relative {r:.2g})" if r is not None else "")
+            for value, diff, r in zip(self.values[1:], self.max_abs_diff[1:], rel[1:])
             if diff is not None
         )
         detail = f"; max |difference| from {self.values[0]!r}: {diffs}" if diffs else ""
@@ -139,6 +153,30 @@ def _max_abs_diff(a: list[object], b: list[object]) -> float | None:
     return worst
 
 
+def _rel_diff(a: list[object], b: list[object]) -> float | None:
+    """``||a - b|| / ||a||`` over the floating tensors of two outputs (normwise)."""
+    import torch
+
+    if len(a) != len(b):
+        return None
+    num = den = 0.0
+    for x, y in zip(a, b):
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+            continue
+        if x.shape != y.shape or x.device != y.device:
+            return None
+        if not (x.is_floating_point() or x.is_complex()):
+            continue
+        wide = torch.complex128 if x.is_complex() or y.is_complex() else torch.float64
+        xd, yd = x.to(wide), y.to(wide)
+        keep = xd.isfinite() & yd.isfinite()
+        num += float((xd - yd)[keep].abs().pow(2).sum())
+        den += float(xd[keep].abs().pow(2).sum())
+    if den == 0.0:
+        return 0.0 if num == 0.0 else None
+    return float((num / den) ** 0.5)
+
+
 def flag_effect(
     fn: Callable[[], object],
     flag: str,
@@ -191,4 +229,5 @@ def flag_effect(
         groups=tuple(tuple(chosen[i] for i in group) for group in groups),
         max_abs_diff=tuple(_max_abs_diff(outputs[0], out) for out in outputs),
         reproducible=reproducible,
+        max_rel_diff=tuple(_rel_diff(outputs[0], out) for out in outputs),
     )

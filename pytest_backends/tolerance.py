@@ -14,6 +14,7 @@ This module imports torch at import time; the plugin imports it lazily.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,6 +30,7 @@ __all__ = [
     "BackendTolerance",
     "Tolerance",
     "assert_close",
+    "kernel_precision",
     "reference",
     "tolerance_for",
 ]
@@ -121,6 +123,9 @@ class Tolerance:
     scale: float
     flags: tuple[tuple[str, object], ...]
     path: tuple[str, ...]
+    #: where the precision of a reduced-precision flag came from: ``"primitive
+    #: log"``, ``"probe"``, ``"worst case"``, or ``""`` when no such flag applied.
+    precision_source: str = ""
 
     def __iter__(self) -> Iterator[float]:
         yield self.rtol
@@ -217,6 +222,11 @@ class _FlagView:
         self._reg = registry()
         self._overlay = dict(self._reg.validate(overlay)) if overlay else {}
 
+    @property
+    def overlay(self) -> dict[str, object]:
+        """The overlaid (validated) flag values."""
+        return dict(self._overlay)
+
     def _active(self, name: str) -> object:
         row = self._reg.by_name.get(name)
         if row is None:
@@ -269,6 +279,7 @@ class _Path:
     u_red: float = 0.0
     consulted: dict[str, object] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
 
     def note(self, name: str, value: object) -> None:
         self.consulted.setdefault(name, value)
@@ -285,7 +296,9 @@ def _precision_u(value: object) -> tuple[float, str] | None:
     return None
 
 
-def _fp32_path(view: _FlagView, device: str, op: str | None, path: _Path) -> None:
+def _fp32_path(
+    view: _FlagView, device: str, op: str | None, path: _Path, kernel: bool
+) -> None:
     rows = _PRECISION_ROWS.get(device, {}).get(op, ())
     worst: tuple[float, str, str] | None = None
     for name in rows:
@@ -306,11 +319,154 @@ def _fp32_path(view: _FlagView, device: str, op: str | None, path: _Path) -> Non
             continue
         path.note(name, value)
         found = _precision_u(value)
-        if found is not None and (worst is None or found[0] > worst[0]):
-            worst = (found[0], found[1], name)
+        if found is None:
+            continue
+        if kernel:
+            used, source, why = kernel_precision(device, name, found[1], view.overlay)
+        else:
+            used, source, why = True, "worst case", "the flag's worst case (kernel=False)"
+        path.sources.append(source)
+        if not used:
+            path.say(f"{name}={value!r} allowed {found[1]}, but {why}: fp32 arithmetic")
+            continue
+        if worst is None or found[0] > worst[0]:
+            worst = (found[0], found[1], f"{name} ({why})")
     if worst is not None:
         path.u_in = worst[0]
         path.say(f"inputs rounded to {worst[1]} (u=2^{math.log2(worst[0]):.0f}) by {worst[2]}")
+
+
+# --------------------------------------------------------- kernel precision
+
+# The op family each precision row governs (its probe computes one of those).
+_ROW_FAMILY = {
+    "mkldnn.matmul.fp32_precision": "matmul",
+    "mkldnn.conv.fp32_precision": "conv",
+    "mkldnn.rnn.fp32_precision": "rnn",
+    "cuda.matmul.fp32_precision": "matmul",
+    "cuda.matmul.allow_tf32": "matmul",
+    "cudnn.conv.fp32_precision": "conv",
+    "cudnn.rnn.fp32_precision": "rnn",
+    "cudnn.allow_tf32": "conv",
+}
+# A flag's effect counts as reduced precision when the probe's output moved
+# by more than this fraction of the mode's unit roundoff (normwise).  fp32
+# kernels that merely block differently move it by ~1e-7, a bf16 path by
+# ~2e-3 and a TF32 path by ~3e-4, so u/16 separates them by 10x each way.
+_PROBE_FRACTION = 1 / 16
+
+
+def kernel_precision(
+    device: str, row: str, mode: str, overlay: Mapping[str, object] | None = None
+) -> tuple[bool, str, str]:
+    """Whether the kernels governed by ``row`` compute in ``mode`` (``bf16``/``tf32``).
+
+    Returns ``(used, source, why)``.  The sources, in order:
+
+    1. ``"primitive log"``: while oneDNN's log is captured (``--backends-verify``,
+       :func:`pytest_backends.kernels.observe`) and a primitive of the row's
+       op family ran with ``attr-fpmath:<mode>``, what that primitive did;
+    2. ``"probe"``: a one-time run of the op family on this machine with the
+       flag set to ``mode`` and to ``ieee``, compared (cached per process);
+    3. ``"worst case"``: where no probe can run (the device is missing, the
+       op raised), the flag is assumed to take effect.
+    """
+    family = _ROW_FAMILY.get(row)
+    if family is None:
+        return True, "worst case", f"the flag's worst case ({row} has no probe)"
+    if device == "cpu" and row.startswith("mkldnn."):
+        from pytest_backends.kernels import computed_precision
+
+        seen = computed_precision(family, mode)
+        if seen is not None:
+            precision, primitive = seen
+            if precision == mode:
+                return True, "primitive log", f"primitive log: {primitive.impl} computed in {mode}"
+            return False, "primitive log", f"primitive log: {primitive.impl} computed in f32"
+    result = _probe(device, row, mode, dict(overlay or {}))
+    if result is None:
+        return True, "worst case", f"the flag's worst case (no {device} probe could run)"
+    moved, effect = result
+    if moved:
+        return True, "probe", f"probe: a {family} on this machine moved by {effect:.2g} relative"
+    return False, "probe", (
+        f"probe: a {family} on this machine moved by {effect:.2g} relative, not {mode}-sized"
+    )
+
+
+def _probe_inputs(device: str, family: str) -> Callable[[], object] | None:
+    gen = torch.Generator().manual_seed(20240611)
+    if family == "matmul":
+        a = torch.randn(64, 256, generator=gen).to(device)
+        b = torch.randn(256, 64, generator=gen).to(device)
+        return lambda: a @ b
+    if family == "conv":
+        x = torch.randn(2, 64, 12, 12, generator=gen).to(device)
+        w = torch.randn(32, 64, 3, 3, generator=gen).to(device)
+        return lambda: torch.nn.functional.conv2d(x, w)
+    if family == "rnn":
+        with torch.random.fork_rng(devices=[]):
+            lstm = torch.nn.LSTM(64, 64).to(device)
+        with torch.no_grad():
+            for param in lstm.parameters():
+                param.copy_(torch.randn(param.shape, generator=gen).to(device) / 8)
+        seq = torch.randn(8, 2, 64, generator=gen).to(device)
+        return lambda: lstm(seq)[0]
+    return None
+
+
+# (device, row, mode, overlay) -> (reduced?, relative size) or None; one probe per process
+_PROBES: dict[tuple[str, str, str, str], tuple[bool, float] | None] = {}
+
+
+def _probe(
+    device: str, row: str, mode: str, settings: Mapping[str, object]
+) -> tuple[bool, float] | None:
+    """Run the row's op family with the flag at ``mode`` and at its full-precision value."""
+    key = (device, row, mode, repr(sorted(settings.items())))
+    if key not in _PROBES:
+        _PROBES[key] = _run_probe(device, row, mode, settings)
+    return _PROBES[key]
+
+
+def _run_probe(
+    device: str, row: str, mode: str, settings: Mapping[str, object]
+) -> tuple[bool, float] | None:
+    from pytest_backends.effect import flag_effect
+    from pytest_backends.flags import registry
+
+    if device == "cuda" and not torch.cuda.is_available():
+        return None
+    if device not in ("cpu", "cuda") or row not in registry().by_name:
+        return None
+    family = _ROW_FAMILY[row]
+    legacy = row.startswith(("cuda.matmul.allow", "cudnn.allow"))
+    values: tuple[object, object] = (False, True) if legacy else ("ieee", mode)
+    overlay = {k: v for k, v in settings.items() if k != row}
+    try:
+        from pytest_backends.flags import override_flags
+
+        with override_flags(overlay), torch.no_grad(), _probe_scope():
+            fn = _probe_inputs(device, family)
+            if fn is None:
+                return None
+            effect = flag_effect(fn, row, values, check_reproducible=False)
+    except (RuntimeError, ValueError, NotImplementedError):
+        return None
+    size = effect.max_rel_diff[1]
+    if size is None:
+        return None
+    u = _BF16_U if mode == "bf16" else _TF32_U
+    return size > u * _PROBE_FRACTION, size
+
+
+@contextlib.contextmanager
+def _probe_scope() -> Iterator[None]:
+    """Keep the probe out of a primitive log and op recording that may be running."""
+    from pytest_backends.kernels import PROBE_SCOPE, paused_log
+
+    with paused_log(), torch.profiler.record_function(PROBE_SCOPE):
+        yield
 
 
 def _half_path(
@@ -361,6 +517,7 @@ def tolerance_for(
     k: int | None = None,
     scale: float = 1.0,
     flags: Mapping[str, object] | None = None,
+    kernel: bool = True,
 ) -> Tolerance:
     """The model's ``(rtol, atol)`` for a result of ``dtype`` computed on ``device``.
 
@@ -371,6 +528,18 @@ def tolerance_for(
     terms (``a_i * b_i`` of a dot product), 1 for standard-normal inputs.
     ``flags`` overlays flag values on the active ones (for example a
     configuration's flags), without changing any global state.
+
+    A reduced-precision flag (``fp32_precision="bf16"``/``"tf32"``) only
+    *allows* the fast path.  With ``kernel=True`` (the default) the bound
+    follows the precision the kernel used (:func:`kernel_precision`: oneDNN's
+    primitive log where it is captured, else a one-time probe of the op
+    family on this machine, else the flag's worst case);
+    ``kernel=False`` always takes the flag's worst case.
+
+    For an elementwise or unnamed op (``op`` ``"elementwise"`` or ``None``)
+    the bound is never tighter than :func:`torch.testing.assert_close`'s
+    defaults for the dtype, so torch's own kernels (vectorised ``gelu``,
+    ``exp``) pass; named reductions keep the k-scaled model.
 
     Raises ``ValueError`` for an unknown op or dtype, ``k < 1`` or a bad
     scale or flag.
@@ -391,7 +560,7 @@ def tolerance_for(
     u_acc = u_out if real == torch.float64 else min(u_out, 2.0**-24)
     path = _Path(u_out=u_out, u_acc=u_acc)
     if real == torch.float32:
-        _fp32_path(view, device_type, op_family, path)
+        _fp32_path(view, device_type, op_family, path, kernel)
     elif real in (torch.float16, torch.bfloat16):
         _half_path(view, device_type, op_family, real, path)
     block = _CPU_BLOCK if device_type == "cpu" else length
@@ -414,8 +583,31 @@ def tolerance_for(
         blocked = f", blocks of <= {block}" if block < length else ""
         lines.append(f"{acc_name} accumulation over k={length}{blocked}")
     lines.append(f"result rounded to {name}")
+    floor = _TORCH_DEFAULTS.get(torch_dtype) if op_family in (None, "elementwise") else None
+    if floor is not None and (floor[0] > rtol or floor[1] > atol):
+        rtol, atol = max(rtol, floor[0]), max(atol, floor[1])
+        lines.append(
+            f"no tighter than torch.testing.assert_close's defaults for {name} "
+            f"(rtol={floor[0]:.2g}, atol={floor[1]:.2g}): an elementwise or unnamed op"
+        )
     consulted = tuple(path.consulted.items())
-    return Tolerance(rtol, atol, name, device_type, op_family, length, s, consulted, tuple(lines))
+    source = "worst case" if "worst case" in path.sources else (path.sources or [""])[0]
+    return Tolerance(
+        rtol, atol, name, device_type, op_family, length, s, consulted, tuple(lines), source
+    )
+
+
+# torch.testing.assert_close's default (rtol, atol) per dtype: the floor for
+# elementwise and unnamed ops, whose libm-style kernels torch itself accepts.
+_TORCH_DEFAULTS: dict[torch.dtype, tuple[float, float]] = {
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+    torch.complex32: (1e-3, 1e-5),
+    torch.complex64: (1.3e-6, 1e-5),
+    torch.complex128: (1e-7, 1e-7),
+}
 
 
 # --------------------------------------------------------------- comparison
@@ -469,6 +661,7 @@ def assert_close(
     scale: float = 1.0,
     rtol: float | None = None,
     atol: float | None = None,
+    kernel: bool = True,
     **kwargs: Any,
 ) -> None:
     """Like :func:`torch.testing.assert_close`, with tolerances from the active flags.
@@ -476,6 +669,9 @@ def assert_close(
     The default ``rtol``/``atol`` come from :func:`tolerance_for` for
     ``actual``'s dtype and device, the op family ``op`` and the reduction
     length ``k``; an explicit ``rtol`` or ``atol`` wins over the model's.
+    A reduced-precision flag widens the bound only where the kernel used
+    that precision (``kernel=False``: wherever the flag allows it; see
+    :func:`tolerance_for`).
     ``expected`` may be a wider reference (an fp64 result for an fp32
     ``actual``, e.g. from :func:`reference`): ``actual`` is then compared in
     the reference's dtype.  Nested sequences and mappings are compared leaf
@@ -497,7 +693,9 @@ def assert_close(
     for where, a, e in _leaves(actual, expected, ""):
         leaf_kwargs = dict(kwargs)
         if isinstance(a, torch.Tensor):
-            tol = tolerance_for(a.dtype, device=a.device, op=op_family, k=k, scale=scale)
+            tol = tolerance_for(
+                a.dtype, device=a.device, op=op_family, k=k, scale=scale, kernel=kernel
+            )
             if _is_reference_pair(a, e):
                 a = a.to(e.dtype)
                 leaf_kwargs["check_dtype"] = False
@@ -609,10 +807,15 @@ class BackendTolerance:
         op: str | None = None,
         k: int | None = None,
         scale: float = 1.0,
+        kernel: bool = True,
     ) -> Tolerance:
-        """The bound for ``dtype`` (default: torch's default dtype) on this device."""
+        """The bound for ``dtype`` (default: torch's default dtype) on this device.
+
+        Like :func:`tolerance_for`, it follows the precision the kernel used
+        (``kernel=False``: the flags' worst case).
+        """
         chosen = torch.get_default_dtype() if dtype is None else dtype
-        return tolerance_for(chosen, device=self.device, op=op, k=k, scale=scale)
+        return tolerance_for(chosen, device=self.device, op=op, k=k, scale=scale, kernel=kernel)
 
     def __iter__(self) -> Iterator[float]:
         return iter(self())

@@ -18,6 +18,18 @@ mode only sees the op it intercepts: a conv under a mode shows up as
 ``aten.convolution`` and never as the ``aten::mkldnn_convolution`` or
 ``aten::_slow_conv2d_forward`` it dispatches to, while the profiler records
 every op the dispatcher runs, nested ones included.
+
+Op names stop at the dispatcher: ``aten::mm`` says nothing about whether
+oneDNN computed it, or in which precision.  For the oneDNN tokens
+(``mkldnn-on``, ``mkldnn-off``, ``mkldnn_precision-*``) the verifier also
+captures oneDNN's primitive log during the call
+(:class:`pytest_backends.kernels.PrimitiveLog`) and attributes each
+executed primitive to the op that ran it: ``mkldnn-on`` is exercised only
+when a primitive computed an op of the test, ``mkldnn-off`` is broken by
+any primitive, a precision token is exercised only when a primitive
+computed in that precision, and the detail gives the coverage per op
+family ("exercised by 1 of 2 convolutions; aten::_slow_conv2d_forward ran
+for input (1, 3, 8, 8)").
 """
 
 from __future__ import annotations
@@ -26,17 +38,28 @@ import contextlib
 import fnmatch
 import os
 import sys
-from collections.abc import Collection, Generator, Iterable, Iterator, Mapping
+from collections.abc import Collection, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from pytest_backends import _keys
+from pytest_backends.kernels import (
+    FAMILY_OPS,
+    PROBE_SCOPE,
+    CudaKernel,
+    OpEvent,
+    Primitive,
+    PrimitiveLog,
+    attribute,
+    classify_cuda_kernel,
+)
 from pytest_backends.matrix.configs import BackendConfig
 
 __all__ = [
     "PROMISES",
+    "KernelTrace",
     "ProfilerOpRecorder",
     "Promise",
     "Verdict",
@@ -86,6 +109,16 @@ class Promise:
     ignore: tuple[str, ...] = ()
     nothing: str = "no op of that kind ran"
     devices: frozenset[str] | None = None
+    #: what oneDNN's primitive log must show, where it is captured:
+    #: ``"none"`` (no primitive may run: hard), ``"computes"`` (a primitive
+    #: computed an op: soft) or ``"precision:<mode>"`` (a primitive computed
+    #: in ``<mode>``: soft).
+    primitives: str | None = None
+    #: what the CUDA kernel names must show (profiled on a GPU):
+    #: ``"precision:<mode>"`` (a kernel computed in ``<mode>``: soft),
+    #: ``"no-precision:<mode>"`` (none may: hard) or ``"library:<name>"``
+    #: (a kernel of that library ran: soft).
+    cuda_kernels: str | None = None
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
@@ -99,6 +132,7 @@ PROMISES: dict[str, Promise] = {
         "no oneDNN kernels",
         forbid=("aten::mkldnn_*", "aten::_mkldnn_*", "aten::to_mkldnn*", "mkldnn::*"),
         ignore=("mkldnn::_is_mkldnn_*",),
+        primitives="none",
     ),
     "mkldnn-on": Promise(
         "oneDNN kernels",
@@ -106,6 +140,19 @@ PROMISES: dict[str, Promise] = {
         instead=CONV_IMPLS,
         nothing="no convolution ran",
         devices=frozenset({"cpu"}),
+        primitives="computes",
+    ),
+    "mkldnn_precision-bf16": Promise(
+        "bf16 computation in oneDNN", devices=frozenset({"cpu"}), primitives="precision:bf16",
+    ),
+    "mkldnn_precision-tf32": Promise(
+        "tf32 computation in oneDNN", devices=frozenset({"cpu"}), primitives="precision:tf32",
+    ),
+    "tf32-on": Promise(
+        "TF32 kernels", devices=frozenset({"cuda"}), cuda_kernels="precision:tf32",
+    ),
+    "tf32-off": Promise(
+        "no TF32 kernels", devices=frozenset({"cuda"}), cuda_kernels="no-precision:tf32",
     ),
     "nnpack-off": Promise("no NNPACK kernels", forbid=("aten::_nnpack_spatial_convolution*",)),
     "nnpack-on": Promise(
@@ -127,6 +174,7 @@ PROMISES: dict[str, Promise] = {
         ignore=("aten::cudnn_is_acceptable",),
         nothing="no convolution, RNN or batch norm ran",
         devices=frozenset({"cuda"}),
+        cuda_kernels="library:cudnn",
     ),
     "sdpa-math": Promise(
         "the math SDPA kernel",
@@ -198,14 +246,203 @@ def promises_for(
     return found
 
 
+@dataclass(frozen=True)
+class KernelTrace:
+    """What oneDNN computed during a call: attributed primitives and the op events."""
+
+    primitives: tuple[Primitive, ...]
+    events: tuple[OpEvent, ...] = ()
+
+    @classmethod
+    def build(cls, primitives: Sequence[Primitive], events: Sequence[OpEvent]) -> KernelTrace:
+        """Attribute ``primitives`` to ``events`` (both in execution order)."""
+        return cls(tuple(attribute(primitives, events)), tuple(events))
+
+
+_PLURAL = {"conv": "convolutions", "matmul": "matmuls", "rnn": "RNNs"}
+# ops that show which kernel computed an op of a family (the innermost wins)
+_IMPL_OPS = {
+    "conv": CONV_IMPLS + FAMILY_OPS["conv"],
+    "matmul": FAMILY_OPS["matmul"],
+    "rnn": FAMILY_OPS["rnn"],
+}
+
+
+def _shape(shapes: Sequence[tuple[int, ...]]) -> str:
+    first = next((s for s in shapes if s), None)
+    return str(tuple(first)) if first is not None else "()"
+
+
+def _outermost(events: Sequence[OpEvent], patterns: tuple[str, ...]) -> dict[int, int]:
+    """``event index -> index of its outermost ancestor-or-self matching ``patterns``."""
+    member = [_matches(e.name, patterns) for e in events]
+    owner: dict[int, int] = {}
+    for index in range(len(events)):
+        top: int | None = None
+        at: int | None = index
+        while at is not None:
+            if member[at]:
+                top = at
+            at = events[at].parent
+        if top is not None:
+            owner[index] = top
+    return owner
+
+
+def coverage(trace: KernelTrace) -> list[str]:
+    """Per op family: how many of its ops a oneDNN primitive computed, and what ran for the rest.
+
+    ``["exercised by 1 of 2 convolutions; aten::_slow_conv2d_forward ran for
+    input (1, 3, 8, 8)"]``
+    """
+    events = trace.events
+    computed = {p.op_index for p in trace.primitives if p.computes and p.op_index is not None}
+    lines = []
+    for family, patterns in _IMPL_OPS.items():
+        owner = _outermost(events, patterns)
+        roots = sorted(set(owner.values()))
+        if not roots:
+            continue
+        trees: dict[int, list[int]] = {root: [] for root in roots}
+        for index, root in owner.items():
+            trees[root].append(index)
+        covered, missed = 0, []
+        for root in roots:
+            if computed.intersection(trees[root]):
+                covered += 1
+                continue
+            # the innermost (last-started) op of the family names the kernel that ran
+            impl = events[max(i for i in trees[root] if _matches(events[i].name, patterns))]
+            missed.append(f"{impl.name} ran for input {_shape(events[root].shapes)}")
+        shown = list(dict.fromkeys(missed))
+        extra = f" and {len(shown) - 3} more" if len(shown) > 3 else ""
+        line = f"exercised by {covered} of {len(roots)} {_PLURAL[family]}"
+        lines.append("; ".join([line, *shown[:3]]) + extra)
+    return lines
+
+
+def _described(primitives: Sequence[Primitive], limit: int = 3) -> str:
+    shown = list(dict.fromkeys(p.describe() for p in primitives))
+    extra = f" and {len(shown) - limit} more" if len(shown) > limit else ""
+    return ", ".join(shown[:limit]) + extra
+
+
+def _check_primitives(
+    token: str, promise: Promise, config: BackendConfig, trace: KernelTrace,
+    broken: list[str], missing: list[str], exercised: list[str], ops: Collection[str],
+) -> None:
+    rule = promise.primitives or ""
+    prims = trace.primitives
+    computing = [p for p in prims if p.computes]
+    if rule == "none":
+        if prims:
+            broken.append(
+                f"{token} promised {promise.path}, but oneDNN ran "
+                f"{_described(computing or prims)}. The flags of {config.id} were set around "
+                "the test, so something inside it changed them (torch.backends.*.flags(), "
+                "an assignment)"
+            )
+    elif rule == "computes":
+        cover = coverage(trace)
+        if computing:
+            exercised.append(f"{token} exercised: {_described(computing)}")
+            exercised.extend(f"{token} {line}" for line in cover)
+        else:
+            instead = "; ".join(line.partition("; ")[2] for line in cover if "; " in line)
+            other = [o for o in ops if _matches(o, promise.instead)]
+            ran = instead or (f"ran {_listed(other)} instead" if other else promise.nothing)
+            missing.append(
+                f"{token} not exercised: no oneDNN primitive computed an op of the test; {ran}"
+            )
+    elif rule.startswith("precision:"):
+        mode = rule.partition(":")[2]
+        f32 = [p for p in computing if "f32" in p.input_dtypes() and p.family]
+        flagged = [p for p in f32 if p.fpmath == mode]
+        done = [p for p in flagged if p.precision == mode]
+        if done:
+            exercised.append(
+                f"{token} exercised: {_described(done)} computed in {mode}"
+            )
+        elif flagged:
+            kernels = ", ".join(dict.fromkeys(p.impl for p in flagged))
+            missing.append(
+                f"{token} not exercised: the flag allowed {mode}, {kernels} computed in f32"
+            )
+        else:
+            ran = f"oneDNN computed {_described(computing)}" if computing else \
+                "no oneDNN primitive computed an op"
+            missing.append(f"{token} not exercised: no fp32 oneDNN matmul, convolution or "
+                           f"RNN ran; {ran}")
+
+
+def _check_cuda(
+    token: str, promise: Promise, config: BackendConfig, names: Sequence[str],
+    broken: list[str], missing: list[str], exercised: list[str],
+) -> None:
+    kernels = [classify_cuda_kernel(n) for n in dict.fromkeys(names)]
+    rule, _, what = (promise.cuda_kernels or "").partition(":")
+
+    def shown(found: Sequence[CudaKernel]) -> str:
+        return _listed(k.name[:80] for k in found)
+
+    if rule == "library":
+        hit = [k for k in kernels if k.library == what]
+        if hit:
+            exercised.append(f"{token} exercised: {what} kernels {shown(hit)}")
+        else:
+            work = [k for k in kernels if k.role != "other"]
+            ran = f"ran {shown(work)}" if work else "no GEMM, convolution or RNN kernel ran"
+            missing.append(f"{token} not exercised: no {what} kernel ran; {ran}")
+        return
+    hit = [k for k in kernels if k.precision == what]
+    if rule == "no-precision":
+        if hit:
+            broken.append(
+                f"{token} promised {promise.path}, but the GPU ran {shown(hit)}. The flags of "
+                f"{config.id} were set around the test, so something inside it changed them"
+            )
+    elif hit:
+        exercised.append(f"{token} exercised: {shown(hit)}")
+    elif [k for k in kernels if k.precision is None and k.role in ("gemm", "conv")]:
+        # cuBLASLt's nvjet kernels do not name their precision
+        unknown = [k for k in kernels if k.precision is None and k.role in ("gemm", "conv")]
+        exercised.append(
+            f"{token}: the kernel names do not tell whether {what} ran ({shown(unknown)})"
+        )
+    else:
+        fp32 = [k for k in kernels if k.precision == "f32" and k.role != "other"]
+        ran = f"{shown(fp32)} computed in f32" if fp32 else "no fp32 GEMM or convolution ran"
+        missing.append(f"{token} not exercised: the flag allowed {what}, but {ran}")
+
+
 def evaluate(
-    config: BackendConfig, ops: Collection[str], table: Mapping[str, Promise] = PROMISES
+    config: BackendConfig,
+    ops: Collection[str],
+    table: Mapping[str, Promise] = PROMISES,
+    kernels: KernelTrace | None = None,
+    cuda_kernels: Sequence[str] | None = None,
 ) -> Verdict:
-    """Check the op names a test ran against the promises of ``config``'s tokens."""
+    """Check the op names a test ran against the promises of ``config``'s tokens.
+
+    With ``kernels`` (oneDNN's primitive log of the same call), promises
+    that name ``primitives`` are checked against the primitives that ran
+    instead of the op names.  With ``cuda_kernels`` (the CUDA kernel names
+    the profiler saw), promises that name ``cuda_kernels`` are checked
+    against them (:func:`pytest_backends.kernels.classify_cuda_kernel`).
+    """
     broken: list[str] = []
     missing: list[str] = []
     exercised: list[str] = []
     for token, promise in promises_for(config, table):
+        if kernels is not None and promise.primitives is not None:
+            before = len(broken)
+            _check_primitives(token, promise, config, kernels, broken, missing, exercised, ops)
+            if promise.primitives != "none" or len(broken) > before:
+                continue
+        if cuda_kernels is not None and promise.cuda_kernels is not None:
+            _check_cuda(token, promise, config, cuda_kernels, broken, missing, exercised)
+            if not (promise.forbid or promise.expect):
+                continue
         if promise.forbid:
             bad = [
                 o for o in ops if _matches(o, promise.forbid) and not _matches(o, promise.ignore)
@@ -248,16 +485,26 @@ def _quiet_stderr() -> Iterator[None]:
 
 @dataclass
 class ProfilerOpRecorder:
-    """Records the names of every op the dispatcher runs (``torch.profiler``, CPU side)."""
+    """Records the names of every op the dispatcher runs (``torch.profiler``, CPU side).
 
+    With ``shapes`` it also keeps the op events (:attr:`events`: name, input
+    shapes, parent), which attributing oneDNN primitives needs.
+    """
+
+    shapes: bool = False
+    cuda: bool = False
     _profiler: Any = field(default=None, repr=False)
     error: str | None = None
+    events: list[OpEvent] = field(default_factory=list)
+    #: names of the CUDA kernels that ran (with ``cuda``)
+    kernels: list[str] = field(default_factory=list)
 
     def start(self) -> bool:
         """Start recording; ``False`` (with :attr:`error`) if the profiler cannot start."""
         from torch.profiler import ProfilerActivity, profile
 
-        self._profiler = profile(activities=[ProfilerActivity.CPU], record_shapes=False)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        self._profiler = profile(activities=activities, record_shapes=self.shapes)
         try:
             with _quiet_stderr():
                 self._profiler.__enter__()
@@ -273,7 +520,44 @@ class ProfilerOpRecorder:
             return frozenset()
         with _quiet_stderr():
             profiler.__exit__(None, None, None)
-        return frozenset(event.name for event in profiler.events())
+        # the tolerance model's one-time probes are not the test's ops
+        everything = list(profiler.events())
+        raw = [e for e in everything if not _inside_probe(e) and not _on_gpu(e)]
+        if self.shapes:
+            self.events = _op_events(raw)
+        if self.cuda:
+            self.kernels = [e.name for e in everything if _on_gpu(e)]
+            for event in raw:  # kernels launched by ops appear as their children too
+                self.kernels.extend(k.name for k in getattr(event, "kernels", ()) or ())
+        return frozenset(event.name for event in raw)
+
+
+def _on_gpu(event: Any) -> bool:
+    return "CUDA" in str(getattr(event, "device_type", ""))
+
+
+def _inside_probe(event: Any) -> bool:
+    while event is not None:
+        if event.name == PROBE_SCOPE:
+            return True
+        event = getattr(event, "cpu_parent", None)
+    return False
+
+
+def _op_events(raw: Sequence[Any]) -> list[OpEvent]:
+    """Profiler events in start order, with shapes and parent indices."""
+    ordered = sorted(raw, key=lambda e: (e.time_range.start, -e.time_range.end))
+    index = {id(e): i for i, e in enumerate(ordered)}
+    events = []
+    for event in ordered:
+        parent = getattr(event, "cpu_parent", None)
+        shapes = tuple(
+            tuple(int(d) for d in shape)
+            for shape in (getattr(event, "input_shapes", None) or ())
+            if isinstance(shape, (list, tuple)) and all(isinstance(d, int) for d in shape)
+        )
+        events.append(OpEvent(event.name, shapes, index.get(id(parent)) if parent else None))
+    return events
 
 
 class VerifyPlugin:
@@ -283,21 +567,38 @@ class VerifyPlugin:
         self.strict = strict
         self.table = table
 
-    @pytest.hookimpl(wrapper=True)
+    def _wants_primitives(self, config: BackendConfig) -> bool:
+        return any(p.primitives for _, p in promises_for(config, self.table))
+
+    def _wants_cuda_kernels(self, config: BackendConfig) -> bool:
+        if config.device != "cuda" or not any(
+            p.cuda_kernels for _, p in promises_for(config, self.table)
+        ):
+            return False
+        import torch
+
+        return bool(torch.cuda.is_available())
+
+    # trylast: inside pytest's capture wrapper, which points fd 1 at its own
+    # file when the call starts; the primitive log must redirect fd 1 after it.
+    @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
         config = item.stash.get(_keys.CONFIG_KEY, None)
         if config is None or not promises_for(config, self.table):
             return (yield)
-        recorder = ProfilerOpRecorder()
+        log = PrimitiveLog() if self._wants_primitives(config) else None
+        recorder = ProfilerOpRecorder(shapes=log is not None, cuda=self._wants_cuda_kernels(config))
         if not recorder.start():
             item.user_properties.append((STATUS_PROPERTY, "unverified"))
             item.user_properties.append((DETAIL_PROPERTY, recorder.error or ""))
             return (yield)
+        logging = log is not None and log.start()
         try:
             result = yield
         finally:
+            primitives = log.stop() if log is not None and logging else None
             ops = recorder.stop()
-        if not ops:
+        if not ops and not primitives:
             # A torch.profiler started inside the test takes the session over and
             # leaves this one empty; a test that runs no op at all looks the same.
             item.user_properties.append((STATUS_PROPERTY, "unverified"))
@@ -306,7 +607,9 @@ class VerifyPlugin:
                 "torch.profiler, which takes the profiling session over"
             )))
             return result
-        verdict = evaluate(config, ops, self.table)
+        trace = None if primitives is None else KernelTrace.build(primitives, recorder.events)
+        kernels = recorder.kernels if recorder.cuda else None
+        verdict = evaluate(config, ops, self.table, trace, kernels)
         item.user_properties.append((STATUS_PROPERTY, verdict.status))
         item.user_properties.append((DETAIL_PROPERTY, verdict.detail))
         if verdict.broken:

@@ -99,15 +99,17 @@ def test_verify_catches_the_planted_mismatch_and_reports_agree(
     result.assert_outcomes(passed=5, failed=1)
     result.stdout.fnmatch_lines([
         "*_ test_planted[[]mkldnn-off] _*",
-        "backends-verify: mkldnn-off promised no oneDNN kernels, but the test ran "
-        "aten::mkldnn_convolution. The flags of mkldnn-off were set around the test*",
+        "backends-verify: mkldnn-off promised no oneDNN kernels, but oneDNN ran * "
+        "(convolution, f32) for aten::mkldnn_convolution. The flags of mkldnn-off were set "
+        "around the test*",
         "FAILED test_paths.py::test_planted[[]mkldnn-off] - *",
     ])
     result.stdout.fnmatch_lines([
         "not exercised (*",
         "  mkldnn-on",
-        "    test_paths.py::test_small_conv[[]mkldnn-on]: mkldnn-on not exercised: oneDNN "
-        "kernels never ran; ran aten::_slow_conv2d_forward instead",
+        "    test_paths.py::test_small_conv[[]mkldnn-on]: mkldnn-on not exercised: no oneDNN "
+        "primitive computed an op of the test; aten::_slow_conv2d_forward ran for input "
+        "(1, 3, 8, 8)",
     ])
     grid = _terminal_grid(result)
     assert grid == {
@@ -143,12 +145,12 @@ def test_strict_mode_fails_unexercised_promises(pytester: pytest.Pytester, run: 
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
         "*_ test_small_conv[[]mkldnn-on] _*",
-        "backends-verify=strict: mkldnn-on not exercised: oneDNN kernels never ran; "
-        "ran aten::_slow_conv2d_forward instead",
+        "backends-verify=strict: mkldnn-on not exercised: no oneDNN primitive computed an op "
+        "of the test; aten::_slow_conv2d_forward ran for input (1, 3, 8, 8)",
     ])
 
 
-def test_a_test_with_its_own_profiler_is_unverified_not_misjudged(
+def test_a_test_with_its_own_profiler_is_judged_by_the_primitive_log(
     pytester: pytest.Pytester, run: Run
 ) -> None:
     pytester.makepyfile(test_own="""
@@ -166,4 +168,7 @@ def test_a_test_with_its_own_profiler_is_unverified_not_misjudged(
     result = run("--backends-matrix", "--backends-verify=strict", "--junitxml=j.xml")
     result.assert_outcomes(passed=1)
     xml = (pytester.path / "j.xml").read_text()
-    assert 'name="backends_verify" value="unverified"' in xml
+    # the test's profiler takes the op recording over, but oneDNN's log still
+    # shows that a primitive computed the convolution
+    assert 'name="backends_verify" value="ok"' in xml
+    assert "(convolution, f32)" in xml

@@ -57,7 +57,9 @@ def test_exercised_and_sdpa_promises() -> None:
 def test_device_specific_promises() -> None:
     assert promises_for(make({"cudnn": "on"}, cuda=True))
     assert not promises_for(make({"mkldnn": "on", "device": "cuda"}))
-    assert not promises_for(make({"tf32": "on"}))
+    # TF32 shows only in CUDA kernel names (checked where a GPU profiles them)
+    ((token, tf32),) = promises_for(make({"tf32": "on"}))
+    assert (token, tf32.cuda_kernels) == ("tf32-on", "precision:tf32")
     assert set(PROMISES) >= {"mkldnn-on", "mkldnn-off", "nnpack-on", "nnpack-off", "cudnn-on",
                              "cudnn-off", "sdpa-math", "sdpa-flash", "sdpa-efficient",
                              "sdpa-cudnn"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -37,6 +38,15 @@ def test_small_calibration_has_no_violation_and_is_tight(calibration: ModuleType
     ieee = [row for row in rows if row.mode == "fp32 ieee"]
     assert all(0 < row.max_abs < row.atol + row.rtol * 1e3 for row in ieee)
     assert all(0.1 < row.worst_use <= 1 for row in rows if row.ran)
+    # the hardware that decides the oneDNN paths is recorded with the figures
+    assert re.search(
+        r"^cpu: .+; AMX: (yes|no) \(amx_fp16: (yes|no)\), AVX512-BF16: (yes|no), "
+        r"AVX512-FP16: (yes|no)$", text, re.M
+    )
+    # the oneDNN bf16 bounds followed the kernel each case ran (log) or the probe
+    flagged = [row for row in rows if row.mode == "fp32 oneDNN bf16"]
+    assert all(row.bound.split()[-1] in ("log", "probe") for row in flagged)
+    assert all(row.kernel for row in flagged if row.op == "matmul")
 
 
 def test_reduced_path_detection_agrees_with_bitwise_difference(calibration: ModuleType) -> None:
@@ -57,10 +67,16 @@ def test_checks_flag_violations_and_loose_bounds(calibration: ModuleType) -> Non
     ok = row("m", "c", "matmul", 8, trials=10, worst_use=0.5)
     violated = row("m", "c", "matmul", 8, trials=10, worst_use=1.5, violations=2)
     loose = row("m", "c", "matmul", 8, trials=10, worst_use=0.01)
-    idle = row("m", "c", "matmul", 8, trials=10, worst_use=0.0001, baseline=True, emulated=True)
+    # the bound assumed the reduced path and no trial took it: not held to 10x
+    idle = row("m", "c", "matmul", 8, trials=10, worst_use=0.0001, baseline=True, emulated=True,
+               bound_reduced=True)
+    # the bound followed the kernel to fp32: held to 10x like any other
+    followed = row("m", "c", "matmul", 8, trials=10, worst_use=0.01, baseline=True,
+                   emulated=True)
     worst_case = row("m", "c", "matmul", 8, trials=10, worst_use=0.01, tight=False)
     assert calibration.failures([ok, idle, worst_case]) == []
     assert "2 violations" in calibration.failures([violated])[0]
     assert "100.0x" in calibration.failures([loose])[0]
+    assert "100.0x" in calibration.failures([followed])[0]
     report = "\n".join(calibration.report([idle], 0.0, 10))
-    assert "NO EFFECT" in report
+    assert "no case took it" in report
