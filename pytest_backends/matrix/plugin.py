@@ -664,5 +664,9 @@ def configure(config: pytest.Config) -> None:
         from pytest_backends.matrix.report import ReportPlugin
 
         config.pluginmanager.register(ReportPlugin(config, settings, plugin), "backends-report")
+    if is_worker:
+        from pytest_backends.matrix.environment import WorkerEnvironment
+
+        config.pluginmanager.register(WorkerEnvironment(config), "backends-environment")
     if not is_worker and config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_xdist.XdistHooks(settings), "backends-xdist")
