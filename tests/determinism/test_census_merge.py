@@ -40,7 +40,8 @@ def _write(path: Path, label: str | None, tests: dict[str, dict[Key, str]],
 
 def test_merge_follows_the_strongest_verdict_and_joins_tests(tmp_path: Path) -> None:
     a = _write(tmp_path / "a.json", "cpu", {
-        "t.py::a": {NOISY: "deterministic", ADD: "inconclusive", PUT: "raises_under_deterministic_mode"},
+        "t.py::a": {NOISY: "deterministic", ADD: "inconclusive",
+                    PUT: "raises_under_deterministic_mode"},
         "t.py::b": {MM: "inconclusive"},
     })
     b = _write(tmp_path / "b.json", "gpu", {
