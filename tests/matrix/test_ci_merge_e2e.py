@@ -68,7 +68,9 @@ COMMON = ("-p", "no:randomly", "-p", "no:cacheprovider", "--backends-determinism
 SHARDS = (
     ("shard-1", "mkldnn-on,deterministic-on", ()),
     ("shard-2", "mkldnn-on,deterministic-off", ()),
-    (None, "mkldnn-off", ("-n", "2")),  # default label; xdist inside the job
+    # Default label; two xdist workers inside the job, gw0 pinned to the DEFAULT CPU level.
+    (None, "mkldnn-off",
+     ("--dist", "load", "--tx", "popen//env:ATEN_CPU_CAPABILITY=default", "--tx", "popen")),
 )
 NOISY = {"op": "plant::noisy", "device": "cpu", "dtype": "float32"}
 
@@ -151,10 +153,18 @@ def test_three_shards_merge_to_the_full_run(
             assert _load(path / "baseline.json")["accepted"] == [NOISY]
             shard.stdout.fnmatch_lines(["baseline updated: *a run only adds ops*"])
 
-    # The -n 2 shard's report names its environment and its default label.
+    # The xdist shard's report names its environment (the controller's, plus the worker
+    # fact that differs) and its default label.
     r3 = _load(path / "r3.json")
     assert r3["format"] == "pytest-backends-report"
-    assert r3["environment"][0].startswith("torch 2.") and "CPU capability:" in r3["environment"][1]
+    env = r3["environment"]
+    assert env[0].startswith("torch 2.") and env[1].startswith("CPU capability: ")
+    level = env[1].split()[2]
+    if level == "DEFAULT":  # this CPU has no vector level above DEFAULT: nothing differs
+        assert len(env) == 2
+    else:
+        assert env[2:] == [f"gw0: CPU capability: DEFAULT ({env[1].split()[3].strip('();')})"]
+        assert r3["label"].split("/")[1] == level
     host = socket.gethostname().split(".", 1)[0]
     assert r3["label"].startswith(f"{host}/") and r3["label"].endswith("/cpu")
     assert _load(path / "c1.json")["label"] == "shard-1"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pytest_backends.__main__ import main
-from pytest_backends._sources import MergeInputError
+from pytest_backends._sources import MergeInputError, unique_label, version_warning
 from pytest_backends.matrix.environment import combine
 from pytest_backends.matrix.merge import merge_reports, read_report
 from pytest_backends.matrix.report import Result, build_rows, render_json
@@ -216,3 +216,38 @@ def test_worker_environment_adds_only_what_differs() -> None:
     }
     assert combine(controller, workers) == [*controller, "gw1, gw10: CPU capability: AVX2 (x86_64)"]
     assert combine(controller, {}) == controller
+
+
+def test_inputs_that_disagree_on_the_order_keep_first_appearance(tmp_path: Path) -> None:
+    a = _report(tmp_path / "a.json", "a", [_r("x", "p-1"), _r("x", "p-2")], order=["p-1", "p-2"])
+    b = _report(tmp_path / "b.json", "b", [_r("y", "p-1"), _r("y", "p-2")], order=["p-2", "p-1"])
+    assert merge_reports([a, b]).order == ["p-1", "p-2"]
+    assert merge_reports([b, a]).order == ["p-2", "p-1"]
+
+
+def test_unique_labels_and_version_agreement() -> None:
+    taken: set[str] = set()
+    assert [unique_label("ci", taken, f"/x/{n}/report.json") for n in (1, 2, 3)] == [
+        "ci", "ci (report.json)", "ci (report.json #2)"]
+    same = [{"label": "a", "file": "a.json", "torch": "2.13.0", "cuda": None},
+            {"label": "b", "file": "b.json", "torch": "2.13.0", "cuda": None}]
+    assert version_warning(same, "reports") is None
+    assert version_warning([*same, {"label": "c", "file": "c.json", "torch": "2.13.0",
+                                     "cuda": "12.8"}], "reports") == (
+        "the reports come from different torch/CUDA versions (torch 2.13.0 (CUDA none): "
+        "a (a.json), b (b.json); torch 2.13.0 (CUDA 12.8): c (c.json)); they are merged, "
+        "but results that differ between them may be version differences")
+
+
+def test_reports_without_a_format_name_still_merge(tmp_path: Path) -> None:
+    old = tmp_path / "old.json"
+    data = json.loads(_report(old, "x", [_r("x", "mkldnn-on", "failed", "no")]).read_text())
+    for key in ("format", "label", "torch", "cuda"):
+        del data[key]
+    for row in data["tests"]:
+        del row["sources"]
+    old.write_text(json.dumps(data))
+    merged = merge_reports([old])
+    assert merged.sources[0]["label"] == "old" and merged.sources[0]["torch"] is None
+    assert [(r.outcome, r.message, r.sources) for r in merged.results] == [
+        ("failed", "no", ["old"])]
