@@ -74,7 +74,11 @@ def _inputs(args: argparse.Namespace) -> dict[str, list[Path]]:
         path = Path(name)
         if path.is_dir():
             for child in sorted(path.rglob("*.json")):
-                kind = _kind(child)
+                try:
+                    kind = _kind(child)
+                except MergeInputError as exc:
+                    print(f"pytest-backends merge: skipped {child}: {exc}", file=sys.stderr)
+                    continue
                 if kind in found:
                     found[kind].append(child)
             continue

@@ -6,8 +6,11 @@ environment, settings, versions) and keeps, on every test row, the labels of
 the sources that reported it. The same test under the same configuration
 (the same node id) reported by two sources with different outcomes becomes
 one ``conflict`` row, with every source's outcome under ``conflicts``; one
-outcome never silently replaces another. Merging a merged report again gives
-the same result as merging its inputs.
+outcome never silently replaces another. A skip is not a competing outcome:
+a CPU-only job skips the CUDA configurations a GPU job runs, so where some
+sources ran an item and others skipped it, the row shows where it ran and
+the skips are listed under ``skipped_elsewhere``. Merging a merged report
+again gives the same result as merging its inputs.
 
 Nothing here imports torch.
 """
@@ -140,8 +143,13 @@ def read_report(path: Path) -> ReportInput:
         sources = [_source(path, data, len(results))]
     default = str(sources[0]["label"])
     details = _conflict_details(path, data.get("conflicts"))
+    skips = _conflict_details(path, data.get("skipped_elsewhere"), "skipped_elsewhere")
     pairs: list[tuple[str, Result]] = []
     for result in results:
+        for label, outcome, message in skips.get(result.nodeid, ()):
+            pairs.append((label, dataclasses.replace(
+                result, outcome=outcome, message=message, verify=None, verify_detail="",
+                sources=[label])))
         if result.outcome == "conflict" and result.nodeid in details:
             for label, outcome, message in details[result.nodeid]:
                 pairs.append((label, dataclasses.replace(
@@ -152,12 +160,14 @@ def read_report(path: Path) -> ReportInput:
     return ReportInput(path, sources, [c for c in configs if isinstance(c, str)], pairs)
 
 
-def _conflict_details(path: Path, value: object) -> dict[str, list[tuple[str, str, str]]]:
+def _conflict_details(
+    path: Path, value: object, name: str = "conflicts"
+) -> dict[str, list[tuple[str, str, str]]]:
     details: dict[str, list[tuple[str, str, str]]] = {}
     if value is None:
         return details
     if not isinstance(value, list):
-        raise _fail(path, "'conflicts' must be a list")
+        raise _fail(path, f"{name!r} must be a list")
     for i, entry in enumerate(value):
         ok = isinstance(entry, dict) and isinstance(entry.get("nodeid"), str) and isinstance(
             entry.get("outcomes"), list)
@@ -167,7 +177,7 @@ def _conflict_details(path: Path, value: object) -> dict[str, list[tuple[str, st
             and o.get("outcome") in OUTCOMES and isinstance(o.get("message", ""), str)
             for o in outcomes or ()
         ):
-            raise _fail(path, f"conflicts[{i}] must name a 'nodeid' and list 'outcomes' "
+            raise _fail(path, f"{name}[{i}] must name a 'nodeid' and list 'outcomes' "
                         "(source, outcome, message)")
         assert isinstance(entry, dict) and isinstance(outcomes, list)
         details[entry["nodeid"]] = [
@@ -184,6 +194,8 @@ class MergedReport:
     order: list[str]
     conflicts: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: Items some sources skipped and others ran (same schema as ``conflicts``).
+    skipped_elsewhere: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def verify(self) -> bool:
@@ -205,7 +217,8 @@ class MergedReport:
         """The merged report as JSON text (the same schema as a run's report)."""
         header = {"label": "merged", "sources": self.sources}
         return render_json(self.rows(), self.results, environment=self.environment(),
-                           settings={}, header=header, extra={"conflicts": self.conflicts})
+                           settings={}, header=header, extra={"conflicts": self.conflicts,
+                                  "skipped_elsewhere": self.skipped_elsewhere})
 
     def to_html(self) -> str:
         """The merged HTML grid, with a badge per source on every cell."""
@@ -231,6 +244,10 @@ class MergedReport:
                 lines += [f"    {o['source']}: {o['outcome']}"
                           + (f" - {o['message']}" if o["message"] else "")
                           for o in entry["outcomes"]]
+        if self.skipped_elsewhere:
+            lines += ["", f"{len(self.skipped_elsewhere)} item(s) ran in some sources and were "
+                          "skipped in others; the grid shows where they ran "
+                          "(skipped_elsewhere in the JSON report)"]
         return lines
 
     def write_json(self, path: Path) -> None:
@@ -262,8 +279,15 @@ def merge_reports(paths: Sequence[Path]) -> MergedReport:
             by_nodeid.setdefault(result.nodeid, []).append((new, result))
     results: list[Result] = []
     conflicts: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
     for nodeid in sorted(by_nodeid):
         reports = by_nodeid[nodeid]
+        ran = [(label, r) for label, r in reports if r.outcome != "skipped"]
+        if ran and len(ran) < len(reports):
+            skipped.append({"nodeid": nodeid, "config": reports[0][1].config, "outcomes": [
+                {"source": label, "outcome": r.outcome, "message": r.message}
+                for label, r in reports if r.outcome == "skipped"]})
+            reports = ran
         labels = list(dict.fromkeys(label for label, _ in reports))
         outcomes = {r.outcome for _, r in reports}
         first = reports[0][1]
@@ -280,7 +304,7 @@ def merge_reports(paths: Sequence[Path]) -> MergedReport:
             sources=labels, duration=sum(r.duration for _, r in reports)))
     order = _config_order([item.configs for item in inputs] + [[r.config for r in results]])
     warnings = [w for w in [version_warning(sources, "reports")] if w]
-    return MergedReport(sources, results, order, conflicts, warnings)
+    return MergedReport(sources, results, order, conflicts, warnings, skipped)
 
 
 def _config_order(lists: Iterable[Sequence[str]]) -> list[str]:

@@ -140,12 +140,14 @@ def test_cli_errors_and_directories(tmp_path: Path, capsys: pytest.CaptureFixtur
     _report(shards / "job-1" / "report.json", "one", [_r("x", "mkldnn-on")])
     _report(shards / "job-2" / "report.json", "two", [_r("x", "mkldnn-off")])
     (shards / "job-2" / "notes.json").write_text('{"unrelated": true}')  # skipped in a dir
+    (shards / "job-2" / "broken.json").write_text('{"format": ')
     census = tmp_path / "census.json"
     census.write_text('{"format": "pytest-backends-census", "version": 1, "entries": []}')
 
     assert main(["merge", "--report", str(tmp_path / "m.json"), str(shards)]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "merged 2 source(s):" in out and "report written to" in out
+    assert "skipped " + str(shards / "job-2" / "broken.json") + ": input file" in err
     assert len(json.loads((tmp_path / "m.json").read_text())["tests"]) == 2
 
     assert main(["merge", "--report", str(tmp_path / "m.json"), str(census)]) == 1
@@ -251,3 +253,30 @@ def test_reports_without_a_format_name_still_merge(tmp_path: Path) -> None:
     assert merged.sources[0]["label"] == "old" and merged.sources[0]["torch"] is None
     assert [(r.outcome, r.message, r.sources) for r in merged.results] == [
         ("failed", "no", ["old"])]
+
+
+def test_a_skip_yields_to_a_source_that_ran_the_item(tmp_path: Path) -> None:
+    cpu = _report(tmp_path / "cpu.json", "cpu", [
+        _r("x", "device-cuda", "skipped", "needs CUDA"), _r("x", "device-cpu")])
+    gpu = _report(tmp_path / "gpu.json", "gpu", [
+        _r("x", "device-cuda"), _r("x", "device-cpu")])
+    merged = merge_reports([cpu, gpu])
+    rows = {r.config: r for r in merged.results}
+    assert (rows["device-cuda"].outcome, rows["device-cuda"].sources) == ("passed", ["gpu"])
+    assert rows["device-cpu"].sources == ["cpu", "gpu"]
+    assert merged.conflicts == []
+    assert merged.skipped_elsewhere == [{
+        "nodeid": "t.py::x[device-cuda]", "config": "device-cuda",
+        "outcomes": [{"source": "cpu", "outcome": "skipped", "message": "needs CUDA"}]}]
+    assert "1 item(s) ran in some sources and were skipped in others" in "\n".join(
+        merged.terminal_lines())
+    out = tmp_path / "merged.json"
+    merged.write_json(out)
+    again = merge_reports([out])
+    assert again.skipped_elsewhere == merged.skipped_elsewhere
+    assert [asdict(r) for r in again.results] == [asdict(r) for r in merged.results]
+    # Skipped everywhere stays skipped, with the first source's reason.
+    both = merge_reports([cpu, _report(tmp_path / "cpu2.json", "cpu2", [
+        _r("x", "device-cuda", "skipped", "no GPU")])])
+    cuda = next(r for r in both.results if r.config == "device-cuda")
+    assert (cuda.outcome, cuda.message, cuda.sources) == ("skipped", "needs CUDA", ["cpu", "cpu2"])
