@@ -19,7 +19,7 @@ from pytest_backends.determinism.census import (
     read_census,
 )
 from pytest_backends.determinism.census_merge import merge_censuses
-from pytest_backends.label import check_label
+from pytest_backends.label import check_label, default_label
 
 CPU = Versions("2.13.0+cpu", None)
 NOISY: Key = ("plant::noisy", "cpu", "float32")
@@ -166,3 +166,64 @@ def test_bad_label_option_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("-p", "no:randomly")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*ini option backends_label: the label must be one line*"])
+
+
+def test_default_label_names_host_cpu_level_and_gpu() -> None:
+    import socket
+
+    import torch
+
+    host, level, gpu = default_label().split("/", 2)
+    assert host == socket.gethostname().split(".", 1)[0]
+    assert level == torch.backends.cpu.get_cpu_capability().replace(" ", "").upper()
+    expected = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    assert gpu == expected
+
+
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        ('[{"op": ""}]', "entries[0]: 'op' must be a non-empty string"),
+        ('[{"op": "a", "observations": {"great": 1}}]', "'observations' must map verdicts"),
+        ('[{"op": "a", "tests": "t::a"}]', "'tests' and 'nondeterministic_in' must be lists"),
+        ('{"op": "a"}', "'entries' must be a list"),
+    ],
+)
+def test_bad_census_inputs_name_the_file(tmp_path: Path, entries: str, message: str) -> None:
+    good = _write(tmp_path / "good.json", "a", {"t::a": {ADD: "deterministic"}})
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "pytest-backends-census", "version": 1, "entries": '
+                   + entries + "}")
+    with pytest.raises(CensusFileError) as info:
+        merge_censuses([good, bad])
+    assert str(bad) in str(info.value) and message in str(info.value)
+
+
+def test_merge_command_writes_both_merges_and_warns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = _write(tmp_path / "a.json", "cpu", {"t::a": {NOISY: "nondeterministic"}})
+    b = _write(tmp_path / "b.json", "gpu", {"t::b": {SCATTER: "deterministic"}},
+               versions=Versions("2.11.0+cu130", "13.0"))
+    out = tmp_path / "merged.json"
+    assert main(["merge", "--census", str(out), str(a), str(b)]) == 0
+    captured = capsys.readouterr()
+    assert "merged 2 census(es):" in captured.out and f"census written to {out}" in captured.out
+    assert "plant::noisy (cpu, float32): in 1 test(s), e.g. t::a" in captured.out
+    assert "warning: the censuses come from different torch/CUDA versions" in captured.err
+    assert "torch 2.11.0+cu130 (CUDA 13.0): gpu (" in captured.err
+    versions, census = read_census(out)
+    assert versions == Versions("2.13.0+cpu, 2.11.0+cu130", "13.0")
+    assert census.verdict(NOISY) == "nondeterministic" and census.verdict(SCATTER) == \
+        "deterministic"
+    # A census given where a report is wanted, and a missing input, name the file.
+    assert main(["merge", "--report", str(tmp_path / "r.json"), "--census", str(out),
+                 str(a)]) == 1
+    assert "error: no report among the inputs" in capsys.readouterr().err
+    assert main(["merge", "--census", str(out), str(tmp_path / "nope.json")]) == 1
+    assert f"input file {tmp_path / 'nope.json'} does not exist" in capsys.readouterr().err
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text('{"format": "pytest-backends-baseline", "version": 1, "accepted": []}')
+    assert main(["merge", "--census", str(out), str(baseline)]) == 1
+    assert "is neither a matrix report (--backends-report) nor a census (--backends-census): " \
+           "it is a baseline" in capsys.readouterr().err
