@@ -21,6 +21,8 @@ import pytest
 # Imported before any pytester snapshot (pytester unloads modules first imported in a test).
 import torch  # noqa: F401
 
+from pytest_backends.__main__ import main
+
 # plant::noisy adds a per-call amount to the nonzero elements of its input: nondeterministic
 # for a nonzero input, identical on every call for an all-zero one.
 CONFTEST = """
@@ -125,7 +127,7 @@ class _Cells(HTMLParser):
 
 
 def test_three_shards_merge_to_the_full_run(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The torch-ops digest gives the native harness's verdicts and needs no build cache,
     # which processes elsewhere on the machine may hold locked for minutes.
@@ -224,16 +226,17 @@ def test_three_shards_merge_to_the_full_run(
     assert check.returncode == 1
     assert "NEW nondeterministic op, not in" in check.stdout
     assert "plant::noisy (cpu, float32)" in check.stdout
-    assert _module("baseline", "--check", "--census", str(path / "merged-census.json"),
-                   str(path / "baseline.json")).returncode == 0
+    # The same command in-process (the script and -m were run above).
+    assert main(["baseline", "--check", "--census", str(path / "merged-census.json"),
+                 str(path / "baseline.json")]) == 0
 
     # Pruning needs the whole suite: the merged census keeps the op, shard-2's alone drops it.
-    kept = _module("baseline", "--census", str(path / "merged-census.json"),
-                   str(path / "baseline.json"))
-    assert kept.returncode == 0 and "removed" not in kept.stdout
+    capsys.readouterr()
+    assert main(["baseline", "--census", str(path / "merged-census.json"),
+                 str(path / "baseline.json")]) == 0
+    assert "removed" not in capsys.readouterr().out
     assert _load(path / "baseline.json")["accepted"] == [NOISY]
-    pruned = _module("baseline", "--census", str(path / "c2.json"), str(path / "baseline.json"))
-    assert pruned.returncode == 0
+    assert main(["baseline", "--census", str(path / "c2.json"), str(path / "baseline.json")]) == 0
     assert "removed plant::noisy (cpu, float32): every key it accepts came out without " \
-           "nondeterminism: plant::noisy (cpu, float32) deterministic" in pruned.stdout
+           "nondeterminism: plant::noisy (cpu, float32) deterministic" in capsys.readouterr().out
     assert _load(path / "baseline.json")["accepted"] == []
