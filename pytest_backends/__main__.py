@@ -1,4 +1,11 @@
-"""Command line: ``python -m pytest_backends build-native [--force] [--inplace] [--verbose]``.
+"""Command line: ``pytest-backends`` (or ``python -m pytest_backends``).
+
+``merge`` combines the matrix reports and censuses of several jobs (see
+:mod:`pytest_backends.matrix.merge` and
+:mod:`pytest_backends.determinism.census_merge`); ``baseline`` refreshes a
+baseline from a whole-suite census
+(:mod:`pytest_backends.determinism.baseline_refresh`). Both are thin: the
+logic lives in those modules.
 
 ``build-native`` builds the native extension into the per-user cache (the same
 build the harness would otherwise do on first use) and reports where it is.
@@ -40,10 +47,170 @@ def _build_native(args: argparse.Namespace) -> int:
     return 0
 
 
+_FORMATS = {
+    "pytest-backends-report": "report",
+    "pytest-backends-census": "census",
+    "pytest-backends-baseline": "baseline",
+}
+
+
+def _kind(path: Path) -> str | None:
+    """``report``, ``census``, ``baseline`` or None, from the file's ``format`` name."""
+    from pytest_backends._sources import load_json
+
+    data = load_json(path, "input file")
+    fmt = data.get("format")
+    if fmt is None and isinstance(data.get("tests"), list) and "configs" in data:
+        return "report"  # written before reports carried a format name
+    return _FORMATS.get(str(fmt))
+
+
+def _inputs(args: argparse.Namespace) -> dict[str, list[Path]]:
+    """The inputs by kind; directories contribute every report and census below them."""
+    from pytest_backends._sources import MergeInputError
+
+    found: dict[str, list[Path]] = {"report": [], "census": []}
+    for name in args.inputs:
+        path = Path(name)
+        if path.is_dir():
+            for child in sorted(path.rglob("*.json")):
+                try:
+                    kind = _kind(child)
+                except MergeInputError as exc:
+                    print(f"pytest-backends merge: skipped {child}: {exc}", file=sys.stderr)
+                    continue
+                if kind in found:
+                    found[kind].append(child)
+            continue
+        kind = _kind(path)
+        if kind not in found:
+            raise MergeInputError(
+                f"{path} is neither a matrix report (--backends-report) nor a census "
+                f"(--backends-census)" + (": it is a baseline" if kind == "baseline" else "")
+            )
+        found[kind].append(path)
+    wanted = {"report": args.report or args.html, "census": args.census}
+    for kind, option in (("report", "--report OUT.json or --html OUT.html"),
+                         ("census", "--census OUT.json")):
+        if found[kind] and not wanted[kind]:
+            raise MergeInputError(
+                f"{found[kind][0]} is a {'matrix report' if kind == 'report' else 'census'}; "
+                f"to merge it, name the output with {option}"
+            )
+    for kind in found:
+        if wanted[kind] and not found[kind]:
+            raise MergeInputError(f"no {kind} among the inputs {' '.join(args.inputs)}")
+    return found
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from pytest_backends._sources import MergeInputError
+    from pytest_backends.determinism.census import CensusFileError
+
+    if not (args.report or args.html or args.census):
+        print("pytest-backends merge: name an output with --report, --html or --census",
+              file=sys.stderr)
+        return 2
+    try:
+        inputs = _inputs(args)
+        lines: list[str] = []
+        warnings: list[str] = []
+        if inputs["report"]:
+            from pytest_backends.matrix.merge import merge_reports
+
+            report = merge_reports(inputs["report"])
+            warnings += report.warnings
+            if args.report:
+                report.write_json(Path(args.report))
+            if args.html:
+                report.write_html(Path(args.html))
+            lines += report.terminal_lines()
+            lines += [f"report written to {p}" for p in (args.report, args.html) if p]
+        if inputs["census"]:
+            from pytest_backends.determinism.census_merge import merge_censuses
+
+            census = merge_censuses(inputs["census"])
+            warnings += census.warnings
+            census.write(Path(args.census))
+            lines += ["", *census.summary_lines(), f"census written to {args.census}"]
+    except (MergeInputError, CensusFileError, OSError) as exc:
+        print(f"pytest-backends merge: error: {exc}", file=sys.stderr)
+        return 1
+    for warning in warnings:
+        print(f"pytest-backends merge: warning: {warning}", file=sys.stderr)
+    print("\n".join(lines).strip("\n"))
+    return 0
+
+
+def _baseline(args: argparse.Namespace) -> int:
+    from pytest_backends.determinism.baseline_refresh import describe_key, refresh, unaccepted
+    from pytest_backends.determinism.census import Baseline, CensusFileError, read_census
+
+    baseline_path = Path(args.baseline)
+    try:
+        versions, census = read_census(Path(args.census))
+        if baseline_path.exists() or args.check:
+            baseline = Baseline.load(baseline_path)
+        else:
+            baseline = Baseline()
+    except CensusFileError as exc:
+        print(f"pytest-backends baseline: error: {exc}", file=sys.stderr)
+        return 1
+    if args.check:
+        new = unaccepted(baseline, census)
+        for key, tests in new.items():
+            shown = ", ".join(tests[:3]) + (f" (+{len(tests) - 3} more)" if len(tests) > 3 else "")
+            print(f"NEW nondeterministic op, not in {baseline_path}: {describe_key(key)}; "
+                  f"in {shown}")
+        stale = refresh(baseline, census).removed
+        for change in stale:
+            print(f"could be removed: {change.entry.op} ({change.entry.device}): {change.reason}")
+        if new:
+            print(f"FAILED: {len(new)} nondeterministic op(s) not in the baseline "
+                  f"{baseline_path}; accept them with: pytest-backends baseline --census "
+                  f"{args.census} {baseline_path}")
+            return 1
+        print(f"every nondeterministic op of {args.census} is in the baseline {baseline_path}")
+        return 0
+    result = refresh(baseline, census)
+    try:
+        result.baseline.write(baseline_path, versions)
+    except CensusFileError as exc:
+        print(f"pytest-backends baseline: error: {exc}", file=sys.stderr)
+        return 1
+    for line in result.lines():
+        print(line)
+    print(f"baseline written to {baseline_path} ({len(result.baseline.entries)} entries)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m pytest_backends``."""
-    parser = argparse.ArgumentParser(prog="python -m pytest_backends")
+    """Entry point of ``pytest-backends`` and ``python -m pytest_backends``."""
+    parser = argparse.ArgumentParser(prog="pytest-backends")
     commands = parser.add_subparsers(dest="command", required=True)
+    merge = commands.add_parser(
+        "merge",
+        help="merge the matrix reports and censuses of several jobs into one",
+        description="Merge matrix reports (--backends-report) and censuses "
+        "(--backends-census) of several jobs. Inputs are files or directories "
+        "(searched for *.json reports and censuses).",
+    )
+    merge.add_argument("--report", metavar="OUT.json", help="write the merged matrix report")
+    merge.add_argument("--html", metavar="OUT.html", help="write the merged HTML grid")
+    merge.add_argument("--census", metavar="OUT.json", help="write the merged census")
+    merge.add_argument("inputs", nargs="+", metavar="IN", help="report/census files or dirs")
+    base = commands.add_parser(
+        "baseline",
+        help="add new and remove fixed ops of a baseline from a whole-suite census",
+        description="Refresh BASELINE from a census of the whole suite (merged from every "
+        "job): add its nondeterministic ops, remove entries whose ops all came out "
+        "deterministic, and say why. With --check, change nothing and fail on new ops.",
+    )
+    base.add_argument("--census", required=True, metavar="CENSUS.json",
+                      help="the whole suite's census (pytest-backends merge --census)")
+    base.add_argument("--check", action="store_true",
+                      help="do not write; exit 1 when the census has ops the baseline lacks")
+    base.add_argument("baseline", metavar="BASELINE.json", help="the baseline file")
     build = commands.add_parser(
         "build-native", help="build the native digest/repeat extension for this torch"
     )
@@ -57,6 +224,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "build-native":
         return _build_native(args)
+    if args.command == "merge":
+        return _merge(args)
+    if args.command == "baseline":
+        return _baseline(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse exits
     return 2  # pragma: no cover
 

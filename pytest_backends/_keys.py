@@ -77,3 +77,5 @@ PROPERTY_VERIFY_STATUS = "backends_verify"
 PROPERTY_VERIFY_DETAIL = "backends_verify_detail"
 #: Report attribute carrying one test's census rows (plain JSON-ready data).
 REPORT_ATTR_CENSUS = "backends_census"
+#: The job label given on the command line or in the ini file (None: the default is used).
+LABEL_KEY: pytest.StashKey[str | None] = pytest.StashKey()

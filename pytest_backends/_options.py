@@ -196,6 +196,14 @@ OPTIONS: tuple[Option, ...] = (
         "instead of failing on them",
         "rewrite the baseline file",
     ),
+    Option(
+        "backends_label",
+        "value",
+        "NAME",
+        "name of this job or machine in the matrix report and the census "
+        "(default: host name/CPU capability/GPU)",
+        "name of this job or machine in the report and census",
+    ),
 )
 
 _BY_NAME = {option.name: option for option in OPTIONS}

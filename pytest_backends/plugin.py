@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_backends import _keys, _options, hookspecs, isolation
+from pytest_backends import label as _label
 from pytest_backends.capability import levels as capability_levels
 from pytest_backends.capability import plugin as capability
 from pytest_backends.determinism import plugin as determinism_plugin
@@ -68,6 +69,7 @@ def pytest_configure(config: pytest.Config) -> None:
     plugins += matrix.configure(config, config.stash[_keys.MATRIX_KEY])
     plugins += capability.configure(config, config.stash[_keys.CAPABILITY_KEY])
     plugins += determinism_plugin.configure(config)
+    _label.configure(config)
     for plugin, name in plugins:
         config.pluginmanager.register(plugin, name)
 

@@ -36,6 +36,7 @@ __all__ = [
     "Versions",
     "atomic_write_json",
     "read_census",
+    "read_census_file",
 ]
 
 CENSUS_FORMAT = "pytest-backends-census"
@@ -112,7 +113,8 @@ def _load(path: Path, what: str, expected_format: str) -> dict[str, Any]:
         )
     fmt = data.get("format")
     if fmt != expected_format:
-        other = {CENSUS_FORMAT: "a census", BASELINE_FORMAT: "a baseline"}.get(str(fmt))
+        other = {CENSUS_FORMAT: "a census", BASELINE_FORMAT: "a baseline",
+                 "pytest-backends-report": "a matrix report"}.get(str(fmt))
         hint = f" (it is {other} file)" if other else ""
         raise CensusFileError(
             f"{what} file {path}: 'format' must be {expected_format!r}, got {fmt!r}{hint}"
@@ -255,19 +257,33 @@ class Census:
             entry.tests.update(tests)
             entry.nondeterministic_in.update(nondet)
 
-    def write(self, path: Path, *, runs: int, versions: Versions) -> None:
-        """Write the census JSON file atomically."""
-        atomic_write_json(
-            path,
-            {
-                "format": CENSUS_FORMAT,
-                "version": FORMAT_VERSION,
-                "torch": versions.torch,
-                "cuda": versions.cuda,
-                "runs": runs,
-                "entries": self.to_data(),
-            },
-        )
+    def write(
+        self,
+        path: Path,
+        *,
+        runs: int,
+        versions: Versions,
+        label: str | None = None,
+        sources: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Write the census JSON file atomically.
+
+        ``label`` names the job that wrote it; a merged census lists its inputs
+        as ``sources``.
+        """
+        data: dict[str, Any] = {
+            "format": CENSUS_FORMAT,
+            "version": FORMAT_VERSION,
+            "torch": versions.torch,
+            "cuda": versions.cuda,
+            "runs": runs,
+        }
+        if label is not None:
+            data["label"] = label
+        if sources is not None:
+            data["sources"] = sources
+        data["entries"] = self.to_data()
+        atomic_write_json(path, data)
 
 
 def _str_list(value: object) -> bool:
@@ -280,13 +296,19 @@ def _sort_key(key: Key) -> tuple[str, str, str]:
 
 def read_census(path: Path) -> tuple[Versions, Census]:
     """Read a census file written by ``--backends-census``."""
+    _data, versions, census = read_census_file(path)
+    return versions, census
+
+
+def read_census_file(path: Path) -> tuple[dict[str, Any], Versions, Census]:
+    """Read a census file: its JSON object (label, runs, sources), versions and entries."""
     data = _load(path, "census", CENSUS_FORMAT)
     entries = data.get("entries")
     if not isinstance(entries, list):
         raise CensusFileError(f"census file {path}: 'entries' must be a list")
     census = Census()
     census.merge_data(entries, source=f"census file {path}")
-    return Versions(str(data.get("torch")), data.get("cuda")), census
+    return data, Versions(str(data.get("torch")), data.get("cuda")), census
 
 
 # --- baseline ---------------------------------------------------------------
@@ -380,19 +402,15 @@ class Baseline:
         return cls(tuple(entries), versions)
 
     def updated(self, census: Census) -> Baseline:
-        """The baseline after a run: its census's nondeterministic ops are accepted.
+        """The baseline after a run: its census's nondeterministic ops are added.
 
-        Existing entries are kept (with their notes) while they still match a
-        nondeterministic op, or when the run did not settle their op (not hit,
-        or only inconclusively); an entry whose ops all came out deterministic
-        is dropped.
+        Every existing entry is kept, with its note: a run may be one shard of
+        a suite, and an op that came out deterministic in its tests may be
+        nondeterministic in another shard's. Entries are removed only from a
+        census of the whole suite (:mod:`pytest_backends.determinism.baseline_refresh`).
         """
         nondet = list(census.nondeterministic())
-        kept: list[BaselineEntry] = []
-        for entry in self.entries:
-            verdicts = [census.verdict(k) for k in census.op_keys() if entry.matches(k)]
-            if not verdicts or any(v != "deterministic" for v in verdicts):
-                kept.append(entry)
+        kept = list(self.entries)
         added = [
             BaselineEntry(op, device or "none", dtype)
             for op, device, dtype in nondet

@@ -292,7 +292,11 @@ class DeterminismPlugin:
         versions = Versions.current() if (settings.census or settings.baseline) else None
         if settings.census is not None and versions is not None:
             try:
-                self.census.write(settings.census, runs=settings.runs, versions=versions)
+                from pytest_backends.label import resolve
+
+                self.census.write(
+                    settings.census, runs=settings.runs, versions=versions, label=resolve(config)
+                )
             except CensusFileError as exc:
                 self._errors.append(f"--backends-census: {exc}")
         if settings.baseline is not None and versions is not None:
@@ -342,7 +346,11 @@ class DeterminismPlugin:
             write(f"census written to {settings.census}")
         if settings.baseline is not None:
             if settings.baseline_update:
-                write(f"baseline updated: {settings.baseline}")
+                write(
+                    f"baseline updated: {settings.baseline} (a run only adds ops; remove fixed "
+                    "ones with: pytest-backends baseline --census WHOLE_SUITE_CENSUS "
+                    f"{settings.baseline})"
+                )
             else:
                 unaccepted = self._unaccepted()
                 if unaccepted:

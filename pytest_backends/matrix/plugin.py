@@ -618,6 +618,10 @@ def configure(config: pytest.Config, settings: MatrixSettings) -> list[tuple[obj
         from pytest_backends.matrix.report import ReportPlugin
 
         plugins.append((ReportPlugin(config, settings, plugin), "backends-report"))
+    if is_worker:
+        from pytest_backends.matrix.environment import WorkerEnvironment
+
+        plugins.append((WorkerEnvironment(config), "backends-environment"))
     if not is_worker and config.pluginmanager.hasplugin("xdist"):
         plugins.append((_xdist.XdistHooks(settings), "backends-xdist"))
     return plugins

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,12 +20,16 @@ from pytest_backends._keys import PROPERTY_CONFIG as PROPERTY
 from pytest_backends._keys import PROPERTY_VERIFY_DETAIL as DETAIL_PROPERTY
 from pytest_backends._keys import PROPERTY_VERIFY_STATUS as STATUS_PROPERTY
 from pytest_backends.matrix.configs import DEFAULT_ID, ConfigError
+from pytest_backends.matrix.environment import ControllerEnvironment, combine
+from pytest_backends.matrix.environment import lines as environment_lines
 
 if TYPE_CHECKING:
     from pytest_backends.matrix.plugin import MatrixPlugin, MatrixSettings
 
 __all__ = [
+    "FAILING",
     "OUTCOMES",
+    "REPORT_FORMAT",
     "ConfigRow",
     "ReportPlugin",
     "Result",
@@ -36,8 +40,12 @@ __all__ = [
     "render_terminal",
 ]
 
-#: Outcome columns, in display order.
-OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+#: Outcome columns, in display order. ``conflict``: sources of a merged report disagree.
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "conflict")
+#: The ``format`` name of a matrix report file.
+REPORT_FORMAT = "pytest-backends-report"
+#: Outcomes listed under the grid as failures.
+FAILING = ("failed", "error", "xpassed", "conflict")
 NOT_EXERCISED = "not exercised"
 _ALWAYS = ("passed", "failed", "skipped")
 
@@ -54,6 +62,8 @@ class Result:
     verify: str | None = None
     verify_detail: str = ""
     duration: float = 0.0
+    #: The labels of the runs that reported this item (one, unless merged).
+    sources: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -146,7 +156,7 @@ def build_rows(results: Iterable[Result], order: Sequence[str]) -> list[ConfigRo
     for result in sorted(results, key=lambda r: r.nodeid):
         row = rows.setdefault(result.config, ConfigRow(result.config))
         row.counts[result.outcome] = row.counts.get(result.outcome, 0) + 1
-        if result.outcome in ("failed", "error", "xpassed"):
+        if result.outcome in FAILING:
             row.failures.append((result.nodeid, result.message))
         if result.outcome == "skipped" and result.message not in row.skip_reasons:
             row.skip_reasons.append(result.message)
@@ -209,10 +219,18 @@ def render_json(
     *,
     environment: Sequence[str],
     settings: dict[str, Any],
+    header: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> str:
-    """The report as JSON text (the same counts as the terminal grid)."""
+    """The report as JSON text (the same counts as the terminal grid).
+
+    ``header`` (label, torch and CUDA versions, merged sources) goes before
+    the results, ``extra`` (a merged report's conflicts) after them.
+    """
     data = {
+        "format": REPORT_FORMAT,
         "version": 1,
+        **(header or {}),
         "environment": list(environment),
         "settings": settings,
         "configs": [
@@ -229,6 +247,7 @@ def render_json(
         "tests": [asdict(r) for r in sorted(results, key=lambda r: r.nodeid)],
         "totals": {o: sum(r.counts.get(o, 0) for r in rows) for o in OUTCOMES}
         | {"not_exercised": sum(r.not_exercised for r in rows)},
+        **(extra or {}),
     }
     return json.dumps(data, indent=2, sort_keys=False) + "\n"
 
@@ -245,24 +264,35 @@ th,td{border:1px solid #ddd;padding:4px 8px} th{background:#f6f6f6;font-weight:6
 .passed{background:#c8f0c8;color:#185c18} .failed{background:#f7b5b5;color:#8a1010}
 .error{background:#e07070;color:#fff} .skipped{background:#eee;color:#888}
 .xfailed{background:#fbe7a9;color:#7a5b00} .xpassed{background:#f9c98a;color:#7a3d00}
+.conflict{background:#c9a6f0;color:#3d136e}
+.src{font-size:9px;font-weight:normal;vertical-align:super;margin-left:1px}
+.list td{text-align:left;vertical-align:top} .list td.id{font-family:monospace;white-space:nowrap}
+.list td.msg{font-family:monospace;white-space:pre-wrap}
 .absent{background:#fff} .unexercised{box-shadow:inset 0 0 0 3px #f0a020}
 .legend span{display:inline-block;padding:2px 8px;margin-right:6px;border:1px solid #ddd}
 """
 _SYMBOL = {"passed": "✓", "failed": "✗", "error": "E", "skipped": "–", "xfailed": "x",
-           "xpassed": "X"}
+           "xpassed": "X", "conflict": "≠"}
 
 
 def render_html(
     rows: Sequence[ConfigRow], results: Sequence[Result], *, environment: Sequence[str],
-    verify: bool,
+    verify: bool, sources: Sequence[Mapping[str, Any]] = (),
 ) -> str:
-    """A self-contained HTML page: the summary table and a tests x configs grid."""
+    """A self-contained HTML page: the summary, a tests x configs grid, failures and skips.
+
+    ``sources`` (a merged report's inputs, each with a ``label``) adds a
+    table of sources and, on every cell, a badge naming the source it came from.
+    """
     esc = html.escape
     columns = _columns(rows, verify)
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            "<title>pytest-backends matrix</title>", f"<style>{_CSS}</style></head><body>",
            "<h1>Backend matrix</h1>"]
     out += [f'<p class="env">{esc(line)}</p>' for line in environment]
+    badges = {str(src.get("label")): str(i) for i, src in enumerate(sources, 1)}
+    if len(sources) > 1:
+        out += _html_sources(sources)
     out.append('<h2>Configurations</h2><table class="summary"><thead><tr><th>config</th>')
     out += [f"<th>{esc(c)}</th>" for c in columns]
     out.append("</tr></thead><tbody>")
@@ -279,7 +309,8 @@ def render_html(
     out.append("<h2>Tests &times; configurations</h2>")
     out.append('<p class="legend">' + "".join(
         f'<span class="{o}">{_SYMBOL[o]} {o}</span>'
-        for o in OUTCOMES) + '<span class="unexercised">orange frame: not exercised</span></p>')
+        for o in OUTCOMES) + '<span class="unexercised">orange frame: not exercised</span>'
+        + (" small numbers: the source (above)" if len(sources) > 1 else "") + "</p>")
     out.append('<table class="grid"><thead><tr><th>test</th>')
     out += ["<th>" + "<br>".join(esc(t) for t in c.split(",")) + "</th>" for c in configs]
     out.append("</tr></thead><tbody>")
@@ -295,11 +326,71 @@ def render_html(
             for extra in (cell.message, cell.verify_detail):
                 if extra:
                     title += f"\n{extra}"
+            badge = ""
+            if len(sources) > 1 and cell.sources:
+                title += "\nfrom " + ", ".join(cell.sources)
+                marks = ",".join(badges.get(label, "?") for label in cell.sources)
+                badge = f'<span class="src">{esc(marks)}</span>'
             cells.append(f'<td class="{esc(classes)}" title="{esc(title)}">'
-                         f"{_SYMBOL.get(cell.outcome, '?')}</td>")
+                         f"{_SYMBOL.get(cell.outcome, '?')}{badge}</td>")
         out.append(f'<tr><th class="test">{esc(test)}</th>{"".join(cells)}</tr>')
-    out.append("</tbody></table></body></html>")
+    out.append("</tbody></table>")
+    out += _html_failures(results, merged=len(sources) > 1)
+    out += _html_skips(rows, results)
+    out.append("</body></html>")
     return "\n".join(out) + "\n"
+
+
+def _html_sources(sources: Sequence[Mapping[str, Any]]) -> list[str]:
+    esc = html.escape
+    out = ['<h2>Sources</h2><table class="list"><thead><tr><th>#</th><th>label</th>'
+           "<th>file</th><th>tests</th><th>environment</th></tr></thead><tbody>"]
+    for i, src in enumerate(sources, 1):
+        env = "<br>".join(esc(str(line)) for line in src.get("environment") or ())
+        out.append(f"<tr><td>{i}</td><td>{esc(str(src.get('label')))}</td>"
+                   f'<td class="id">{esc(str(src.get("file")))}</td>'
+                   f"<td>{esc(str(src.get('tests', '')))}</td><td>{env}</td></tr>")
+    out.append("</tbody></table>")
+    return out
+
+
+def _html_failures(results: Sequence[Result], merged: bool) -> list[str]:
+    esc = html.escape
+    failing = sorted((r for r in results if r.outcome in FAILING),
+                     key=lambda r: (r.test, r.config))
+    out = [f'<h2 id="failures">Failures ({len(failing)})</h2>']
+    if not failing:
+        return [*out, "<p>none</p>"]
+    out.append('<table class="list failures"><thead><tr><th>test</th><th>config</th>'
+               "<th>outcome</th><th>message</th>" + ("<th>source</th>" if merged else "")
+               + "</tr></thead><tbody>")
+    for r in failing:
+        source = f"<td>{esc(', '.join(r.sources))}</td>" if merged else ""
+        out.append(f'<tr><td class="id">{esc(r.test)}</td><td class="id">{esc(r.config)}</td>'
+                   f'<td class="{esc(r.outcome)}">{esc(r.outcome)}</td>'
+                   f'<td class="msg">{esc(r.message)}</td>{source}</tr>')
+    out.append("</tbody></table>")
+    return out
+
+
+def _html_skips(rows: Sequence[ConfigRow], results: Sequence[Result]) -> list[str]:
+    esc = html.escape
+    counts: dict[tuple[str, str], int] = {}
+    for r in results:
+        if r.outcome == "skipped":
+            counts[(r.config, r.message)] = counts.get((r.config, r.message), 0) + 1
+    out = ['<h2 id="skips">Skip reasons per configuration</h2>']
+    if not counts:
+        return [*out, "<p>none</p>"]
+    out.append('<table class="list skips"><thead><tr><th>config</th><th>tests</th>'
+               "<th>reason</th></tr></thead><tbody>")
+    order = {row.config: i for i, row in enumerate(rows)}
+    for (config, reason), n in sorted(counts.items(),
+                                      key=lambda kv: (order.get(kv[0][0], 1 << 30), kv[0])):
+        out.append(f'<tr><td class="id">{esc(config)}</td><td>{n}</td>'
+                   f'<td class="msg">{esc(reason)}</td></tr>')
+    out.append("</tbody></table>")
+    return out
 
 
 class ReportPlugin:
@@ -314,6 +405,12 @@ class ReportPlugin:
         self.results: dict[str, Result] = {}
         self.written: list[str] = []
         self.write_errors: list[str] = []
+        self.workers = ControllerEnvironment()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        """Keep a finished xdist worker's environment lines."""
+        self.workers.pytest_testnodedown(node, error)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if str(report.outcome) == "rerun":  # pytest-rerunfailures: a later attempt follows
@@ -344,18 +441,28 @@ class ReportPlugin:
         return build_rows(self.results.values(), self._order())
 
     def _environment(self) -> list[str]:
-        avail = self.matrix.probed
-        if avail is None:
-            return []
-        from pytest_backends.matrix.availability import header_lines
+        # Under xdist the controller ran no test: it probes its own facts here.
+        return combine(environment_lines(), self.workers.workers)
 
-        return [line.removeprefix("backends: ") for line in header_lines(avail)]
+    def _header(self) -> dict[str, Any]:
+        from pytest_backends.label import resolve
+        from pytest_backends.matrix.availability import probe
+
+        avail = probe()
+        return {"label": resolve(self.config), "torch": avail.torch_version,
+                "cuda": avail.cuda_built}
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.settings.report_json is None and self.settings.report_html is None:
+            return
         rows = self.rows()
+        header = self._header()
         results = list(self.results.values())
+        for result in results:
+            result.sources = [header["label"]]
         verify = self.settings.verify != "off"
+        environment = self._environment()
         if self.settings.report_json is not None:
             settings = {
                 "axes": list(self.settings.axes) if self.settings.axes else None,
@@ -365,10 +472,11 @@ class ReportPlugin:
                 "select": [",".join(g) for g in self.settings.select],
             }
             self._write(self.settings.report_json, render_json(
-                rows, results, environment=self._environment(), settings=settings))
+                rows, results, environment=environment, settings=settings, header=header))
         if self.settings.report_html is not None:
             self._write(self.settings.report_html, render_html(
-                rows, results, environment=self._environment(), verify=verify))
+                rows, results, environment=[f"label: {header['label']}", *environment],
+                verify=verify))
 
     def _write(self, path: Any, text: str) -> None:
         try:

@@ -87,8 +87,9 @@ def test_html_is_self_contained_and_escapes_everything() -> None:
     rows = build_rows(RESULTS, ["mkldnn-on", "mkldnn-off"])
     page = render_html(rows, RESULTS, environment=["torch <2>"], verify=True)
     assert "<script>" not in page and "&lt;script&gt;" in page
+    grid = page.partition('<h2 id="failures">')[0]
     parser = _Collect()
-    parser.feed(page)
+    parser.feed(grid)
     assert "script" not in parser.tags and "link" not in parser.tags
     assert "http" not in page
     titles = [t for _, t in parser.cells]
@@ -96,3 +97,29 @@ def test_html_is_self_contained_and_escapes_everything() -> None:
     classes = [c for c, _ in parser.cells if c and c != "absent"]
     assert sorted(classes) == ["error", "failed", "passed unexercised", "skipped"]
     assert "t.py::c[<script>alert(1)</script>]" in parser.texts
+
+
+def test_html_lists_failures_and_skip_reasons_under_the_grid() -> None:
+    rows = build_rows(RESULTS, ["mkldnn-on", "mkldnn-off"])
+    page = render_html(rows, RESULTS, environment=[], verify=False)
+    lists = page[page.index('<h2 id="failures">'):]
+    parser = _Collect()
+    parser.feed(lists)
+    text = [t for t in parser.texts if t.strip()]
+    failures = text[text.index("Failures (2)"):text.index("Skip reasons per configuration")]
+    assert failures[:4] == ["Failures (2)", "test", "config", "outcome"]
+    assert failures[5:9] == ["t.py::a", "mkldnn-off", "failed", "AssertionError: x"]
+    assert failures[9:13] == [
+        "t.py::c[<script>alert(1)</script>]", "mkldnn-on", "error", "boom & <b>"]
+    skips = text[text.index("Skip reasons per configuration"):]
+    assert skips[-3:] == ["mkldnn-off", "1", "needs <CUDA>"]
+    assert "<script>" not in lists and "source" not in failures  # one source: no column
+
+
+def test_json_names_its_format_and_header() -> None:
+    rows = build_rows(RESULTS, ["mkldnn-on", "mkldnn-off"])
+    data = json.loads(render_json(rows, RESULTS, environment=[], settings={},
+                                  header={"label": "ci-linux", "torch": "2.13.0"}))
+    assert list(data)[:5] == ["format", "version", "label", "torch", "environment"]
+    assert data["format"] == "pytest-backends-report" and data["label"] == "ci-linux"
+    assert data["totals"]["conflict"] == 0

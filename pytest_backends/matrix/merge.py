@@ -1,0 +1,347 @@
+"""Merge matrix reports from several jobs (CI shards, machines) into one matrix.
+
+Each input is a JSON report written by ``--backends-report`` (or an earlier
+merge). The merged report lists its inputs under ``sources`` (file, label,
+environment, settings, versions) and keeps, on every test row, the labels of
+the sources that reported it. The same test under the same configuration
+(the same node id) reported by two sources with different outcomes becomes
+one ``conflict`` row, with every source's outcome under ``conflicts``; one
+outcome never silently replaces another. A skip is not a competing outcome:
+a CPU-only job skips the CUDA configurations a GPU job runs, so where some
+sources ran an item and others skipped it, the row shows where it ran and
+the skips are listed under ``skipped_elsewhere``. Merging a merged report
+again gives the same result as merging its inputs.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_backends._files import atomic_write_text
+from pytest_backends._sources import MergeInputError, load_json, unique_label, version_warning
+from pytest_backends.matrix.configs import ConfigError, builtin_registry
+from pytest_backends.matrix.report import (
+    OUTCOMES,
+    REPORT_FORMAT,
+    ConfigRow,
+    Result,
+    build_rows,
+    render_html,
+    render_json,
+    render_terminal,
+)
+
+__all__ = ["MergedReport", "ReportInput", "merge_reports", "read_report"]
+
+_KNOWN_FORMATS = {
+    "pytest-backends-census": "a determinism census (merge it with --census OUT.json)",
+    "pytest-backends-baseline": "a determinism baseline, which is not merged",
+}
+
+
+@dataclass
+class ReportInput:
+    """One report file as read: its sources and its results, one per source and node id."""
+
+    path: Path
+    sources: list[dict[str, Any]]
+    configs: list[str]
+    #: ``(source label, result)`` pairs; a conflict row of a merged input is split back.
+    results: list[tuple[str, Result]]
+
+
+def _fail(path: Path, message: str) -> MergeInputError:
+    return MergeInputError(f"report file {path}: {message}")
+
+
+def _check_header(path: Path, data: Mapping[str, Any]) -> None:
+    fmt = data.get("format")
+    if fmt is None and isinstance(data.get("tests"), list) and "configs" in data:
+        fmt = REPORT_FORMAT  # written before reports carried a format name
+    if fmt != REPORT_FORMAT:
+        kind = _KNOWN_FORMATS.get(str(fmt))
+        if kind:
+            raise MergeInputError(f"{path} is {kind}, not a matrix report")
+        raise _fail(path, f"'format' must be {REPORT_FORMAT!r}, got {fmt!r}; is it a report "
+                    "written by --backends-report?")
+    version = data.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise _fail(path, f"'version' must be a positive integer, got {version!r}")
+    if version > 1:
+        raise _fail(path, f"format version {version} is newer than this pytest-backends reads "
+                    "(1); upgrade pytest-backends")
+
+
+_RESULT_FIELDS = {f.name: f for f in dataclasses.fields(Result)}
+_STR_FIELDS = ("nodeid", "test", "config", "outcome", "message", "verify_detail")
+
+
+def _result(path: Path, i: int, row: object) -> Result:
+    where = f"tests[{i}]"
+    if not isinstance(row, dict):
+        raise _fail(path, f"{where} must be an object, got {row!r}")
+    for name in _STR_FIELDS:
+        if name in row and not isinstance(row[name], str):
+            raise _fail(path, f"{where}: {name!r} must be a string, got {row[name]!r}")
+    for name in ("nodeid", "config", "outcome"):
+        if not row.get(name):
+            raise _fail(path, f"{where}: {name!r} is missing")
+    if row["outcome"] not in OUTCOMES:
+        raise _fail(path, f"{where}: 'outcome' must be one of {', '.join(OUTCOMES)}, "
+                    f"got {row['outcome']!r}")
+    verify = row.get("verify")
+    if verify is not None and not isinstance(verify, str):
+        raise _fail(path, f"{where}: 'verify' must be a string or null, got {verify!r}")
+    duration = row.get("duration", 0.0)
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)):
+        raise _fail(path, f"{where}: 'duration' must be a number, got {duration!r}")
+    sources = row.get("sources", [])
+    if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+        raise _fail(path, f"{where}: 'sources' must be a list of labels")
+    values = {k: v for k, v in row.items() if k in _RESULT_FIELDS}
+    values.setdefault("test", row["nodeid"])
+    values["duration"] = float(duration)
+    values["sources"] = list(sources)
+    return Result(**values)
+
+
+def _source(path: Path, data: Mapping[str, Any], tests: int) -> dict[str, Any]:
+    label = data.get("label")
+    return {
+        "file": str(path),
+        "label": label if isinstance(label, str) and label else Path(path).stem,
+        "torch": data.get("torch"),
+        "cuda": data.get("cuda"),
+        "environment": list(data.get("environment") or []),
+        "settings": data.get("settings") or {},
+        "tests": tests,
+    }
+
+
+def read_report(path: Path) -> ReportInput:
+    """Read and check one report file (a run's or a merged one)."""
+    path = Path(path)
+    data = load_json(path, "report file")
+    _check_header(path, data)
+    rows = data.get("tests")
+    if not isinstance(rows, list):
+        raise _fail(path, "'tests' must be a list")
+    results = [_result(path, i, row) for i, row in enumerate(rows)]
+    configs = [c.get("id") for c in data.get("configs") or [] if isinstance(c, dict)]
+    nested = data.get("sources")
+    if isinstance(nested, list) and nested:
+        if not all(isinstance(s, dict) and isinstance(s.get("label"), str) for s in nested):
+            raise _fail(path, "'sources' must be a list of objects with a 'label'")
+        sources = [dict(s) for s in nested]
+    else:
+        sources = [_source(path, data, len(results))]
+    default = str(sources[0]["label"])
+    details = _conflict_details(path, data.get("conflicts"))
+    skips = _conflict_details(path, data.get("skipped_elsewhere"), "skipped_elsewhere")
+    pairs: list[tuple[str, Result]] = []
+    for result in results:
+        for label, outcome, message in skips.get(result.nodeid, ()):
+            pairs.append((label, dataclasses.replace(
+                result, outcome=outcome, message=message, verify=None, verify_detail="",
+                sources=[label])))
+        if result.outcome == "conflict" and result.nodeid in details:
+            for label, outcome, message in details[result.nodeid]:
+                pairs.append((label, dataclasses.replace(
+                    result, outcome=outcome, message=message, sources=[label])))
+            continue
+        for label in result.sources or [default]:
+            pairs.append((label, dataclasses.replace(result, sources=[label])))
+    return ReportInput(path, sources, [c for c in configs if isinstance(c, str)], pairs)
+
+
+def _conflict_details(
+    path: Path, value: object, name: str = "conflicts"
+) -> dict[str, list[tuple[str, str, str]]]:
+    details: dict[str, list[tuple[str, str, str]]] = {}
+    if value is None:
+        return details
+    if not isinstance(value, list):
+        raise _fail(path, f"{name!r} must be a list")
+    for i, entry in enumerate(value):
+        ok = isinstance(entry, dict) and isinstance(entry.get("nodeid"), str) and isinstance(
+            entry.get("outcomes"), list)
+        outcomes = entry.get("outcomes") if isinstance(entry, dict) else None
+        if not ok or not all(
+            isinstance(o, dict) and isinstance(o.get("source"), str)
+            and o.get("outcome") in OUTCOMES and isinstance(o.get("message", ""), str)
+            for o in outcomes or ()
+        ):
+            raise _fail(path, f"{name}[{i}] must name a 'nodeid' and list 'outcomes' "
+                        "(source, outcome, message)")
+        assert isinstance(entry, dict) and isinstance(outcomes, list)
+        details[entry["nodeid"]] = [
+            (o["source"], o["outcome"], o.get("message", "")) for o in outcomes]
+    return details
+
+
+@dataclass
+class MergedReport:
+    """The merged matrix: rows per config, one result per node id, its sources and conflicts."""
+
+    sources: list[dict[str, Any]]
+    results: list[Result]
+    order: list[str]
+    conflicts: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    #: Items some sources skipped and others ran (same schema as ``conflicts``).
+    skipped_elsewhere: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def verify(self) -> bool:
+        """Whether any source ran with kernel-path verification."""
+        return any((s.get("settings") or {}).get("verify", "off") != "off" for s in self.sources)
+
+    def rows(self) -> list[ConfigRow]:
+        """One row per configuration, as after a run."""
+        return build_rows(self.results, self.order)
+
+    def environment(self) -> list[str]:
+        """The environment lines every source shares."""
+        lists = [list(s.get("environment") or []) for s in self.sources]
+        if not lists:
+            return []
+        return [line for line in lists[0] if all(line in other for other in lists[1:])]
+
+    def to_json(self) -> str:
+        """The merged report as JSON text (the same schema as a run's report)."""
+        header = {"label": "merged", "sources": self.sources}
+        return render_json(self.rows(), self.results, environment=self.environment(),
+                           settings={}, header=header, extra={"conflicts": self.conflicts,
+                                  "skipped_elsewhere": self.skipped_elsewhere})
+
+    def to_html(self) -> str:
+        """The merged HTML grid, with a badge per source on every cell."""
+        return render_html(self.rows(), self.results, environment=self.environment(),
+                           verify=self.verify, sources=self.sources)
+
+    def terminal_lines(self) -> list[str]:
+        """The sources, the grid as after a run, and the conflicts."""
+        lines = [f"merged {len(self.sources)} source(s):"]
+        for i, src in enumerate(self.sources, 1):
+            versions = f"torch {src.get('torch') or 'unknown'}"
+            if src.get("cuda"):
+                versions += f", CUDA {src['cuda']}"
+            lines.append(f"  [{i}] {src['label']}: {src.get('tests', '?')} tests from "
+                         f"{src.get('file')} ({versions})")
+        lines.append("")
+        lines += render_terminal(self.rows(), self.verify)
+        if self.conflicts:
+            lines += ["", f"{len(self.conflicts)} conflict(s): the same test and config "
+                          "gave different outcomes in different sources:"]
+            for entry in self.conflicts:
+                lines.append(f"  {entry['nodeid']}")
+                lines += [f"    {o['source']}: {o['outcome']}"
+                          + (f" - {o['message']}" if o["message"] else "")
+                          for o in entry["outcomes"]]
+        if self.skipped_elsewhere:
+            lines += ["", f"{len(self.skipped_elsewhere)} item(s) ran in some sources and were "
+                          "skipped in others; the grid shows where they ran "
+                          "(skipped_elsewhere in the JSON report)"]
+        return lines
+
+    def write_json(self, path: Path) -> None:
+        """Write the merged JSON report atomically."""
+        atomic_write_text(Path(path), self.to_json())
+
+    def write_html(self, path: Path) -> None:
+        """Write the merged HTML grid atomically."""
+        atomic_write_text(Path(path), self.to_html())
+
+
+def merge_reports(paths: Sequence[Path]) -> MergedReport:
+    """Merge the report files ``paths`` (raises :class:`MergeInputError` naming a bad file)."""
+    if not paths:
+        raise MergeInputError("no report files to merge")
+    inputs = [read_report(Path(p)) for p in paths]
+    taken: set[str] = set()
+    sources: list[dict[str, Any]] = []
+    by_nodeid: dict[str, list[tuple[str, Result]]] = {}
+    for item in inputs:
+        renamed: dict[str, str] = {}
+        for src in item.sources:
+            label = unique_label(str(src["label"]), taken, str(src.get("file", item.path)))
+            renamed[str(src["label"])] = label
+            sources.append({**src, "label": label})
+        for label, result in item.results:
+            new = renamed.get(label, label)
+            result.sources = [new]
+            by_nodeid.setdefault(result.nodeid, []).append((new, result))
+    results: list[Result] = []
+    conflicts: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    for nodeid in sorted(by_nodeid):
+        reports = by_nodeid[nodeid]
+        ran = [(label, r) for label, r in reports if r.outcome != "skipped"]
+        if ran and len(ran) < len(reports):
+            skipped.append({"nodeid": nodeid, "config": reports[0][1].config, "outcomes": [
+                {"source": label, "outcome": r.outcome, "message": r.message}
+                for label, r in reports if r.outcome == "skipped"]})
+            reports = ran
+        labels = list(dict.fromkeys(label for label, _ in reports))
+        outcomes = {r.outcome for _, r in reports}
+        first = reports[0][1]
+        if len(outcomes) == 1:
+            results.append(dataclasses.replace(first, sources=labels))
+            continue
+        entries = [{"source": label, "outcome": r.outcome, "message": r.message}
+                   for label, r in reports]
+        conflicts.append({"nodeid": nodeid, "config": first.config, "outcomes": entries})
+        message = "; ".join(f"{e['outcome']} on {e['source']}"
+                            + (f" ({e['message']})" if e["message"] else "") for e in entries)
+        results.append(dataclasses.replace(
+            first, outcome="conflict", message=message, verify=None, verify_detail="",
+            sources=labels, duration=sum(r.duration for _, r in reports)))
+    order = _config_order([item.configs for item in inputs] + [[r.config for r in results]])
+    warnings = [w for w in [version_warning(sources, "reports")] if w]
+    return MergedReport(sources, results, order, conflicts, warnings, skipped)
+
+
+def _config_order(lists: Iterable[Sequence[str]]) -> list[str]:
+    """One order for the configs of all inputs, keeping each input's (sorted) order.
+
+    Ties are broken by the built-in axes' order, then by first appearance.
+    """
+    first: dict[str, int] = {}
+    after: dict[str, set[str]] = {}
+    for ids in lists:
+        for i, config in enumerate(ids):
+            first.setdefault(config, len(first))
+            after.setdefault(config, set())
+            if i:
+                after[ids[i - 1]].add(config)
+    registry = builtin_registry()
+
+    def key(config: str) -> tuple[int, tuple[tuple[int, int], ...], int]:
+        try:
+            return (0, registry.sort_key(registry.parse_id(config)), first[config])
+        except (ConfigError, KeyError, ValueError):
+            return (1, (), first[config])
+
+    waiting = {c: 0 for c in first}
+    for successors in after.values():
+        for c in successors:
+            waiting[c] += 1
+    order: list[str] = []
+    ready = sorted((c for c, n in waiting.items() if n == 0), key=key)
+    while ready:
+        config = ready.pop(0)
+        order.append(config)
+        for c in after[config]:
+            waiting[c] -= 1
+            if waiting[c] == 0:
+                ready.append(c)
+        ready.sort(key=key)
+    # Inputs that disagree on the order (a cycle) keep first appearance for the rest.
+    order += sorted((c for c in first if c not in order), key=lambda c: first[c])
+    return order
