@@ -50,6 +50,8 @@ __all__ = [
 REPORT_ATTR = "backends_census"
 _VERDICTS_KEY = pytest.StashKey[list[dict[str, Any]]]()
 _OFF = ("0", "off", "false", "no")
+#: The largest N accepted by ``--backends-determinism``.
+MAX_RUNS = 1000
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,13 @@ def parse_runs(value: str, source: str) -> int | None:
         raise pytest.UsageError(
             f"{source}: the determinism check needs at least 2 runs, got {runs} "
             "(use 'off' to disable it)"
+        )
+    if runs > MAX_RUNS:
+        raise pytest.UsageError(
+            f"{source}: at most {MAX_RUNS} runs, got {runs}: every selected test runs N times "
+            "under the op recorder, so a larger N only multiplies the session's time (a "
+            "nondeterministic kernel usually shows within 2 to 10 runs); pick N <= "
+            f"{MAX_RUNS}"
         )
     return runs
 
@@ -266,7 +275,7 @@ class DeterminismPlugin:
         if not _selected(item, self.settings.select_all):
             return (yield)
         from pytest_backends.determinism.api import RngState
-        from pytest_backends.determinism.recorder import OpRecorder, RunLog, compare_runs
+        from pytest_backends.determinism.recorder import OpRecorder, RunLog, compare_runs, locate
 
         runs = self.settings.runs
         start = RngState.capture()
@@ -281,7 +290,7 @@ class DeterminismPlugin:
         logs.append(recorder.finish())
         for run in range(1, runs):
             start.restore()
-            recorder = OpRecorder()
+            recorder = OpRecorder(previous=recorder)
             try:
                 with recorder:
                     item.runtest()
@@ -292,6 +301,9 @@ class DeterminismPlugin:
                 raise
             logs.append(recorder.finish())
         comparison = compare_runs(logs)
+        if not comparison.reproducible:
+            start.restore()
+            comparison = locate(comparison, item.runtest)  # one more run, with source lines
         self._record(item, comparison)
         self._check(comparison)
         return result
@@ -330,6 +342,10 @@ class DeterminismPlugin:
         if self.settings.baseline_update:
             new = []
         unexplained = comparison.unexplained
+        if comparison.uninitialized:
+            # Never accepted by a baseline: the test reads garbage.
+            lines = [d.describe(runs) for d in comparison.uninitialized]
+            _raise(lines[:1] + [f"  also: {line}" for line in lines[1:]], comparison.uninitialized[0])
         if new:
             first = new[0]
             lines = [first.describe(runs)]
