@@ -174,8 +174,10 @@ class Location:
     def describe(self) -> str:
         """``"test_x.py:12 in test_fn, module layers.0 (Linear)"``."""
         text = f"{self.file}:{self.line} in {self.function}"
-        if self.module is not None:
-            text += f", module {self.module or '(root)'} ({self.module_type})"
+        if self.module:
+            text += f", module {self.module} ({self.module_type})"
+        elif self.module is not None:
+            text += f", module {self.module_type} (outermost)"
         if self.forward is not None:
             text += f"; backward of {self.forward_op} called at {self.forward.describe()}"
         return text
@@ -315,10 +317,17 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if info.written:
             self._note_writes(info, args, kwargs)
         key = self._key
-        inputs: tuple[Slot, ...] = tuple([key(a) for a in args])
+        tainted = None
+        if self._tainted and (info.pure_view or info.overwrites):
+            # Views and overwrites do not read the data: a partly written buffer
+            # (``out[i] = row`` in a loop) is keyed by shape until an op reads it.
+            inputs = self._unread_keys(info, args)
+        else:
+            inputs = tuple([key(a) for a in args])
+            if self._tainted:
+                tainted = self._reads_tainted(info, args, kwargs)
         if kwargs:
             inputs += tuple([(k, key(v)) for k, v in sorted(kwargs.items())])
-        tainted = self._reads_tainted(info, args, kwargs) if self._tainted else None
         try:
             if torch.are_deterministic_algorithms_enabled() and (
                 torch.is_deterministic_algorithms_warn_only_enabled()
@@ -395,6 +404,20 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return tuple([self._key(x) for x in a])
         return _value_key(a)
 
+    def _unread_keys(self, info: _OpInfo, args: Sequence[Any]) -> tuple[Slot, ...]:
+        keys = []
+        for i, a in enumerate(args):
+            if (
+                isinstance(a, torch.Tensor)
+                and (info.pure_view or i in info.written)
+                and a.numel()
+                and _storage_ptr(a) in self._tainted
+            ):
+                keys.append(("uninitialized", _dtype_name(a.dtype), tuple(a.shape)))
+            else:
+                keys.append(self._key(a))
+        return tuple(keys)
+
     def _input(self, t: torch.Tensor) -> Slot:
         """The key of a tensor no op of this run produced (or that changed since)."""
         shared = self._shared.get(id(t))
@@ -454,7 +477,10 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         """
         for t in _tensors([args[i] for i in info.written if i < len(args)]):
             hit = self._known.get(id(t))
-            if hit is None or hit[0]() is not t or (type(hit[2]) is Digest and hit[2].external):
+            # Writes to tensors an op of this run produced (``relu_`` on an activation)
+            # cannot touch outside storage; anything else (an outside tensor, a view,
+            # ``.data``, which is a ``detach`` view) may.
+            if hit is None or hit[0]() is not t or type(hit[2]) is not Digest or hit[2].external:
                 self._written_external.add(_storage_ptr(t))
         for name in info.out_names:
             for t in _tensors(kwargs.get(name)):
