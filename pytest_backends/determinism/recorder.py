@@ -91,6 +91,9 @@ _WORKSPACES: dict[str, frozenset[int]] = {
     "aten::_scaled_dot_product_flash_attention": frozenset({7, 8}),  # unused, debug mask
     "aten::_scaled_dot_product_cudnn_attention": frozenset({8}),  # debug_attn_mask
     "aten::_flash_attention_forward": frozenset({3, 4}),  # unused, debug_attn_mask
+    # (loss, log_alpha): the CPU kernel fills log_alpha only up to each sample's
+    # input and target lengths; the rest is uninitialised and never read.
+    "aten::_ctc_loss": frozenset({1}),
 }
 
 # Ops that overwrite every element of the tensors they write without reading them.
@@ -410,8 +413,7 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if (
                 isinstance(a, torch.Tensor)
                 and (info.pure_view or i in info.written)
-                and a.numel()
-                and _storage_ptr(a) in self._tainted
+                and self._taint_of(a) is not None
             ):
                 keys.append(("uninitialized", _dtype_name(a.dtype), tuple(a.shape)))
             else:
@@ -504,15 +506,27 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self, info: _OpInfo, args: Sequence[Any], kwargs: dict[str, Any]
     ) -> str | None:
         for t in self._read_tensors(info, args, kwargs):
-            if not t.numel():
-                continue
-            entry = self._tainted.get(_storage_ptr(t))
-            if entry is not None:
-                if entry[0]() is None:
-                    del self._tainted[_storage_ptr(t)]
-                    continue
-                return entry[1]
+            origin = self._taint_of(t)
+            if origin is not None:
+                return origin
         return None
+
+    def _taint_of(self, t: torch.Tensor) -> str | None:
+        """The origin of the uninitialised memory ``t`` is on, if any.
+
+        An entry counts only while the tensor that created it is alive: after
+        that, its address may belong to a new storage.
+        """
+        if not t.numel():
+            return None
+        ptr = _storage_ptr(t)
+        entry = self._tainted.get(ptr)
+        if entry is None:
+            return None
+        if entry[0]() is None:
+            del self._tainted[ptr]
+            return None
+        return entry[1]
 
     def _clear_taint(self, info: _OpInfo, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         """A write that covers a whole storage makes its memory initialised."""
