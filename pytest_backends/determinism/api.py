@@ -173,7 +173,7 @@ def _flatten(
         if strict:
             out.append((label, _numpy_tensor(np, value, label)))
         return
-    if isinstance(value, _NUMBERS) or isinstance(value, _PLAIN_VALUES):
+    if isinstance(value, (*_NUMBERS, *_PLAIN_VALUES)):
         out.append((label, value))
     elif isinstance(value, Mapping):
         for key, item in value.items():

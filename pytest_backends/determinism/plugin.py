@@ -345,7 +345,8 @@ class DeterminismPlugin:
         if comparison.uninitialized:
             # Never accepted by a baseline: the test reads garbage.
             lines = [d.describe(runs) for d in comparison.uninitialized]
-            _raise(lines[:1] + [f"  also: {line}" for line in lines[1:]], comparison.uninitialized[0])
+            lines[1:] = [f"  also: {line}" for line in lines[1:]]
+            _raise(lines, comparison.uninitialized[0])
         if new:
             first = new[0]
             lines = [first.describe(runs)]

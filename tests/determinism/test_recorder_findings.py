@@ -53,7 +53,9 @@ def test_oneDNN_rnn_workspace_is_not_a_result() -> None:
     def body(_run: int) -> None:
         lstm.zero_grad(set_to_none=True)
         out, (h, c) = lstm(torch.randn(4, 20, 32))
-        torch.autograd.backward([out, h, c], [torch.randn_like(out), torch.randn_like(h), torch.randn_like(c)])
+        torch.autograd.backward(
+            [out, h, c], [torch.randn_like(out), torch.randn_like(h), torch.randn_like(c)]
+        )
 
     logs, result = _record(body)
     names = [c.name for c in logs[0].calls]
@@ -78,7 +80,9 @@ def test_reading_uninitialised_memory_is_its_own_finding() -> None:
     assert finding.origin is not None
     assert finding.origin.startswith("aten::empty (test_recorder_findings.py:")
     text = finding.describe(3)
-    assert text.startswith("reads uninitialised memory from aten::empty (test_recorder_findings.py:")
+    assert text.startswith(
+        "reads uninitialised memory from aten::empty (test_recorder_findings.py:"
+    )
     assert "in body" in text and "not a nondeterministic kernel" in text
     assert result.verdicts[("aten::add", "cpu", "float32")] == "reads_uninitialized"
     assert not result.reproducible

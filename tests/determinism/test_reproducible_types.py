@@ -42,7 +42,15 @@ Pair = namedtuple("Pair", ["mean", "spread"])
         (lambda: {"a": [1.5, (2, 0.25 + _noise())]}, "output['a'][1][1]"),
         (lambda: complex(1, _noise()), "output"),
     ],
-    ids=["ndarray", "numpy-in-list", "dataclass", "dataclass-int", "namedtuple", "nested", "complex"],
+    ids=[
+        "ndarray",
+        "numpy-in-list",
+        "dataclass",
+        "dataclass-int",
+        "namedtuple",
+        "nested",
+        "complex",
+    ],
 )
 def test_noisy_leaf_of_every_supported_kind_is_caught(fn: object, what: str) -> None:
     with pytest.raises(NotReproducibleError) as info:
@@ -79,7 +87,10 @@ class Opaque:
         (lambda: {1.0 + _noise()}, r"output of type set"),
         (lambda: (torch.ones(1), _generator()), r"output\[1\] of type generator"),
         (lambda: {"model": Opaque()}, r"output\['model'\] of type Opaque"),
-        (lambda: [np.array(["a", object()], dtype=object)], r"output\[0\], a NumPy array of dtype object"),
+        (
+            lambda: [np.array(["a", object()], dtype=object)],
+            r"output\[0\], a NumPy array of dtype object",
+        ),
     ],
     ids=["set", "generator", "object", "object-array"],
 )

@@ -40,11 +40,33 @@ zoo = _load_zoo()
 def test_zoo_covers_the_model_families() -> None:
     names = set(zoo.ZOO)
     assert len(names) >= 40
-    for family in ("lstm", "gru", "transformer", "attention", "conv_transpose3d", "batch_norm",
-                   "group_norm", "layer_norm", "embedding_bag", "pool", "interpolate",
-                   "grid_sample", "ctc_loss", "sort", "topk", "unique", "scatter", "index",
-                   "cumsum", "einsum", "linalg_qr", "linalg_svd", "linalg_eigh", "linalg_solve",
-                   "fft"):
+    for family in (
+        "lstm",
+        "gru",
+        "transformer",
+        "attention",
+        "conv_transpose3d",
+        "batch_norm",
+        "group_norm",
+        "layer_norm",
+        "embedding_bag",
+        "pool",
+        "interpolate",
+        "grid_sample",
+        "ctc_loss",
+        "sort",
+        "topk",
+        "unique",
+        "scatter",
+        "index",
+        "cumsum",
+        "einsum",
+        "linalg_qr",
+        "linalg_svd",
+        "linalg_eigh",
+        "linalg_solve",
+        "fft",
+    ):
         assert any(family in name for name in names), family
 
 
@@ -73,7 +95,10 @@ def test_zoo_suite_wide_under_xdist_has_no_false_verdicts(
     pytester = planted_conftest
     pytester.makepyfile(zoo_entries=ZOO_PATH.read_text(encoding="utf-8"), test_zoo_suite=SUITE)
     result = pytester.runpytest_subprocess(
-        "-n", "2", "--backends-determinism=5", "--backends-determinism-all",
+        "-n",
+        "2",
+        "--backends-determinism=5",
+        "--backends-determinism-all",
         "--backends-census=census.json",
     )
     result.assert_outcomes(passed=len(zoo.ZOO))
@@ -84,7 +109,11 @@ def test_zoo_suite_wide_under_xdist_has_no_false_verdicts(
     tested = {test for row in rows for test in row["tests"]}
     assert len(tested) == len(zoo.ZOO)  # both workers' verdicts reached the census
     verdicts = {(r["op"], r["dtype"]): r["verdict"] for r in rows}
-    for op in ("aten::mkldnn_rnn_layer_backward", "aten::convolution_backward",
-               "aten::_ctc_loss_backward", "aten::native_batch_norm_backward"):
+    for op in (
+        "aten::mkldnn_rnn_layer_backward",
+        "aten::convolution_backward",
+        "aten::_ctc_loss_backward",
+        "aten::native_batch_norm_backward",
+    ):
         assert verdicts.get((op, "float32")) == "deterministic", op
     assert sum(v == "deterministic" for v in verdicts.values()) >= 150

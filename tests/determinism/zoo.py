@@ -52,7 +52,8 @@ def _decoder(device: str) -> Built:
 
 
 def _sdpa(device: str) -> Built:
-    q, k, v = (_x(2, 2, 6, 8, device=device) for _ in range(3))
+    shape = (4, 8, 512, 64) if _big(device) else (2, 2, 6, 8)
+    q, k, v = (_x(*shape, device=device) for _ in range(3))
     return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)), (q, k, v)
 
 
@@ -79,7 +80,13 @@ def _ctc(device: str) -> Built:
     return (lambda z: F.ctc_loss(z.log_softmax(2), targets, in_lens, tgt_lens)), (logits,)
 
 
-def _indexed(op: str, device: str, rows: int = 40, width: int = 6, n: int = 100) -> Built:
+def _big(device: str) -> bool:
+    """On a GPU, sizes that give atomics contention (nondeterminism shows only then)."""
+    return not device.startswith("cpu")
+
+
+def _indexed(op: str, device: str) -> Built:
+    rows, width, n = (64, 32, 200_000) if _big(device) else (40, 6, 100)
     src = _x(n, width, device=device)
     idx = torch.randint(0, rows, (n,), device=device)
 
@@ -134,7 +141,8 @@ def _linalg(device: str, kind: str) -> Built:
 
 def _grid_sample(device: str) -> Built:
     img = _x(2, 3, 8, 8, device=device)
-    grid = (torch.rand(2, 6, 6, 2, device=device) * 2 - 1).requires_grad_()
+    side = 256 if _big(device) else 6  # many grid points land on the same input pixels
+    grid = (torch.rand(2, side, side, 2, device=device) * 2 - 1).requires_grad_()
     return (lambda i, g: F.grid_sample(i, g, align_corners=False)), (img, grid)
 
 
@@ -163,7 +171,11 @@ ZOO: dict[str, Callable[[str], Built]] = {
     "conv3d": lambda d: _module(nn.Conv3d(2, 3, 3), d, 1, 2, 5, 5, 5),
     "conv_transpose1d": lambda d: _module(nn.ConvTranspose1d(3, 2, 3, stride=2), d, 2, 3, 6),
     "conv_transpose2d": lambda d: _module(nn.ConvTranspose2d(3, 2, 3, stride=2), d, 2, 3, 5, 5),
-    "conv_transpose3d": lambda d: _module(nn.ConvTranspose3d(2, 2, 3, stride=2), d, 1, 2, 3, 3, 3),
+    "conv_transpose3d": lambda d: _module(
+        nn.ConvTranspose3d(2, 2, 3, stride=2),
+        d,
+        *((4, 2, 16, 16, 16) if _big(d) else (1, 2, 3, 3, 3)),
+    ),
     "batch_norm1d_train": lambda d: _module(nn.BatchNorm1d(6), d, 8, 6),
     "batch_norm2d_train": lambda d: _module(nn.BatchNorm2d(3), d, 4, 3, 5, 5),
     "group_norm": lambda d: _module(nn.GroupNorm(2, 4), d, 3, 4, 5, 5),
@@ -176,9 +188,10 @@ ZOO: dict[str, Callable[[str], Built]] = {
     "avg_pool2d": lambda d: _module(nn.AvgPool2d(3, 2, padding=1), d, 2, 3, 9, 9),
     "adaptive_avg_pool2d": lambda d: _module(nn.AdaptiveAvgPool2d((3, 2)), d, 2, 3, 8, 7),
     "adaptive_max_pool2d": lambda d: _module(nn.AdaptiveMaxPool2d(3), d, 2, 3, 8, 7),
-    "interpolate_bilinear": _fn(
-        lambda x: F.interpolate(x, scale_factor=2.5, mode="bilinear"), (2, 3, 5, 5)
-    ),
+    "interpolate_bilinear": lambda d: _fn(
+        lambda x: F.interpolate(x, scale_factor=2.5, mode="bilinear"),
+        (8, 16, 64, 64) if _big(d) else (2, 3, 5, 5),
+    )(d),
     "interpolate_nearest": _fn(lambda x: F.interpolate(x, size=(7, 9)), (2, 3, 4, 4)),
     "interpolate_trilinear": _fn(
         lambda x: F.interpolate(x, scale_factor=2, mode="trilinear"), (1, 2, 3, 3, 3)
