@@ -304,6 +304,8 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         # Storage pointer -> (weak reference to a tensor keeping it alive, origin).
         self._tainted: dict[int, tuple[Any, str]] = {}
         self._finished = False
+        self._digest_fn = _digest_function()
+        self._prune_at = 4096
 
     # --- the per-op path --------------------------------------------------------
 
@@ -384,7 +386,10 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         # Only the device and dtype: holding the tensor would keep it alive (and make
         # torch wrap the returned tensor anew with an extra ``detach``).
         ref = tensors[0] if tensors else next(_tensors([*args, *kwargs.values()]), None)
-        where = (ref.device.type, ref.dtype) if ref is not None else None
+        if ref is None:
+            where = None
+        else:  # ``is_cpu`` is far cheaper than building ``ref.device``
+            where = ("cpu" if ref.is_cpu else ref.device.type, ref.dtype)
         self._calls.append((info, inputs, outputs, where, alerted, tainted))
         return out
 
@@ -436,14 +441,17 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return self._remember(t, self._digest(t))
 
     def _digest(self, t: torch.Tensor, external: bool = False) -> Slot:
-        if t.layout != torch.strided or t.is_meta or t.is_quantized:
-            return ("opaque", _dtype_name(t.dtype), tuple(t.shape), str(t.layout), t.device.type)
-        from pytest_backends.determinism.digest import digest
-
+        if t.is_meta:
+            return ("opaque", _dtype_name(t.dtype), tuple(t.shape), "meta")
         try:
-            d = digest(t)
-        except (TypeError, RuntimeError, NotImplementedError):
-            return ("opaque", _dtype_name(t.dtype), tuple(t.shape), type(t).__name__)
+            d = self._digest_fn(t)
+        except NotImplementedError:  # a device without a native kernel: same values
+            try:
+                d = _digest_module().digest(t, backend="python")
+            except (TypeError, RuntimeError, NotImplementedError):
+                return _opaque(t)
+        except (TypeError, RuntimeError):  # sparse, quantized, ...: not digestible
+            return _opaque(t)
         key = Digest(external)
         if external:
             key.storage = _storage_ptr(t)
@@ -454,10 +462,15 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _remember(self, t: torch.Tensor, key: Slot) -> Slot:
         # Inference tensors have no version counter: they are digested at every use.
         # (A plain try: contextlib.suppress costs a microsecond on this per-op path.)
+        known = self._known
         try:  # noqa: SIM105
-            self._known[id(t)] = (weakref.ref(t), t._version, key)
+            known[id(t)] = (weakref.ref(t), t._version, key)
         except (RuntimeError, TypeError):
             pass
+        if len(known) > self._prune_at:
+            # Entries of dead tensors only cost memory and GC time: drop them now and then.
+            self._known = {k: v for k, v in known.items() if v[0]() is not None}
+            self._prune_at = max(2 * len(self._known), 4096)
         return key
 
     def _uninitialized(self, t: torch.Tensor, name: str) -> Slot:
@@ -599,6 +612,27 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         }
         self._known = {}
         return exported
+
+
+def _digest_module() -> Any:
+    from pytest_backends.determinism import digest
+
+    return digest
+
+
+def _digest_function() -> Callable[[torch.Tensor], torch.Tensor]:
+    """The fastest way to digest one tensor: the native op's C++ entry point if loaded."""
+    module = _digest_module()
+    op = module._native_digest_op(None)
+    if op is None:
+        fn: Callable[[torch.Tensor], torch.Tensor] = module._python_digest
+        return fn
+    # OpOverload.__call__ is a Python frame around this callable.
+    return getattr(op, "_op", op)  # type: ignore[no-any-return]
+
+
+def _opaque(t: torch.Tensor) -> Slot:
+    return ("opaque", _dtype_name(t.dtype), tuple(t.shape), str(t.layout), type(t).__name__)
 
 
 def _value_key(a: object) -> Slot:
