@@ -386,10 +386,8 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         # Only the device and dtype: holding the tensor would keep it alive (and make
         # torch wrap the returned tensor anew with an extra ``detach``).
         ref = tensors[0] if tensors else next(_tensors([*args, *kwargs.values()]), None)
-        if ref is None:
-            where = None
-        else:  # ``is_cpu`` is far cheaper than building ``ref.device``
-            where = ("cpu" if ref.is_cpu else ref.device.type, ref.dtype)
+        # ``is_cpu`` is far cheaper than building ``ref.device``.
+        where = None if ref is None else ("cpu" if ref.is_cpu else ref.device.type, ref.dtype)
         self._calls.append((info, inputs, outputs, where, alerted, tainted))
         return out
 
