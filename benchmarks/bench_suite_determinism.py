@@ -11,7 +11,8 @@ the recorder's per-op cost matters most:
 Both variants run in pytest subprocesses, interleaved, ``--repeat`` times; a
 conftest records the time of every test's call phase (everything the check
 adds happens there), and the best of the repeats is reported, per test and in
-total, with the wall time of the whole session beside it. The per-op floor is
+total, with the wall time of the whole session beside it (wall time is disturbed by
+other processes on a shared machine; CPU times are not). The per-op floor is
 measured in this process on the ODE body: bare, under a Python dispatch mode
 that only calls the op, and under the recorder, in microseconds per op.
 
@@ -96,11 +97,11 @@ TIMES = {}
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_call(item):
-    start = time.perf_counter()
+    start = time.thread_time()  # CPU time: other processes on the machine do not count
     try:
         return (yield)
     finally:
-        TIMES[item.name] = time.perf_counter() - start
+        TIMES[item.name] = time.thread_time() - start
 
 
 def pytest_sessionfinish(session):
@@ -163,9 +164,9 @@ def per_op_floor() -> tuple[int, float, float, float]:
     best = {"bare": 1e9, "call": 1e9, "rec": 1e9}
     for _ in range(5):
         for name, fn in (("bare", bare), ("call", call_only), ("rec", recorded)):
-            start = time.perf_counter()
+            start = time.thread_time()
             fn()
-            best[name] = min(best[name], time.perf_counter() - start)
+            best[name] = min(best[name], time.thread_time() - start)
     del torch
     return ops, *(best[k] / ops * 1e6 for k in ("bare", "call", "rec"))  # type: ignore[return-value]
 
@@ -200,7 +201,7 @@ def main() -> None:
     plain, checked = best["plain"], best["checked"]
     lines = [
         f"--backends-determinism={args.runs} vs plain on a small-op CPU suite "
-        f"(best of {args.repeat} interleaved sessions, 1 thread)",
+        f"(best of {args.repeat} interleaved sessions, 1 thread, CPU time of the test thread)",
         f"CPU: {cpu_description()}; load average {os.getloadavg()[0]:.1f}",
         "",
     ]
