@@ -99,6 +99,7 @@ def test_values_that_cannot_be_compared_raise_type_error(fn: object, pattern: st
         assert_reproducible(fn, runs=2)  # type: ignore[arg-type]
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 def test_nested_tensor_and_sparse_layout_give_a_clear_error() -> None:
     def nested() -> object:
         return [torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])]
