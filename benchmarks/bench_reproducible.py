@@ -18,6 +18,15 @@ bare loops only call the model (no reseeding, no comparison):
 Models: a small CNN (3 conv layers, batch 8 of 3x32x32) and a 4-layer MLP
 (batch 64, width 512).
 
+4. On a resnet18-sized CNN forward (batch 2, 3x112x112, about 90 ops), side
+   by side: bare, a naive Python ``TorchDispatchMode`` that digests every
+   floating output as the sum of its bits as int64, the recorder for one run
+   (a fresh recorder: every parameter digested), and the recorder over N runs
+   as the plugin uses it (keys of outside tensors carried from run to run),
+   in microseconds per op over bare. The per-op breakdown: the floor of any
+   Python dispatch mode (a mode that only calls the op), the native digest
+   kernel on that forward's outputs, and the rest (the recorder's bookkeeping).
+
 Usage::
 
     python benchmarks/bench_reproducible.py [--runs 5] [--repeat 15] [--threads 1] [--out PATH]
@@ -34,8 +43,11 @@ import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from pytest_backends import assert_reproducible
 from pytest_backends.determinism import digest
@@ -49,6 +61,8 @@ except ImportError:  # pragma: no cover - depends on the environment
     pt_assert_deterministic = None
 
 OUT = Path(__file__).parent / "results" / "reproducible-cpu.txt"
+#: CPU time of this thread (torch runs with one intra-op thread here).
+CLOCK = time.thread_time
 
 
 def small_cnn() -> torch.nn.Module:
@@ -72,19 +86,187 @@ def mlp() -> torch.nn.Module:
     return torch.nn.Sequential(*layers)
 
 
+class _BasicBlock(torch.nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.down: torch.nn.Module | None = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return torch.relu(y + (x if self.down is None else self.down(x)))
+
+
+def resnet18() -> torch.nn.Module:
+    """The resnet18 architecture (11.7 M parameters), in eval mode."""
+    nn = torch.nn
+    layers: list[torch.nn.Module] = [
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.MaxPool2d(3, 2, 1),
+    ]
+    cin = 64
+    for cout, stride in [(64, 1), (128, 2), (256, 2), (512, 2)]:
+        layers += [_BasicBlock(cin, cout, stride), _BasicBlock(cout, cout, 1)]
+        cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 1000)]
+    return nn.Sequential(*layers).eval()
+
+
+class NaiveMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Digests every floating output as the sum of its bits as int64 (the naive baseline)."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.digests: list[torch.Tensor] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                bits = _INT_OF_SIZE[t.element_size()]
+                self.digests.append(t.contiguous().view(bits).sum(dtype=torch.int64))
+        return out
+
+
+_INT_OF_SIZE = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class CallOnlyMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """The floor of any Python dispatch mode: it only calls the op."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+class _KeepOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.outputs: list[torch.Tensor] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self.outputs += [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        return out
+
+
+def bench_modes(
+    name: str, model: torch.nn.Module, x: torch.Tensor, runs: int, repeat: int
+) -> list[str]:
+    """Bare, naive mode and recorder per op on one forward, side by side."""
+
+    def bare() -> None:
+        with torch.no_grad():
+            model(x)
+
+    def naive() -> None:
+        with torch.no_grad(), NaiveMode() as mode:
+            model(x)
+        torch.stack(mode.digests).tolist()  # to the host, as the recorder's finish does
+
+    def call_only() -> None:
+        with torch.no_grad(), CallOnlyMode():
+            model(x)
+
+    def recorded() -> int:
+        with torch.no_grad(), OpRecorder() as recorder:
+            model(x)
+        return len(recorder.finish().calls)
+
+    def recorded_runs() -> None:
+        recorder = None
+        for _ in range(runs):
+            recorder = OpRecorder(previous=recorder)
+            with torch.no_grad(), recorder:
+                model(x)
+            recorder.finish()
+
+    def bare_runs() -> None:
+        for _ in range(runs):
+            bare()
+
+    def naive_runs() -> None:
+        for _ in range(runs):
+            naive()
+
+    with torch.no_grad(), _KeepOutputs() as keep:
+        model(x)
+    outputs = keep.outputs
+    digest_fn = torch.ops.pytest_backends.digest.default if digest.backend() == "native" else None
+
+    def digests_only() -> None:
+        for t in outputs:
+            digest.digest(t) if digest_fn is None else digest_fn(t)
+
+    def nothing() -> None:
+        pass
+
+    n_ops = recorded()
+    one = interleaved(
+        {"bare": bare, "call-only mode": call_only, "naive mode": naive, "recorder": recorded},
+        repeat,
+    )
+    many = interleaved(
+        {"bare": bare_runs, "naive mode": naive_runs, "recorder": recorded_runs},
+        max(3, repeat // 3),
+    )
+    kernels = interleaved({"nothing": nothing, "digests": digests_only}, repeat)
+
+    def per_op(seconds: float, base: float, ops: int) -> float:
+        return (seconds - base) / ops * 1e6
+
+    nparams = sum(p.numel() for p in model.parameters())
+    lines = [f"{name}: {nparams / 1e6:.2f} M parameters, input {tuple(x.shape)}, {n_ops} ops"]
+    lines.append(
+        f"  one forward: bare {one['bare'] * 1e3:.2f} ms | naive mode "
+        f"{one['naive mode'] * 1e3:.2f} ms ({per_op(one['naive mode'], one['bare'], n_ops):.1f} "
+        f"us/op) | recorder, one run {one['recorder'] * 1e3:.2f} ms "
+        f"({per_op(one['recorder'], one['bare'], n_ops):.1f} us/op)"
+    )
+    total = n_ops * runs
+    naive_op = per_op(many["naive mode"], many["bare"], total)
+    rec_op = per_op(many["recorder"], many["bare"], total)
+    lines.append(
+        f"  {runs} runs as the plugin does them: bare {many['bare'] * 1e3:.2f} ms | naive mode "
+        f"{many['naive mode'] * 1e3:.2f} ms ({naive_op:.1f} us/op) | recorder "
+        f"{many['recorder'] * 1e3:.2f} ms ({rec_op:.1f} us/op) | recorder/naive per op "
+        f"{rec_op / naive_op:.2f}"
+    )
+    floor = per_op(one["call-only mode"], one["bare"], n_ops)
+    kernel = per_op(kernels["digests"], kernels["nothing"], n_ops)
+    rest = per_op(one["recorder"], one["bare"], n_ops) - floor - kernel
+    lines.append(
+        f"  per-op breakdown of one recorded run: dispatch-mode floor {floor:.1f} us | digest "
+        f"kernels on the outputs {kernel:.1f} us | bookkeeping and parameter digests {rest:.1f} us"
+    )
+    return lines
+
+
 def interleaved(variants: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
     """Best (minimum) seconds per call of each variant, the variants alternating every repeat.
 
-    The minimum is the figure least disturbed by other processes on a shared machine.
+    Time is the CPU time of the calling thread, where torch computes with one
+    intra-op thread: other processes on a shared machine do not inflate it.
+    The minimum is the figure least disturbed by what remains (caches).
     """
     for fn in variants.values():  # warm-up (allocator, oneDNN primitives, native load)
         fn()
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(repeat):
         for name, fn in variants.items():
-            start = time.perf_counter()
+            start = CLOCK()
             fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(CLOCK() - start)
     return {name: min(ts) for name, ts in times.items()}
 
 
@@ -165,6 +347,25 @@ def bench_model(
     return lines
 
 
+def cpu_description() -> str:
+    """Model name and the SIMD features that matter for the digest kernels."""
+    model, flags = platform.processor() or platform.machine(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == (
+                platform.processor() or platform.machine()
+            ):
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = line.split(":", 1)[1]
+                break
+    except OSError:
+        pass
+    wanted = ("avx2", "avx512f", "avx512dq", "avx512_bf16", "amx_tile")
+    features = [f for f in wanted if f in flags.split()]
+    return f"{model}; {os.cpu_count()} logical CPUs; features: {', '.join(features) or 'unknown'}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="runs per check (N)")
@@ -184,12 +385,22 @@ def main() -> None:
         pt_version = "pytest-torch not installed"
     header = [
         f"assert_reproducible and the op recorder vs bare runs (CPU); {pt_version}",
+        f"CPU: {cpu_description()}",
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
         f"{args.threads} thread(s), digest backend: {digest.backend()}, N={args.runs}, "
-        f"best of {args.repeat} interleaved repeats, load average {os.getloadavg()[0]:.1f}",
+        f"best of {args.repeat} interleaved repeats (thread CPU time), "
+        f"load average {os.getloadavg()[0]:.1f}",
         "",
     ]
     lines = header
+    torch.manual_seed(0)
+    lines += bench_modes(
+        "resnet18-sized CNN forward",
+        resnet18(),
+        torch.randn(2, 3, 112, 112),
+        args.runs,
+        args.repeat,
+    )
     for name, model, x in cases:
         lines += bench_model(name, model, x, args.runs, args.repeat)
     text = "\n".join(lines) + "\n"

@@ -29,6 +29,8 @@ def benchmarks(quick: bool) -> list[tuple[str, list[str]]]:
         ("repeat", ["bench_repeat.py", "--out", str(RESULTS / "repeat-cpu.txt")]),
         ("reproducible", ["bench_reproducible.py", "--out",
                           str(RESULTS / "reproducible-cpu.txt")]),
+        ("suite-determinism", ["bench_suite_determinism.py", "--repeat", "1" if quick else "3",
+                               "--out", str(RESULTS / "suite-determinism-cpu.txt")]),
         ("capability", ["bench_capability.py"]),
         ("calibration", ["calibrate_tolerance.py", "--trials", trials,
                          "--out", str(RESULTS / "calibration-cpu.txt")]),

@@ -10,6 +10,7 @@ census, so give each job of a CI matrix its own.
 from __future__ import annotations
 
 import socket
+
 import pytest
 
 from pytest_backends import _options

@@ -8,6 +8,7 @@ digests of all runs are copied to the host once, at the end.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 import warnings
@@ -144,20 +145,90 @@ def _seed_all(seed: int) -> None:
 # --- flattening ------------------------------------------------------------
 
 
-def _flatten(value: object, label: str, out: list[tuple[str, object]]) -> None:
-    """Collect ``(label, leaf)`` for tensors and plain scalars in nested containers."""
+_NUMBERS = (bool, int, float, complex)
+# Values compared by equality of their repr: not numbers, but stable and common in outputs.
+_PLAIN_VALUES = (str, bytes, type(None))
+
+
+def _flatten(
+    value: object, label: str, out: list[tuple[str, object]], strict: bool = True
+) -> None:
+    """Collect ``(label, leaf)`` for every comparable leaf of nested containers.
+
+    Leaves are tensors, NumPy arrays and scalars, Python numbers, strings and
+    None; containers are lists, tuples (named tuples by field), dicts and
+    dataclass instances (by field). With ``strict``, anything else raises a
+    TypeError naming its type and path: a value that cannot be compared must
+    not pass silently. Without it (walking arguments), other values are skipped.
+    """
     import torch
 
     if isinstance(value, torch.Tensor):
+        if strict:
+            _check_tensor(value, label)
+        out.append((label, value))
+        return
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, (np.ndarray, np.generic)):
+        if strict:
+            out.append((label, _numpy_tensor(np, value, label)))
+        return
+    if isinstance(value, (*_NUMBERS, *_PLAIN_VALUES)):
         out.append((label, value))
     elif isinstance(value, Mapping):
         for key, item in value.items():
-            _flatten(item, f"{label}[{key!r}]", out)
+            _flatten(item, f"{label}[{key!r}]", out, strict)
+    elif isinstance(value, tuple) and hasattr(value, "_fields"):  # named tuple
+        for name, item in zip(value._fields, value):
+            _flatten(item, f"{label}.{name}", out, strict)
     elif isinstance(value, (tuple, list)):
         for i, item in enumerate(value):
-            _flatten(item, f"{label}[{i}]", out)
-    elif value is None or isinstance(value, (bool, int, float, complex, str)):
-        out.append((label, value))
+            _flatten(item, f"{label}[{i}]", out, strict)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            _flatten(getattr(value, f.name), f"{label}.{f.name}", out, strict)
+    elif strict:
+        raise TypeError(
+            f"assert_reproducible: cannot compare {label} of type {type(value).__qualname__}: "
+            "return tensors, NumPy arrays, Python numbers, or lists, tuples, dicts, named "
+            "tuples and dataclasses of them (convert a set to a sorted list, consume a "
+            "generator into a list)"
+        )
+
+
+def _check_tensor(t: torch.Tensor, label: str) -> None:
+    import torch
+
+    if t.is_nested:
+        raise TypeError(
+            f"assert_reproducible: {label} is a nested tensor, which cannot be digested; "
+            "return its components (t.unbind()) or a padded tensor (t.to_padded_tensor(0))"
+        )
+    if t.layout != torch.strided:
+        raise TypeError(
+            f"assert_reproducible: {label} has layout {t.layout}, which cannot be digested; "
+            "return t.to_dense() (or its indices and values) instead"
+        )
+    if t.is_quantized:
+        raise TypeError(
+            f"assert_reproducible: {label} is a quantized tensor; return t.int_repr() "
+            "(and its scale and zero point) instead"
+        )
+    if t.is_meta:
+        raise TypeError(f"assert_reproducible: {label} is a meta tensor and holds no data")
+
+
+def _numpy_tensor(np: Any, value: Any, label: str) -> torch.Tensor:
+    import torch
+
+    array = np.ascontiguousarray(value)
+    try:
+        return torch.from_numpy(array)
+    except TypeError:
+        raise TypeError(
+            f"assert_reproducible: cannot compare {label}, a NumPy array of dtype "
+            f"{array.dtype}: only numeric and bool arrays are compared"
+        ) from None
 
 
 def _output_leaves(value: object) -> list[tuple[str, object]]:
@@ -173,8 +244,8 @@ def _grad_targets(
     import torch
 
     leaves: list[tuple[str, object]] = []
-    _flatten(list(args), "args", leaves)
-    _flatten(dict(kwargs), "kwargs", leaves)
+    _flatten(list(args), "args", leaves, strict=False)
+    _flatten(dict(kwargs), "kwargs", leaves, strict=False)
     seen: set[int] = set()
     targets: list[tuple[str, torch.Tensor]] = []
     for label, leaf in leaves:
@@ -313,8 +384,12 @@ def assert_reproducible(
     instead reset to the state they had when ``assert_reproducible`` was
     called. Afterwards they are put back to that state either way.
 
-    Every tensor in the output (nested in tuples, lists and dicts; plain
-    Python scalars too) is digested. With ``backward=True``, the outputs that
+    Every leaf of the output is compared: tensors and NumPy arrays bitwise
+    (through their digests), Python numbers, strings and None by value, nested
+    in lists, tuples, named tuples, dicts and dataclasses. Any other value (a
+    set, a generator, an arbitrary object) raises TypeError naming its type and
+    its path (``output[1].state``), as do nested tensors and non-strided
+    layouts, which cannot be digested. With ``backward=True``, the outputs that
     require grad are back-propagated with **seeded random** upstream
     gradients (the same in every run; not ``.sum()``, whose all-ones gradient
     hides order-dependent reductions), and the gradients of the tensor

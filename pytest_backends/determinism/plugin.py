@@ -51,6 +51,8 @@ __all__ = [
 REPORT_ATTR = _keys.REPORT_ATTR_CENSUS
 _VERDICTS_KEY = _keys.VERDICTS_KEY
 _OFF = _options.OFF_WORDS
+#: The largest N accepted by ``--backends-determinism``.
+MAX_RUNS = 1000
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,13 @@ def parse_runs(value: str, source: str) -> int | None:
         raise pytest.UsageError(
             f"{source}: the determinism check needs at least 2 runs, got {runs} "
             "(use 'off' to disable it)"
+        )
+    if runs > MAX_RUNS:
+        raise pytest.UsageError(
+            f"{source}: at most {MAX_RUNS} runs, got {runs}: every selected test runs N times "
+            "under the op recorder, so a larger N only multiplies the session's time (a "
+            "nondeterministic kernel usually shows within 2 to 10 runs); pick N <= "
+            f"{MAX_RUNS}"
         )
     return runs
 
@@ -208,7 +217,7 @@ class DeterminismPlugin:
         if not _selected(item, self.settings.select_all):
             return (yield)
         from pytest_backends.determinism.api import RngState
-        from pytest_backends.determinism.recorder import OpRecorder, RunLog, compare_runs
+        from pytest_backends.determinism.recorder import OpRecorder, RunLog, compare_runs, locate
 
         runs = self.settings.runs
         start = RngState.capture()
@@ -223,7 +232,7 @@ class DeterminismPlugin:
         logs.append(recorder.finish())
         for run in range(1, runs):
             start.restore()
-            recorder = OpRecorder()
+            recorder = OpRecorder(previous=recorder)
             try:
                 with recorder:
                     item.runtest()
@@ -234,6 +243,9 @@ class DeterminismPlugin:
                 raise
             logs.append(recorder.finish())
         comparison = compare_runs(logs)
+        if not comparison.reproducible:
+            start.restore()
+            comparison = locate(comparison, item.runtest)  # one more run, with source lines
         self._record(item, comparison)
         self._check(comparison)
         return result
@@ -272,6 +284,11 @@ class DeterminismPlugin:
         if self.settings.baseline_update:
             new = []
         unexplained = comparison.unexplained
+        if comparison.uninitialized:
+            # Never accepted by a baseline: the test reads garbage.
+            lines = [d.describe(runs) for d in comparison.uninitialized]
+            lines[1:] = [f"  also: {line}" for line in lines[1:]]
+            _raise(lines, comparison.uninitialized[0])
         if new:
             first = new[0]
             lines = [first.describe(runs)]

@@ -1,27 +1,50 @@
 """Per-op recording of one test run, and the comparison of several runs.
 
 :class:`OpRecorder` is a ``TorchDispatchMode``: every aten (or custom) op the
-test calls passes through it, and it records the op's name, a key of its
-inputs and the digests of its outputs. Input keys reuse the digest of a
-tensor that an earlier op produced as long as the tensor's version counter
-has not moved, so in a chain of ops each tensor is digested about once.
-Digests stay on the device until :meth:`OpRecorder.finish`, which copies
-them to the host with one transfer per device.
+test calls passes through it, and it records the op, a key of its inputs and
+the digests of its outputs. The per-op path is kept short because it runs
+for every op of a suite:
+
+* A tensor's key is computed once: an op's output is digested when the op
+  returns, and later uses reuse that key as long as the tensor's version
+  counter has not moved. Outputs of pure view ops (``view``, ``t``,
+  ``select``, ...) are keyed by the view op and its inputs' keys, never
+  digested.
+* Tensors that come from outside the run (parameters, fixture values) are
+  digested on their first use. The next run of the same test
+  (``OpRecorder(previous=...)``) reuses those keys for tensors that are still
+  alive, whose version counter has not moved, and whose storage no op wrote
+  through an alias that bypasses the counter (``p.data.add_()``).
+* Digests stay on the device until :meth:`OpRecorder.finish`, which copies
+  them to the host with one transfer per device.
+
+Some outputs are not results and are compared by dtype and shape only:
+uninitialised memory (``empty``, ``new_empty``, ...) and the workspace or
+reserve buffers of fused kernels (oneDNN and cuDNN RNNs, the fused LSTM/GRU
+cells, the debug mask of fused attention). Reading uninitialised memory is
+tracked: an op whose differing output comes from reading such memory
+(directly, through a view, or after a partial in-place write) is reported as
+an uninitialised read, never as a nondeterministic kernel.
 
 :func:`compare_runs` blames an op only when it produced different outputs
 from identical inputs; differences that follow from already-different inputs
-are not blamed on the op that happens to show them.
+are not blamed on the op that happens to show them. :func:`locate` re-runs a
+failing test once with source locations (file, line, function, module path;
+for backward ops the forward op they came from), so locations cost nothing
+while a test passes.
 
 Importing this module imports torch: load it only when the harness runs.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
+import dataclasses
+import itertools
+import sys
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,11 +55,14 @@ from pytest_backends.determinism.census import VERDICTS
 
 __all__ = [
     "Comparison",
+    "Digest",
     "Divergence",
+    "Location",
     "OpCall",
     "OpRecorder",
     "RunLog",
     "compare_runs",
+    "locate",
 ]
 
 # Ops whose output is uninitialised memory: compared by dtype and shape only.
@@ -53,33 +79,122 @@ _UNINITIALIZED = frozenset(
     }
 )
 
-_STABLE_REPR = (
-    bool,
-    int,
-    str,
-    complex,
-    type(None),
-    torch.dtype,
-    torch.device,
-    torch.layout,
-    torch.memory_format,
+# Outputs that are scratch space of a fused kernel, not results (by position in
+# the op's returns; the schemas leave these returns unnamed). Their contents
+# need not be reproducible; the backward that reads them is still checked.
+_WORKSPACES: dict[str, frozenset[int]] = {
+    "aten::mkldnn_rnn_layer": frozenset({3}),  # (output, hy, cy, workspace)
+    "aten::_cudnn_rnn": frozenset({3}),  # (output, hy, cy, reserve, weight_buf)
+    "aten::miopen_rnn": frozenset({3}),
+    "aten::_thnn_fused_lstm_cell": frozenset({2}),  # (hy, cy, workspace)
+    "aten::_thnn_fused_gru_cell": frozenset({1}),  # (hy, workspace)
+    "aten::cudnn_batch_norm": frozenset({3}),  # (out, save_mean, save_var, reserve)
+    "aten::_scaled_dot_product_flash_attention": frozenset({7, 8}),  # unused, debug mask
+    "aten::_scaled_dot_product_cudnn_attention": frozenset({8}),  # debug_attn_mask
+    "aten::_flash_attention_forward": frozenset({3, 4}),  # unused, debug_attn_mask
+    # (loss, log_alpha): the CPU kernel fills log_alpha only up to each sample's
+    # input and target lengths; the rest is uninitialised and never read.
+    "aten::_ctc_loss": frozenset({1}),
+}
+
+# Ops that overwrite every element of the tensors they write without reading them.
+_OVERWRITES = frozenset(
+    {
+        "aten::fill_",
+        "aten::zero_",
+        "aten::copy_",
+        "aten::normal_",
+        "aten::uniform_",
+        "aten::random_",
+        "aten::bernoulli_",
+        "aten::exponential_",
+        "aten::geometric_",
+        "aten::cauchy_",
+        "aten::log_normal_",
+        "aten::set_",
+    }
 )
 
-# A slot is an int (index of a pending digest, until resolved) or a tagged tuple.
+_PLAIN = frozenset(
+    {
+        bool,
+        int,
+        str,
+        complex,
+        type(None),
+        torch.dtype,
+        torch.device,
+        torch.layout,
+        torch.memory_format,
+    }
+)
+
+# A key: a Digest, a tagged tuple, a plain value, or a tuple of keys.
 Slot = Any
 
 
-def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).replace("torch.", "", 1)
+class Digest:
+    """The digest of one tensor: on the device while recording, host values after ``finish``.
+
+    One object per digested tensor, shared by every op that uses the tensor;
+    keys compare equal when their host values are equal.
+    """
+
+    __slots__ = ("external", "storage", "value")
+
+    def __init__(self, external: bool = False) -> None:
+        self.value: tuple[int, ...] | None = None
+        self.external = external
+        self.storage = 0
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Digest and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __repr__(self) -> str:
+        return f"Digest{self.value!r}"
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where an op was called from: the innermost frame outside torch and this plugin.
+
+    ``module`` is the ``nn.Module`` path (``"layers.0.self_attn"``) and
+    ``module_type`` its class name, when the op ran inside a module's
+    ``forward``. For a backward op, ``forward`` is the location of the forward
+    op it differentiates and ``forward_op`` that op's name.
+    """
+
+    file: str
+    line: int
+    function: str
+    module: str | None = None
+    module_type: str | None = None
+    forward_op: str | None = None
+    forward: Location | None = None
+
+    def describe(self) -> str:
+        """``"test_x.py:12 in test_fn, module layers.0 (Linear)"``."""
+        text = f"{self.file}:{self.line} in {self.function}"
+        if self.module:
+            text += f", module {self.module} ({self.module_type})"
+        elif self.module is not None:
+            text += f", module {self.module_type} (outermost)"
+        if self.forward is not None:
+            text += f"; backward of {self.forward_op} called at {self.forward.describe()}"
+        return text
 
 
 @dataclass
 class OpCall:
     """One op call: name (``"aten::index_add_"``), where it ran, and keys of its data.
 
-    ``inputs`` and ``outputs`` hold one key per argument and per output tensor
-    (digests after :meth:`OpRecorder.finish`). ``alerted`` is True when the op
-    raised or warned that it has no deterministic implementation.
+    ``inputs`` and ``outputs`` hold one key per argument and per output tensor.
+    ``alerted`` is True when the op raised or warned that it has no
+    deterministic implementation. ``tainted`` names the op that created
+    uninitialised memory this op read (``"aten::empty (test_x.py:12)"``).
     """
 
     name: str
@@ -88,6 +203,7 @@ class OpCall:
     inputs: tuple[Slot, ...]
     outputs: tuple[Slot, ...]
     alerted: bool = False
+    tainted: str | None = None
 
     @property
     def key(self) -> tuple[str, str | None, str | None]:
@@ -102,20 +218,97 @@ class RunLog:
     calls: list[OpCall] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class _OpInfo:
+    name: str
+    written: tuple[int, ...]
+    pure_view: bool
+    uninitialized: bool
+    workspaces: frozenset[int]
+    overwrites: bool
+    out_positions: tuple[int, ...]
+    out_names: frozenset[str]
+
+
+_INFO: dict[Any, _OpInfo] = {}
+
+
+def _op_info(func: Any) -> _OpInfo:
+    info = _INFO.get(func)
+    if info is not None:
+        return info
+    name = func.name().split(".", 1)[0]
+    schema = func._schema
+    written = tuple(
+        i
+        for i, arg in enumerate(schema.arguments)
+        if arg.alias_info is not None and arg.alias_info.is_write
+    )
+    outs = [
+        (i, arg.name)
+        for i, arg in enumerate(schema.arguments)
+        if getattr(arg, "is_out", False) or (arg.kwarg_only and i in written)
+    ]
+    info = _OpInfo(
+        name,
+        written,
+        bool(func.is_view) and not written,
+        name in _UNINITIALIZED,
+        _WORKSPACES.get(name, frozenset()),
+        name in _OVERWRITES,
+        tuple(i for i, _ in outs),
+        frozenset(n for _, n in outs),
+    )
+    _INFO[func] = info
+    return info
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "", 1)
+    return name
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError, TypeError):
+        return 0
+
+
 class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records every op dispatched while the mode is active.
 
     Use one recorder per run: ``with OpRecorder() as rec: ...`` then
-    ``rec.finish()``.
+    ``rec.finish()``. Pass the previous run's (finished) recorder as
+    ``previous`` to reuse the keys of tensors that come from outside the run.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, previous: OpRecorder | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        self._calls: list[OpCall] = []
+        # Per call: (info, inputs, outputs, (device type, dtype) or None, alerted, tainted)
+        self._calls: list[tuple[Any, ...]] = []
         self._pending: list[torch.Tensor] = []
-        # id(tensor) -> (weak reference, version counter, slot); the reference guards
+        self._pending_keys: list[Digest] = []
+        # id(tensor) -> (weak reference, version counter, key); the reference guards
         # against a dead tensor's id being reused within the run.
-        self._known: dict[int, tuple[weakref.ref[torch.Tensor], int, Slot]] = {}
+        self._known: dict[int, tuple[Any, int, Slot]] = {}
+        self._shared: dict[int, tuple[Any, int, Slot]] = {}
+        if previous is not None:
+            self._shared = previous._export()
+        # Storages written through tensors that came from outside the run.
+        self._written_external: set[int] = set()
+        # Storage pointer -> (weak reference to a tensor keeping it alive, origin).
+        self._tainted: dict[int, tuple[Any, str]] = {}
+        self._finished = False
+        self._digest_fn = _digest_function()
+        self._prune_at = 4096
+
+    # --- the per-op path --------------------------------------------------------
 
     def __torch_dispatch__(
         self,
@@ -124,58 +317,241 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        kwargs = kwargs or {}
-        name = func.name().split(".", 1)[0]
-        inputs = tuple(self._arg_slot(a) for a in args) + tuple(
-            ("kw", k, self._arg_slot(v)) for k, v in sorted(kwargs.items())
-        )
-        watch = (
-            torch.are_deterministic_algorithms_enabled()
-            and torch.is_deterministic_algorithms_warn_only_enabled()
-        )
+        info = _INFO.get(func) or _op_info(func)
+        if kwargs is None:
+            kwargs = {}
+        if info.written:
+            self._note_writes(info, args, kwargs)
+        key = self._key
+        tainted = None
+        if self._tainted and (info.pure_view or info.overwrites):
+            # Views and overwrites do not read the data: a partly written buffer
+            # (``out[i] = row`` in a loop) is keyed by shape until an op reads it.
+            inputs = self._unread_keys(info, args)
+        else:
+            inputs = tuple([key(a) for a in args])
+            if self._tainted:
+                tainted = self._reads_tainted(info, args, kwargs)
+        if kwargs:
+            inputs += tuple([(k, key(v)) for k, v in sorted(kwargs.items())])
         try:
-            if watch:
+            if torch.are_deterministic_algorithms_enabled() and (
+                torch.is_deterministic_algorithms_warn_only_enabled()
+            ):
                 out, alerted = self._call_watching(func, args, kwargs)
             else:
-                out, alerted = func(*args, **kwargs), False
+                out = func(*args, **kwargs)
+                alerted = False
         except RuntimeError as exc:
-            device, dtype = _where((), args, kwargs)
-            self._calls.append(
-                OpCall(
-                    name,
-                    device,
-                    dtype,
-                    inputs,
-                    (("raised", type(exc).__name__),),
-                    ALERT_TEXT in str(exc),
-                )
-            )
+            ref = next(_tensors([*args, *kwargs.values()]), None)
+            where = (ref.device.type, ref.dtype) if ref is not None else None
+            raised = (("raised", type(exc).__name__),)
+            self._calls.append((info, inputs, raised, where, ALERT_TEXT in str(exc), None))
             raise
-        tensors = list(_tensors(out))
-        device, dtype = _where(tensors, args, kwargs)
-        if name in _UNINITIALIZED:
-            outputs = tuple(self._uninitialized_slot(t) for t in tensors)
-        elif func.is_view and not _written_positions(func):
+        if type(out) is torch.Tensor or isinstance(out, torch.Tensor):
+            tensors: list[torch.Tensor] = [out]
+        elif isinstance(out, (list, tuple)):
+            tensors = list(_tensors(out))
+        else:
+            tensors = []
+        if info.uninitialized:
+            outputs = tuple([self._uninitialized(t, info.name) for t in tensors])
+        elif info.pure_view:
             # A view's contents follow from its inputs, so its key is derived from
             # theirs instead of digesting (and first copying) the viewed data.
             outputs = tuple(
-                self._remember(t, ("view", ("value", name), ("value", str(j)), ("list", *inputs)))
-                for j, t in enumerate(tensors)
+                [self._remember(t, ("view", info.name, j, inputs)) for j, t in enumerate(tensors)]
+            )
+        elif info.workspaces:
+            outputs = tuple(
+                [
+                    self._remember(t, ("workspace", _dtype_name(t.dtype), tuple(t.shape)))
+                    if j in info.workspaces
+                    else self._output(t)
+                    for j, t in enumerate(tensors)
+                ]
             )
         else:
-            outputs = tuple(self._output_slot(t) for t in tensors)
+            outputs = tuple([self._output(t) for t in tensors])
         if not tensors:
-            mutated = [args[i] for i in _written_positions(func) if i < len(args)]
+            mutated = [args[i] for i in info.written if i < len(args)]
             if mutated:
                 # In-place ops that return nothing (``_foreach_add_``): their results
                 # are the arguments they wrote to.
                 tensors = list(_tensors(mutated))
-                device, dtype = _where(tensors, args, kwargs)
-                outputs = tuple(self._output_slot(t) for t in tensors)
+                outputs = tuple([self._output(t) for t in tensors])
             elif out is not None:
-                outputs = (_value_slot(out),)
-        self._calls.append(OpCall(name, device, dtype, inputs, outputs, alerted))
+                outputs = (_value_key(out),)
+        if info.overwrites and self._tainted:
+            self._clear_taint(info, args, kwargs)
+        # Only the device and dtype: holding the tensor would keep it alive (and make
+        # torch wrap the returned tensor anew with an extra ``detach``).
+        ref = tensors[0] if tensors else next(_tensors([*args, *kwargs.values()]), None)
+        # ``is_cpu`` is far cheaper than building ``ref.device``.
+        where = None if ref is None else ("cpu" if ref.is_cpu else ref.device.type, ref.dtype)
+        self._calls.append((info, inputs, outputs, where, alerted, tainted))
         return out
+
+    def _key(self, a: object) -> Slot:
+        if isinstance(a, torch.Tensor):
+            hit = self._known.get(id(a))
+            if hit is not None and hit[0]() is a:
+                try:
+                    if hit[1] == a._version:
+                        return hit[2]
+                except (RuntimeError, TypeError):
+                    return self._digest(a, external=True)
+            return self._input(a)
+        cls = type(a)
+        if cls in _PLAIN:
+            return a
+        if cls is float:
+            return a.hex()  # type: ignore[attr-defined]
+        if isinstance(a, (list, tuple)):
+            return tuple([self._key(x) for x in a])
+        return _value_key(a)
+
+    def _unread_keys(self, info: _OpInfo, args: Sequence[Any]) -> tuple[Slot, ...]:
+        keys = []
+        for i, a in enumerate(args):
+            if (
+                isinstance(a, torch.Tensor)
+                and (info.pure_view or i in info.written)
+                and self._taint_of(a) is not None
+            ):
+                keys.append(("uninitialized", _dtype_name(a.dtype), tuple(a.shape)))
+            else:
+                keys.append(self._key(a))
+        return tuple(keys)
+
+    def _input(self, t: torch.Tensor) -> Slot:
+        """The key of a tensor no op of this run produced (or that changed since)."""
+        shared = self._shared.get(id(t))
+        if shared is not None and shared[0]() is t:
+            try:
+                if shared[1] == t._version:
+                    self._known[id(t)] = shared
+                    return shared[2]
+            except (RuntimeError, TypeError):
+                pass
+        return self._remember(t, self._digest(t, external=True))
+
+    def _output(self, t: torch.Tensor) -> Slot:
+        return self._remember(t, self._digest(t))
+
+    def _digest(self, t: torch.Tensor, external: bool = False) -> Slot:
+        if t.is_meta:
+            return ("opaque", _dtype_name(t.dtype), tuple(t.shape), "meta")
+        try:
+            d = self._digest_fn(t)
+        except NotImplementedError:  # a device without a native kernel: same values
+            try:
+                d = _digest_module().digest(t, backend="python")
+            except (TypeError, RuntimeError, NotImplementedError):
+                return _opaque(t)
+        except (TypeError, RuntimeError):  # sparse, quantized, ...: not digestible
+            return _opaque(t)
+        key = Digest(external)
+        if external:
+            key.storage = _storage_ptr(t)
+        self._pending.append(d)
+        self._pending_keys.append(key)
+        return key
+
+    def _remember(self, t: torch.Tensor, key: Slot) -> Slot:
+        # Inference tensors have no version counter: they are digested at every use.
+        # (A plain try: contextlib.suppress costs a microsecond on this per-op path.)
+        known = self._known
+        try:  # noqa: SIM105
+            known[id(t)] = (weakref.ref(t), t._version, key)
+        except (RuntimeError, TypeError):
+            pass
+        if len(known) > self._prune_at:
+            # Entries of dead tensors only cost memory and GC time: drop them now and then.
+            self._known = {k: v for k, v in known.items() if v[0]() is not None}
+            self._prune_at = max(2 * len(self._known), 4096)
+        return key
+
+    def _uninitialized(self, t: torch.Tensor, name: str) -> Slot:
+        if t.numel():
+            origin = name
+            location = _user_frame(sys._getframe(1))
+            if location is not None:
+                origin += f" ({Path(location[0]).name}:{location[1]})"
+            ptr = _storage_ptr(t)
+            if ptr:
+                self._tainted[ptr] = (weakref.ref(t), origin)
+        return self._remember(t, ("uninitialized", _dtype_name(t.dtype), tuple(t.shape)))
+
+    def _note_writes(self, info: _OpInfo, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        """Remember storages written through tensors that came from outside the run.
+
+        Such a write may bypass the version counter of another tensor on the same
+        storage (``p.data.add_(1)`` leaves ``p._version`` alone), so keys of that
+        storage are not carried over to the next run.
+        """
+        for t in _tensors([args[i] for i in info.written if i < len(args)]):
+            hit = self._known.get(id(t))
+            # Writes to tensors an op of this run produced (``relu_`` on an activation)
+            # cannot touch outside storage; anything else (an outside tensor, a view,
+            # ``.data``, which is a ``detach`` view) may.
+            if hit is None or hit[0]() is not t or type(hit[2]) is not Digest or hit[2].external:
+                self._written_external.add(_storage_ptr(t))
+        for name in info.out_names:
+            for t in _tensors(kwargs.get(name)):
+                if id(t) not in self._known:
+                    self._written_external.add(_storage_ptr(t))
+
+    def _read_tensors(
+        self, info: _OpInfo, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> Iterator[torch.Tensor]:
+        skip = set(info.out_positions)
+        if info.overwrites:
+            skip.update(info.written)
+        for i, a in enumerate(args):
+            if i not in skip:
+                yield from _tensors(a)
+        for name, v in kwargs.items():
+            if name not in info.out_names:
+                yield from _tensors(v)
+
+    def _reads_tainted(
+        self, info: _OpInfo, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> str | None:
+        for t in self._read_tensors(info, args, kwargs):
+            origin = self._taint_of(t)
+            if origin is not None:
+                return origin
+        return None
+
+    def _taint_of(self, t: torch.Tensor) -> str | None:
+        """The origin of the uninitialised memory ``t`` is on, if any.
+
+        An entry counts only while the tensor that created it is alive: after
+        that, its address may belong to a new storage.
+        """
+        if not t.numel():
+            return None
+        ptr = _storage_ptr(t)
+        entry = self._tainted.get(ptr)
+        if entry is None:
+            return None
+        if entry[0]() is None:
+            del self._tainted[ptr]
+            return None
+        return entry[1]
+
+    def _clear_taint(self, info: _OpInfo, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        """A write that covers a whole storage makes its memory initialised."""
+        written = [args[i] for i in info.written if i < len(args)]
+        for t in _tensors(written):
+            try:
+                storage = t.untyped_storage()
+                whole = t.is_contiguous() and t.numel() * t.element_size() == storage.nbytes()
+            except (RuntimeError, NotImplementedError):
+                continue
+            if whole:
+                self._tainted.pop(int(storage.data_ptr()), None)
 
     @staticmethod
     def _call_watching(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, bool]:
@@ -198,83 +574,73 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             torch.use_deterministic_algorithms(True, warn_only=True)
         return func(*args, **kwargs), True
 
-    def _digest_slot(self, t: torch.Tensor) -> Slot:
-        if t.layout != torch.strided or t.device.type == "meta" or t.is_quantized:
-            return ("opaque", _dtype_name(t), tuple(t.shape), str(t.layout), t.device.type)
-        from pytest_backends.determinism.digest import digest
-
-        try:
-            d = digest(t)
-        except (TypeError, RuntimeError, NotImplementedError):
-            return ("opaque", _dtype_name(t), tuple(t.shape), type(t).__name__)
-        self._pending.append(d)
-        return len(self._pending) - 1
-
-    def _remember(self, t: torch.Tensor, slot: Slot) -> Slot:
-        # Inference tensors have no version counter: they are digested at every use.
-        with contextlib.suppress(RuntimeError, TypeError):
-            self._known[id(t)] = (weakref.ref(t), t._version, slot)
-        return slot
-
-    def _tensor_slot(self, t: torch.Tensor) -> Slot:
-        hit = self._known.get(id(t))
-        if hit is not None and hit[0]() is t:
-            try:
-                if hit[1] == t._version:
-                    return hit[2]
-            except (RuntimeError, TypeError):
-                return self._digest_slot(t)
-        return self._remember(t, self._digest_slot(t))
-
-    def _output_slot(self, t: torch.Tensor) -> Slot:
-        return self._remember(t, self._digest_slot(t))
-
-    def _uninitialized_slot(self, t: torch.Tensor) -> Slot:
-        return self._remember(t, ("uninitialized", _dtype_name(t), tuple(t.shape)))
-
-    def _arg_slot(self, a: object) -> Slot:
-        if isinstance(a, torch.Tensor):
-            return self._tensor_slot(a)
-        if isinstance(a, (list, tuple)):
-            return ("list", *(self._arg_slot(x) for x in a))
-        return _value_slot(a)
+    # --- after the run ----------------------------------------------------------
 
     def finish(self) -> RunLog:
         """The run's log, with every digest copied to the host."""
-        host = _to_host(self._pending)
-        calls = [
-            OpCall(
-                c.name,
-                c.device,
-                c.dtype,
-                tuple(_resolve(s, host) for s in c.inputs),
-                tuple(_resolve(s, host) for s in c.outputs),
-                c.alerted,
-            )
-            for c in self._calls
-        ]
-        self._calls, self._pending = [], []
-        self._known = {}
+        by_device: dict[torch.device, list[int]] = {}
+        for i, d in enumerate(self._pending):
+            by_device.setdefault(d.device, []).append(i)
+        for indices in by_device.values():
+            rows = torch.stack([self._pending[i] for i in indices]).cpu().tolist()
+            for i, row in zip(indices, rows):
+                self._pending_keys[i].value = tuple(row)
+        calls = []
+        for info, inputs, outputs, where, alerted, tainted in self._calls:
+            if where is None:
+                device = dtype = None
+            else:
+                device, dtype = where[0], _dtype_name(where[1])
+            calls.append(OpCall(info.name, device, dtype, inputs, outputs, alerted, tainted))
+        self._calls, self._pending, self._pending_keys = [], [], []
+        self._finished = True
         return RunLog(calls)
 
+    def _export(self) -> dict[int, tuple[Any, int, Slot]]:
+        """Keys of outside tensors that the next run may reuse (after ``finish``)."""
+        if not self._finished:
+            return {}
+        written = self._written_external
+        exported = {
+            tid: entry
+            for tid, entry in self._known.items()
+            if type(entry[2]) is Digest
+            and entry[2].external
+            and entry[2].storage not in written
+            and entry[0]() is not None
+        }
+        self._known = {}
+        return exported
 
-@functools.cache
-def _written_positions(func: Any) -> tuple[int, ...]:
-    """Positions of the arguments the op's schema marks as written (``Tensor(a!)``)."""
-    return tuple(
-        i
-        for i, arg in enumerate(func._schema.arguments)
-        if arg.alias_info is not None and arg.alias_info.is_write
-    )
+
+def _digest_module() -> Any:
+    from pytest_backends.determinism import digest
+
+    return digest
 
 
-def _value_slot(a: object) -> Slot:
+def _digest_function() -> Callable[[torch.Tensor], torch.Tensor]:
+    """The fastest way to digest one tensor: the native op's C++ entry point if loaded."""
+    module = _digest_module()
+    op = module._native_digest_op(None)
+    if op is None:
+        fn: Callable[[torch.Tensor], torch.Tensor] = module._python_digest
+        return fn
+    # OpOverload.__call__ is a Python frame around this callable.
+    return getattr(op, "_op", op)  # type: ignore[no-any-return]
+
+
+def _opaque(t: torch.Tensor) -> Slot:
+    return ("opaque", _dtype_name(t.dtype), tuple(t.shape), str(t.layout), type(t).__name__)
+
+
+def _value_key(a: object) -> Slot:
     if isinstance(a, float):
-        return ("float", a.hex())
-    if isinstance(a, _STABLE_REPR):
-        return ("value", repr(a))
+        return a.hex()
+    if type(a) in _PLAIN:
+        return a
     if isinstance(a, (list, tuple)):
-        return ("list", *(_value_slot(x) for x in a))
+        return tuple(_value_key(x) for x in a)
     return ("object", type(a).__name__)
 
 
@@ -286,34 +652,160 @@ def _tensors(value: object) -> Iterator[torch.Tensor]:
             yield from _tensors(v)
 
 
-def _where(
-    outputs: Sequence[torch.Tensor], args: Sequence[Any], kwargs: dict[str, Any]
-) -> tuple[str | None, str | None]:
-    for t in outputs:
-        return t.device.type, _dtype_name(t)
-    for t in _tensors([*args, *kwargs.values()]):
-        return t.device.type, _dtype_name(t)
-    return None, None
+# --- source locations -------------------------------------------------------------
+
+_SKIPPED_DIRS = (
+    str(Path(torch.__file__).resolve().parent),
+    str(Path(__file__).resolve().parent.parent),
+)
 
 
-def _to_host(pending: list[torch.Tensor]) -> list[Slot]:
-    by_device: dict[torch.device, list[int]] = {}
-    for i, d in enumerate(pending):
-        by_device.setdefault(d.device, []).append(i)
-    host: list[Slot] = [None] * len(pending)
-    for indices in by_device.values():
-        rows = torch.stack([pending[i].reshape(-1) for i in indices]).cpu().tolist()
-        for i, row in zip(indices, rows):
-            host[i] = ("digest", *row)
-    return host
+def _user_frame(frame: Any) -> tuple[str, int, str] | None:
+    """(file, line, function) of the innermost frame outside torch and this plugin."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_SKIPPED_DIRS) and not filename.startswith("<"):
+            return filename, frame.f_lineno, frame.f_code.co_name
+        frame = frame.f_back
+    return None
 
 
-def _resolve(slot: Slot, host: list[Slot]) -> Slot:
-    if isinstance(slot, int):
-        return host[slot]
-    if isinstance(slot, tuple) and slot and slot[0] in ("list", "kw", "view"):
-        return tuple(_resolve(s, host) for s in slot)
-    return slot
+def _module_path(frame: Any) -> tuple[str, str] | None:
+    """(path, class name) of the innermost ``nn.Module`` whose ``forward`` is running."""
+    modules: list[torch.nn.Module] = []
+    while frame is not None:
+        if frame.f_code.co_name in ("_call_impl", "_wrapped_call_impl"):
+            module = frame.f_locals.get("self")
+            if isinstance(module, torch.nn.Module) and (not modules or modules[-1] is not module):
+                modules.append(module)
+        frame = frame.f_back
+    if not modules:
+        return None
+    modules.reverse()  # outermost first
+    names: list[str] = []
+    for parent, child in itertools.pairwise(modules):
+        name = next((n for n, m in parent.named_modules() if m is child), None)
+        if name is None:
+            names = []  # not a submodule: start the path again from this module
+        else:
+            names.append(name)
+    return ".".join(names), type(modules[-1]).__name__
+
+
+class _LocatingRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Records op names and the locations of chosen ops (by index) in one re-run."""
+
+    def __init__(self, targets: set[int]) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.targets = targets
+        self.names: list[str] = []
+        self.where: dict[int, Location] = {}
+        self._frames: dict[int, tuple[tuple[str, int, str], tuple[str, str] | None]] = {}
+        self._first_of_seq: dict[int, int] = {}
+        self._last_peek = -1
+        self._backward_of: dict[int, int] = {}
+        get_seq = getattr(torch._C._autograd, "_get_sequence_nr", None)
+        self._get_seq: Callable[[], int] | None = get_seq
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        index = len(self.names)
+        self.names.append(func.name().split(".", 1)[0])
+        node = _current_node()
+        frame = sys._getframe(1)
+        user = _user_frame(frame)
+        if user is not None:
+            self._frames[index] = (user, _module_path(frame))
+        if node is None and self._get_seq is not None:
+            # The autograd node of this op (if any) took the number before this one.
+            peek = self._get_seq()
+            if peek != self._last_peek:
+                self._first_of_seq.setdefault(peek - 1, index)
+                self._last_peek = peek
+        elif node is not None:
+            forward = self._first_of_seq.get(node._sequence_nr())
+            if forward is not None:
+                self._backward_of[index] = forward
+        return func(*args, **(kwargs or {}))
+
+    def locations(self) -> dict[int, Location]:
+        found: dict[int, Location] = {}
+        for index in self.targets:
+            loc = self._location(index)
+            if loc is None:
+                continue
+            forward = self._backward_of.get(index)
+            if forward is not None:
+                loc = dataclasses.replace(
+                    loc, forward_op=self.names[forward], forward=self._location(forward)
+                )
+            found[index] = loc
+        return found
+
+    def _location(self, index: int) -> Location | None:
+        entry = self._frames.get(index)
+        if entry is None:
+            return None
+        (file, line, function), module = entry
+        return Location(
+            _short_path(file),
+            line,
+            function,
+            module[0] if module else None,
+            module[1] if module else None,
+        )
+
+
+def _current_node() -> Any:
+    current = getattr(torch._C, "_current_autograd_node", None)
+    return current() if current is not None else None
+
+
+def _short_path(file: str) -> str:
+    try:
+        return str(Path(file).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return file
+
+
+def locate(comparison: Comparison, run: Callable[[], object]) -> Comparison:
+    """``comparison`` with source locations, found by calling ``run`` once more.
+
+    ``run`` repeats run 0 (the caller restores the RNGs first). Locations are
+    attached where the re-run called the same op at the same position.
+    Exceptions from ``run`` are ignored: the locations found before it raised
+    are kept.
+    """
+    divergences = [*comparison.blamed, *comparison.uninitialized]
+    if comparison.unexplained is not None:
+        divergences.append(comparison.unexplained)
+    if not divergences:
+        return comparison
+    recorder = _LocatingRecorder({d.op_index for d in divergences})
+    try:
+        with recorder:
+            run()
+    except Exception:
+        pass
+    where = recorder.locations()
+
+    def placed(d: Divergence) -> Divergence:
+        index = d.op_index
+        if index in where and index < len(recorder.names) and recorder.names[index] == d.op:
+            return dataclasses.replace(d, location=where[index])
+        return d
+
+    return dataclasses.replace(
+        comparison,
+        blamed=[placed(d) for d in comparison.blamed],
+        uninitialized=[placed(d) for d in comparison.uninitialized],
+        unexplained=placed(comparison.unexplained) if comparison.unexplained else None,
+    )
 
 
 # --- comparison ---------------------------------------------------------------
@@ -324,9 +816,11 @@ class Divergence:
     """Where a run first differed from run 0.
 
     ``kind`` is ``"op"`` (the op produced different outputs from identical
-    inputs: it is nondeterministic), ``"inputs"`` (the first differing op's
-    inputs already differed, so the cause lies outside torch ops) or
-    ``"sequence"`` (the runs called different ops).
+    inputs: it is nondeterministic), ``"uninitialized"`` (the op read
+    uninitialised memory, created by ``origin``), ``"inputs"`` (the first
+    differing op's inputs already differed, so the cause lies outside torch
+    ops) or ``"sequence"`` (the runs called different ops). ``location`` is
+    filled in by :func:`locate`.
     """
 
     kind: str
@@ -337,20 +831,31 @@ class Divergence:
     dtype: str | None
     output_index: int | None = None
     other_op: str | None = None
+    origin: str | None = None
+    location: Location | None = None
 
     def describe(self, runs: int) -> str:
         """A sentence for a failure message."""
         where = ", ".join(x for x in (self.device, self.dtype) if x)
         where = f" ({where})" if where else ""
+        at = f" at {self.location.describe()}" if self.location is not None else ""
         if self.kind == "op":
             return (
-                f"nondeterministic op {self.op}{where}: output {self.output_index} differs "
+                f"nondeterministic op {self.op}{where}{at}: output {self.output_index} differs "
                 f"between run 0 and run {self.run} from identical inputs "
                 f"(op #{self.op_index} of the run; {runs} runs)"
             )
+        if self.kind == "uninitialized":
+            return (
+                f"reads uninitialised memory from {self.origin}: {self.op}{where}{at} "
+                f"(op #{self.op_index}, output {self.output_index}) differs between run 0 and "
+                f"run {self.run} because it read memory that no op wrote; initialise it "
+                "(torch.zeros, torch.full) or write every element before reading it. This is "
+                "a bug in the test or the code under test, not a nondeterministic kernel"
+            )
         if self.kind == "inputs":
             return (
-                f"run {self.run} first differs from run 0 at op {self.op}{where} "
+                f"run {self.run} first differs from run 0 at op {self.op}{where}{at} "
                 f"(op #{self.op_index}, output {self.output_index}), but that op's inputs "
                 "already differed: the difference comes from outside torch ops, e.g. state "
                 "carried over between runs (function-scoped fixture values are shared by all "
@@ -359,7 +864,7 @@ class Divergence:
             )
         return (
             f"run {self.run} called a different op sequence than run 0 from op "
-            f"#{self.op_index} on (run 0: {self.op}, run {self.run}: {self.other_op}) "
+            f"#{self.op_index} on (run 0: {self.op}, run {self.run}: {self.other_op}){at} "
             "with no op output differing before: control flow depends on something "
             "outside torch ops"
         )
@@ -370,20 +875,23 @@ class Comparison:
     """The outcome of :func:`compare_runs`.
 
     ``blamed`` lists the ops that produced different outputs from identical
-    inputs, earliest first, one entry per op position. ``unexplained`` is the
-    earliest divergence that is not preceded by a blamed op in its run.
-    ``verdicts`` maps ``(op, device, dtype)`` to this test's verdict.
+    inputs, earliest first, one entry per op position. ``uninitialized``
+    lists the ops whose outputs differed because they read uninitialised
+    memory. ``unexplained`` is the earliest divergence that is not preceded
+    by a blamed op in its run. ``verdicts`` maps ``(op, device, dtype)`` to
+    this test's verdict.
     """
 
     runs: int
     blamed: list[Divergence]
     unexplained: Divergence | None
     verdicts: dict[tuple[str, str | None, str | None], str]
+    uninitialized: list[Divergence] = field(default_factory=list)
 
     @property
     def reproducible(self) -> bool:
         """True when every run matched run 0."""
-        return not self.blamed and self.unexplained is None
+        return not self.blamed and not self.uninitialized and self.unexplained is None
 
 
 def _first_difference(a: tuple[Slot, ...], b: tuple[Slot, ...]) -> int | None:
@@ -393,11 +901,20 @@ def _first_difference(a: tuple[Slot, ...], b: tuple[Slot, ...]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def _has_uninitialized(slot: Slot) -> bool:
+    if type(slot) is tuple and slot:
+        if slot[0] == "uninitialized":
+            return True
+        return any(_has_uninitialized(s) for s in slot)
+    return False
+
+
 def compare_runs(logs: Sequence[RunLog]) -> Comparison:
     """Compare every run with run 0, op by op."""
     ref = logs[0].calls
-    status: dict[int, str] = {}  # op index in run 0 -> "nondeterministic"/"deterministic"
+    status: dict[int, str] = {}  # op index in run 0 -> verdict
     blamed: dict[int, Divergence] = {}
+    uninitialized: dict[int, Divergence] = {}
     unexplained: Divergence | None = None
     for r in range(1, len(logs)):
         calls = logs[r].calls
@@ -430,7 +947,20 @@ def compare_runs(logs: Sequence[RunLog]) -> Comparison:
                 if same_inputs:
                     status.setdefault(i, "deterministic")
                 continue
-            if same_inputs:
+            origin = a.tainted or b.tainted
+            if origin is not None and (
+                _has_uninitialized(a.inputs) if same_inputs else not first_diff_seen
+            ):
+                # The op read memory that no op wrote: its outputs (or inputs) differ
+                # because of that memory, not because of the kernel.
+                status[i] = "reads_uninitialized"
+                if i not in uninitialized:
+                    uninitialized[i] = Divergence(
+                        "uninitialized", r, i, a.name, a.device, a.dtype, out_diff, origin=origin
+                    )
+                if not first_diff_seen:
+                    first_blamed = True
+            elif same_inputs:
                 status[i] = "nondeterministic"
                 if i not in blamed:
                     blamed[i] = Divergence("op", r, i, a.name, a.device, a.dtype, out_diff)
@@ -450,7 +980,13 @@ def compare_runs(logs: Sequence[RunLog]) -> Comparison:
                 _merge(verdicts, call.key, "raises_under_deterministic_mode")
     for i, call in enumerate(ref):
         _merge(verdicts, call.key, status.get(i, "inconclusive"))
-    return Comparison(len(logs), [blamed[i] for i in sorted(blamed)], unexplained, verdicts)
+    return Comparison(
+        len(logs),
+        [blamed[i] for i in sorted(blamed)],
+        unexplained,
+        verdicts,
+        [uninitialized[i] for i in sorted(uninitialized)],
+    )
 
 
 def _merge(

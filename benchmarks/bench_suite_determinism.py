@@ -1,0 +1,236 @@
+"""Cost of ``--backends-determinism=2`` on a small-op CPU suite, against the plain run.
+
+The suite is the kind of test a numerical library has, where ops are tiny and
+the recorder's per-op cost matters most:
+
+* ``test_gradcheck``: ``torch.autograd.gradcheck`` of a small float64 function;
+* ``test_ode``: an explicit RK4 integration of a small float64 system, a few
+  thousand tiny ops;
+* ``test_cnn``: a small CNN forward and backward (batch 8, 3x32x32).
+
+Both variants run in pytest subprocesses, interleaved, ``--repeat`` times; a
+conftest records the time of every test's call phase (everything the check
+adds happens there), and the best of the repeats is reported, per test and in
+total, with the wall time of the whole session beside it (wall time is disturbed by
+other processes on a shared machine; CPU times are not). The per-op floor is
+measured in this process on the ODE body: bare, under a Python dispatch mode
+that only calls the op, and under the recorder, in microseconds per op.
+
+Usage::
+
+    python benchmarks/bench_suite_determinism.py [--repeat 3] [--out PATH]
+
+Results go to stdout and ``benchmarks/results/suite-determinism-cpu.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).parent / "results" / "suite-determinism-cpu.txt"
+
+SUITE = """
+import torch
+
+torch.set_num_threads(1)
+
+
+def rk4(f, y, h, steps):
+    for _ in range(steps):
+        k1 = f(y)
+        k2 = f(y + 0.5 * h * k1)
+        k3 = f(y + 0.5 * h * k2)
+        k4 = f(y + h * k3)
+        y = y + (h / 6) * (k1 + 2 * k2 + 2 * k3 + k4)
+    return y
+
+
+def ode_body(steps=150):
+    w = torch.randn(4, 4, dtype=torch.float64) * 0.5
+    return rk4(lambda y: torch.tanh(w @ y), torch.ones(4, dtype=torch.float64), 0.01, steps)
+
+
+def test_gradcheck():
+    w = torch.randn(3, 3, dtype=torch.float64)
+
+    def fn(x, b):
+        return torch.tanh(x @ w + b).sin().sum(-1)
+
+    x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(fn, (x, b))
+
+
+def test_ode():
+    y = ode_body()
+    assert torch.isfinite(y).all()
+
+
+def test_cnn():
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, padding=1, stride=2), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(32 * 16 * 16, 10),
+    )
+    out = model(torch.randn(8, 3, 32, 32))
+    out.backward(torch.randn_like(out))
+"""
+
+CONFTEST = """
+import json
+import os
+import time
+
+import pytest
+
+TIMES = {}
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_call(item):
+    start = time.thread_time()  # CPU time: other processes on the machine do not count
+    try:
+        return (yield)
+    finally:
+        TIMES[item.name] = time.thread_time() - start
+
+
+def pytest_sessionfinish(session):
+    with open(os.environ["SUITE_TIMES"], "w") as f:
+        json.dump(TIMES, f)
+"""
+
+
+def run_suite(root: Path, extra: list[str]) -> tuple[dict[str, float], float]:
+    """Call-phase seconds per test, and the session's wall time."""
+    times = root / "times.json"
+    env = dict(os.environ, SUITE_TIMES=str(times), OMP_NUM_THREADS="1")
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [*argv, *extra], cwd=root, env=env, capture_output=True, text=True, check=False
+    )
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"suite failed ({' '.join(extra) or 'plain'}):\n{proc.stdout}{proc.stderr}"
+        )
+    data: dict[str, float] = json.loads(times.read_text())
+    return data, wall
+
+
+def per_op_floor() -> tuple[int, float, float, float]:
+    """(ops, bare, call-only mode, recorder) in microseconds per op on the ODE body."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from pytest_backends.determinism.recorder import OpRecorder
+
+    namespace: dict[str, Any] = {}
+    exec(compile(SUITE, "suite", "exec"), namespace)
+    body = namespace["ode_body"]
+
+    class CallOnly(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    with OpRecorder() as recorder:
+        body()
+    ops = len(recorder.finish().calls)
+
+    def bare() -> None:
+        body()
+
+    def call_only() -> None:
+        with CallOnly():
+            body()
+
+    def recorded() -> None:
+        with OpRecorder() as rec:
+            body()
+        rec.finish()
+
+    best = {"bare": 1e9, "call": 1e9, "rec": 1e9}
+    for _ in range(5):
+        for name, fn in (("bare", bare), ("call", call_only), ("rec", recorded)):
+            start = time.thread_time()
+            fn()
+            best[name] = min(best[name], time.thread_time() - start)
+    del torch
+    return ops, *(best[k] / ops * 1e6 for k in ("bare", "call", "rec"))  # type: ignore[return-value]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=2, help="N for --backends-determinism")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_reproducible import cpu_description
+
+    variants = {
+        "plain": [],
+        "checked": [f"--backends-determinism={args.runs}", "--backends-determinism-all"],
+    }
+    best: dict[str, dict[str, float]] = {}
+    walls: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "test_small_ops.py").write_text(textwrap.dedent(SUITE))
+        (root / "conftest.py").write_text(textwrap.dedent(CONFTEST))
+        for _ in range(args.repeat):
+            for name, extra in variants.items():
+                times, wall = run_suite(root, extra)
+                slot = best.setdefault(name, {})
+                for test, seconds in times.items():
+                    slot[test] = min(slot.get(test, 1e9), seconds)
+                walls[name] = min(walls.get(name, 1e9), wall)
+    ops, bare, call, rec = per_op_floor()
+    plain, checked = best["plain"], best["checked"]
+    lines = [
+        f"--backends-determinism={args.runs} vs plain on a small-op CPU suite "
+        f"(best of {args.repeat} interleaved sessions, 1 thread, CPU time of the test thread)",
+        f"CPU: {cpu_description()}; load average {os.getloadavg()[0]:.1f}",
+        "",
+    ]
+    for test in sorted(plain):
+        lines.append(
+            f"  {test:15s} plain {plain[test] * 1e3:8.1f} ms | "
+            f"checked {checked[test] * 1e3:8.1f} ms"
+            f" | ratio {checked[test] / plain[test]:.2f}x"
+        )
+    total_plain, total_checked = sum(plain.values()), sum(checked.values())
+    lines.append(
+        f"  call phases     plain {total_plain * 1e3:8.1f} ms | "
+        f"checked {total_checked * 1e3:8.1f} ms"
+        f" | ratio {total_checked / total_plain:.2f}x"
+    )
+    lines.append(
+        f"  whole session   plain {walls['plain']:8.2f} s  | checked {walls['checked']:8.2f} s "
+        f" | ratio {walls['checked'] / walls['plain']:.2f}x"
+    )
+    lines.append(
+        f"  per-op floor on the ODE body ({ops} ops, one run): bare {bare:.1f} us | "
+        "Python dispatch "
+        f"mode that only calls the op {call:.1f} us | recorder {rec:.1f} us"
+    )
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
