@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_backends import isolation
+from pytest_backends import isolation, selection
 from pytest_backends.capability import runner as _capability_runner
 from pytest_backends.determinism import plugin as determinism_plugin
 from pytest_backends.matrix import markers
@@ -38,6 +38,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     matrix.addoption(parser, group)
     _capability_runner.addoption(parser, group)
     determinism_plugin.addoption(parser, group)
+    selection.addoption(parser, group)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -52,6 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
     matrix.configure(config)
     _capability_runner.configure(config)
     determinism_plugin.configure(config)
+    selection.configure(config)
 
 
 @pytest.fixture

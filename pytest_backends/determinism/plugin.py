@@ -261,6 +261,19 @@ class DeterminismPlugin:
         self.census = Census()
         self._errors: list[str] = []
 
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        from pytest_backends import selection
+
+        option = "--backends-determinism"
+        if self.config.getoption("backends_determinism", None) is None:
+            option = "--backends-census" if self.settings.census else (
+                "--backends-baseline" if self.settings.baseline else option)
+        selected = sum(1 for item in session.items if _selected(item, self.settings.select_all))
+        selection.record(self.config, option, selected, (
+            "no collected test is marked @pytest.mark.backends(deterministic=...); mark the "
+            "tests to check, or check every test with --backends-determinism-all"
+        ))
+
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
         if not _selected(item, self.settings.select_all):

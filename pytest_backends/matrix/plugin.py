@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
-from pytest_backends import isolation
+from pytest_backends import isolation, selection
 from pytest_backends.matrix import availability, markers, testcase
 from pytest_backends.matrix import xdist as _xdist
 from pytest_backends.matrix.configs import (
@@ -725,9 +725,11 @@ class MatrixPlugin:
         return (defid, repr(marks))
 
     def _late_warning(self, item: pytest.Item, why: str) -> None:
-        item.warn(markers.BackendsMarkerWarning(
-            f"@pytest.mark.backends on {item.nodeid} is not expanded: {why}"
-        ))
+        message = f"@pytest.mark.backends on {item.nodeid} is not expanded: {why}"
+        if selection.strict(self.config):
+            self._errors[self._defid(item)] = message + " (--backends-strict)"
+        else:
+            item.warn(markers.BackendsMarkerWarning(message))
 
     def _collect_again(self, item: pytest.Item) -> list[pytest.Item]:
         """The items pytest makes for ``item``'s test (or class) now that markers are pending.
@@ -798,6 +800,7 @@ class MatrixPlugin:
             items[:] = kept
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self._record_selection(session)
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None or session.config.get_verbosity() < 0:
             return
@@ -812,6 +815,35 @@ class MatrixPlugin:
                 f"backends: {len(self.late)} test(s) marked by hooks expanded into their "
                 "configs after collection"
             )
+
+    def _record_selection(self, session: pytest.Session) -> None:
+        """How many items the matrix and the verifier act on (for the empty-selection check)."""
+        configs = [
+            c for item in session.items
+            if (c := item.stash.get(CONFIG_KEY, DEFAULT_CONFIG)).choices
+        ]
+        if self.settings.enabled:
+            if self.settings.select:
+                option = self.settings.select_source
+                hint = (
+                    "no collected test has a configuration matching it; check the ids "
+                    "against the test ids of --backends-matrix --collect-only"
+                )
+            else:
+                option = self.settings.axes_source
+                axes = f"axes {', '.join(self.settings.axes)}" if self.settings.axes else (
+                    "any axis")
+                hint = f"no collected test is marked @pytest.mark.backends with {axes}"
+            selection.record(self.config, option, len(configs), hint)
+        if self.settings.verify != "off":
+            from pytest_backends.matrix.verify import promises_for
+
+            checked = sum(1 for c in configs if promises_for(c))
+            selection.record(self.config, "--backends-verify", checked, (
+                "no item runs a configuration whose kernel path can be checked; verification "
+                "needs --backends-matrix and tests marked with the mkldnn, nnpack, cudnn or "
+                "sdpa axis"
+            ))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
