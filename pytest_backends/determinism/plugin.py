@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_backends.determinism import subtests
 from pytest_backends.determinism.api import DEFAULT_RUNS, NondeterministicOpError
 from pytest_backends.determinism.census import (
     Baseline,
@@ -232,6 +233,7 @@ def configure(config: pytest.Config) -> None:
                 config.issue_config_time_warning(BaselineVersionWarning(message), stacklevel=2)
     plugin = DeterminismPlugin(config, settings, baseline)
     config.pluginmanager.register(plugin, "backends-determinism")
+    config.pluginmanager.register(subtests.SubtestCounter(), "backends-subtests")
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -285,6 +287,7 @@ class DeterminismPlugin:
         start = RngState.capture()
         logs: list[RunLog] = []
         recorder = OpRecorder()
+        item.stash[subtests.RUN_KEY] = 0
         try:
             with recorder:
                 result = yield
@@ -292,7 +295,8 @@ class DeterminismPlugin:
             self._record(item, compare_runs([recorder.finish()]))
             raise
         logs.append(recorder.finish())
-        for run in range(1, runs):
+        for run in range(1, 1 if subtests.failed_first_run(item) else runs):
+            item.stash[subtests.RUN_KEY] = run
             start.restore()
             recorder = OpRecorder()
             try:

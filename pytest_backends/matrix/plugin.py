@@ -909,13 +909,15 @@ def configure(config: pytest.Config) -> None:
     config.stash[SETTINGS_KEY] = settings
     plugin = MatrixPlugin(config, settings)
     config.pluginmanager.register(plugin, "backends-matrix")
+    is_worker = hasattr(config, "workerinput")
     if settings.verify != "off":
-        from pytest_backends.matrix.verify import VerifyPlugin
+        from pytest_backends.matrix.verify_cost import CostSummary, TimedVerifyPlugin
 
         config.pluginmanager.register(
-            VerifyPlugin(strict=settings.verify == "strict"), "backends-verify"
+            TimedVerifyPlugin(strict=settings.verify == "strict"), "backends-verify"
         )
-    is_worker = hasattr(config, "workerinput")
+        if not is_worker:
+            config.pluginmanager.register(CostSummary(), "backends-verify-cost")
     if not is_worker and (settings.enabled or settings.report_json or settings.report_html):
         from pytest_backends.matrix.report import ReportPlugin
 
