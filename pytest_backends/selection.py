@@ -47,7 +47,7 @@ class Selection:
 
     def empty(self) -> list[tuple[str, str]]:
         """``(option, hint)`` for every option that selected nothing."""
-        return [(option, self.hints[option]) for option, n in self.counts.items() if n == 0]
+        return sorted((option, self.hints[option]) for option, n in self.counts.items() if n == 0)
 
     def to_plain(self) -> dict[str, list[Any]]:
         """JSON-ready form, for ``workeroutput``."""

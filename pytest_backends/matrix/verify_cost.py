@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pytest_backends.matrix.verify import VerifyPlugin
+from pytest_backends.matrix.verify import VerifyPlugin, promises_for
 
 __all__ = ["SECONDS_ATTR", "CostSummary", "TimedVerifyPlugin"]
 
@@ -61,6 +61,11 @@ class TimedVerifyPlugin(VerifyPlugin):
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
+        from pytest_backends.matrix.plugin import CONFIG_KEY
+
+        config = item.stash.get(CONFIG_KEY, None)
+        if config is None or not promises_for(config, self.table):
+            return (yield)  # nothing to verify, nothing to time
         return (yield from _drive(super().pytest_runtest_call(item), item))
 
     @pytest.hookimpl(wrapper=True)

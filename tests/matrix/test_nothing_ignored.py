@@ -1,0 +1,375 @@
+"""Nothing silently ignored: TestCase methods and hook-added markers in the matrix, options
+that selected nothing, and the costs the summary states."""
+
+from __future__ import annotations
+
+import re
+import unittest
+from collections.abc import Callable, Generator, Iterator
+
+import pytest
+
+# Imported before any pytester snapshot (see test_matrix_e2e.py).
+import torch  # noqa: F401
+
+from pytest_backends import selection
+from pytest_backends.matrix import testcase, verify_cost
+
+Run = Callable[..., pytest.RunResult]
+
+CONFTEST = """
+    import pytest
+
+    @pytest.fixture(autouse=True)
+    def _config_on_instance(request, backend_config):
+        # How a unittest.TestCase reads its config: fixtures cannot be arguments there.
+        if request.instance is not None:
+            request.instance.backend_config = backend_config
+
+    def pytest_collection_modifyitems(items):
+        for item in items:
+            if "by_hook" in item.name:
+                item.add_marker(pytest.mark.backends("mkldnn"))
+                item.add_marker(pytest.mark.backends_leaks("fail"))
+            if item.name.startswith("test_changed"):
+                item.add_marker(pytest.mark.backends("nnpack"))
+
+    def pytest_generate_tests(metafunc):
+        if metafunc.definition.name == "test_generated_late":
+            metafunc.definition.add_marker(pytest.mark.backends("mkldnn"))
+"""
+
+SUITE = """
+    import unittest
+
+    import pytest
+    import torch
+
+    def conv():
+        return torch.nn.functional.conv2d(torch.ones(1, 1, 6, 6), torch.ones(1, 1, 3, 3))
+
+    class TestConv(unittest.TestCase):
+        setups = 0
+
+        @classmethod
+        def setUpClass(cls):
+            cls.setups += 1
+
+        def setUp(self):
+            self.expected = conv()
+
+        def tearDown(self):
+            print("TEARDOWN", self._testMethodName)
+
+        @pytest.mark.backends("mkldnn")
+        def test_conv(self):
+            on = torch.backends.mkldnn.enabled
+            print("RAN", self._testMethodName, self.backend_config.id, on, type(self).setups)
+            for i in range(2):
+                with self.subTest(i=i):
+                    self.assertTrue(torch.equal(conv(), self.expected))
+
+        def test_plain(self):
+            assert torch.backends.mkldnn.enabled
+
+        def test_by_hook(self):
+            print("HOOKED", self._testMethodName, self.backend_config.id,
+                  torch.backends.mkldnn.enabled)
+            conv()
+
+    @pytest.mark.parametrize("n", [1, 2])
+    def test_by_hook_param(n, backend_config):
+        print("HOOKED", n, backend_config.id, torch.backends.mkldnn.enabled)
+        conv()
+
+    @pytest.mark.backends("mkldnn")
+    def test_changed():
+        conv()
+
+    def test_generated_late():
+        pass
+"""
+
+
+def _ids(result: pytest.RunResult) -> list[str]:
+    return sorted({
+        m.group(1) for line in result.outlines if (m := re.match(r"^(\S+\.py::\S+) ", line))
+    })
+
+
+def test_testcase_methods_and_hook_markers_expand_like_functions(
+    pytester: pytest.Pytester, run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "off")
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_suite=SUITE)
+    result = run("--backends-matrix", "--backends-verify", "-v", "-s", "-rw")
+    result.assert_outcomes(passed=12)
+    assert _ids(result) == sorted([
+        "test_suite.py::TestConv::test_conv[mkldnn-on]",
+        "test_suite.py::TestConv::test_conv[mkldnn-off]",
+        "test_suite.py::TestConv::test_plain",
+        "test_suite.py::TestConv::test_by_hook[mkldnn-on]",
+        "test_suite.py::TestConv::test_by_hook[mkldnn-off]",
+        "test_suite.py::test_by_hook_param[mkldnn-on-1]",
+        "test_suite.py::test_by_hook_param[mkldnn-off-1]",
+        "test_suite.py::test_by_hook_param[mkldnn-on-2]",
+        "test_suite.py::test_by_hook_param[mkldnn-off-2]",
+        "test_suite.py::test_changed[mkldnn-on]",
+        "test_suite.py::test_changed[mkldnn-off]",
+        "test_suite.py::test_generated_late",
+    ])
+    out = result.stdout.str()
+    # Each config ran through unittest's protocol with its flags; setUpClass ran once.
+    for line in (
+        "RAN test_conv[mkldnn-on] mkldnn-on True 1",
+        "RAN test_conv[mkldnn-off] mkldnn-off False 1",
+        "HOOKED test_by_hook[mkldnn-on] mkldnn-on True",
+        "HOOKED test_by_hook[mkldnn-off] mkldnn-off False",
+        "HOOKED 1 mkldnn-on True", "HOOKED 2 mkldnn-off False",
+        "TEARDOWN test_conv[mkldnn-off]",
+    ):
+        assert line in out, line
+    assert "4 subtests passed" in out or "SUBPASSED(i=1)" in out
+    result.stdout.fnmatch_lines([
+        "backends: 3 test(s) marked by hooks expanded into their configs after collection",
+    ])
+    # What could not be honoured is said, per test, with the fix.
+    result.stdout.fnmatch_lines([
+        "*@pytest.mark.backends on test_suite.py::test_changed[[]mkldnn-on[]] is not "
+        "expanded: its markers changed after the matrix expanded it*",
+    ])
+    result.stdout.fnmatch_lines([
+        "*@pytest.mark.backends on test_suite.py::test_generated_late is not expanded: a "
+        "pytest_generate_tests hook added it after*tryfirst=True*",
+    ])
+    # The matrix grid and the verifier see the TestCase and hook-expanded items.
+    result.stdout.fnmatch_lines([
+        "*backends matrix*", "mkldnn-on *5 *0 *0*", "mkldnn-off *5 *0 *0*",
+        "*backends verify cost*",
+        "verified 10 test(s): the verifier's own time * s (mean * ms per test, slowest *",
+        "call phases of the verified tests: * s, the profiler's per-op cost included*",
+    ])
+
+    # The same collection in every xdist worker (xdist refuses to run otherwise).
+    result = run("--backends-matrix", "-n", "2", "-q")
+    result.assert_outcomes(passed=12)
+    assert "Different tests were collected" not in result.stdout.str() + result.stderr.str()
+
+
+def test_options_that_selected_nothing_are_said_and_fail_when_strict(
+    pytester: pytest.Pytester, run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "off")
+    pytester.makepyfile(test_plain="def test_plain():\n    pass\n")
+    result = run("--backends-determinism", "--backends-matrix", "--backends-verify")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines([
+        "*backends: options that selected no test*",
+        "--backends-determinism selected no test: no collected test is marked "
+        "@pytest.mark.backends(deterministic=...)*--backends-determinism-all",
+        "--backends-matrix selected no test: no collected test is marked "
+        "@pytest.mark.backends with any axis",
+        "--backends-verify selected no test: *needs --backends-matrix*",
+    ])
+    assert "the run fails" not in result.stdout.str()
+
+    # The ini twin, under xdist: the workers' counts reach the controller.
+    pytester.makeini("[pytest]\nbackends_strict = true\n")
+    pytester.makepyfile(test_marked="""
+        import pytest
+
+        @pytest.mark.backends("mkldnn")
+        def test_marked():
+            pass
+    """)
+    result = run("-n", "2", "--backends-census=census.json", "--backends-matrix=mkldnn")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stdout.fnmatch_lines([
+        "--backends-census selected no test: *",
+        "--backends-strict: the run fails (exit code 4) because of the above",
+        "*3 passed*",
+    ])
+    assert "--backends-matrix selected no test" not in result.stdout.str()
+
+    # Strict: a marker the matrix cannot honour fails its test instead of warning.
+    pytester.makeconftest("""
+        import pytest
+
+        def pytest_collection_modifyitems(items):
+            for item in items:
+                item.add_marker(pytest.mark.backends("nnpack"))
+    """)
+    result = run("--backends-matrix", "-k", "marked")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*is not expanded: its markers changed*(--backends-strict)*"])
+
+
+SUBTESTS = """
+    import unittest
+
+    import pytest
+    import torch
+
+    class TestSub(unittest.TestCase):
+        @pytest.mark.backends(deterministic="on")
+        def test_unittest_subtests(self):
+            for i in range(2):
+                with self.subTest(i=i):
+                    torch.ones(3).sum()
+
+    @pytest.mark.backends(deterministic="on")
+    def test_fixture_subtests(subtests):
+        for i in range(3):
+            with subtests.test(i=i):
+                torch.ones(3).sum()
+
+    @pytest.mark.backends(deterministic="on")
+    def test_failing_subtest(subtests):
+        with subtests.test("bad"):
+            assert torch.ones(1).item() == 2
+"""
+
+
+@pytest.mark.skipif(not hasattr(pytest, "Subtests"), reason="needs pytest's subtests fixture")
+def test_subtests_are_counted_once_over_determinism_runs(
+    pytester: pytest.Pytester, run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "off")
+    pytester.makepyfile(test_sub=SUBTESTS)
+    result = run("--backends-determinism=3", "-v")
+    out = result.stdout.str()
+    assert out.count("SUBPASSED(i=1)") == 1, out  # the fixture's, once, not once per run
+    assert out.count("SUBFAILED[bad]") == 2  # the progress line and the short summary
+    # 2 unittest subTests + 3 fixture subtests, each once; the failing one stops the runs.
+    result.stdout.fnmatch_lines([
+        "FAILED test_sub.py::test_failing_subtest - contains 1 failed subtest",
+        "*2 failed, 2 passed, 5 subtests passed in*",
+    ])
+
+
+# --- units ----------------------------------------------------------------------------------
+
+
+class _Case(unittest.TestCase):
+    """A class for the subclass checks."""
+
+    __test__ = False
+
+    @pytest.mark.backends("mkldnn")
+    def test_a(self) -> None:
+        pass
+
+    def test_b(self) -> None:
+        pass
+
+
+def test_matrix_subclass_runs_each_config_as_a_method_and_hides_the_original() -> None:
+    names = testcase.config_names("test_a", ["mkldnn-on", "mkldnn-off"])
+    sub = testcase.matrix_subclass(_Case, {"test_a": names})
+    assert (sub.__name__, sub.__qualname__, sub.__module__) == (
+        _Case.__name__, _Case.__qualname__, _Case.__module__)
+    assert issubclass(sub, _Case)
+    assert testcase.unittest_names(sub) == ["test_a[mkldnn-off]", "test_a[mkldnn-on]", "test_b"]
+    assert testcase.unittest_names(_Case) == ["test_a", "test_b"]  # the user's class is unchanged
+    outcome = unittest.TestResult()
+    sub("test_a[mkldnn-on]").run(outcome)
+    assert outcome.wasSuccessful() and outcome.testsRun == 1
+    assert sub("test_a[mkldnn-on]").id().endswith("_Case.test_a[mkldnn-on]")
+    assert testcase.is_testcase(sub) and not testcase.is_testcase(object)
+    assert testcase.expandable(_Case, "test_a")
+
+
+def test_selection_merges_worker_counts_and_names_empty_options() -> None:
+    first, second = selection.Selection(), selection.Selection()
+    first.add("--backends-matrix", 0, "mark a test")
+    first.add("--backends-verify", 0, "mark an axis")
+    second.add("--backends-matrix", 3, "mark a test")
+    first.merge(second.to_plain())
+    assert first.empty() == [("--backends-verify", "mark an axis")]
+    assert first.counts == {"--backends-matrix": 3, "--backends-verify": 0}
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Item:
+    def __init__(self) -> None:
+        self.stash = pytest.Stash()
+
+
+def _wrapper(clock: _Clock, log: list[str]) -> Generator[None, object, object]:
+    clock.now += 2.0  # the verifier's own work before the test
+    try:
+        result = yield
+    except ValueError:
+        log.append("saw the error")
+        clock.now += 1.0
+        raise
+    clock.now += 3.0  # and after it
+    return f"wrapped {result}"
+
+
+def _drive(item: _Item, clock: _Clock, log: list[str], body: Callable[[], object]) -> object:
+    driver = verify_cost._drive(_wrapper(clock, log), item)  # type: ignore[arg-type]
+    next(driver)
+    try:
+        value = body()
+    except ValueError as exc:
+        try:
+            driver.throw(exc)
+        except ValueError:
+            return "raised"
+        raise AssertionError("the error was swallowed") from None
+    try:
+        driver.send(value)
+    except StopIteration as stop:
+        return stop.value
+    raise AssertionError("the driver did not stop")
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Clock]:
+    fake = _Clock()
+    monkeypatch.setattr(verify_cost.time, "perf_counter", fake)
+    yield fake
+
+
+def test_verify_timer_counts_the_wrapper_not_the_test(clock: _Clock) -> None:
+    item, log = _Item(), []
+
+    def body() -> str:
+        clock.now += 100.0  # the test itself
+        return "result"
+
+    assert _drive(item, clock, log, body) == "wrapped result"
+    assert item.stash[verify_cost._SECONDS_KEY] == 5.0
+
+    def failing() -> str:
+        clock.now += 50.0
+        raise ValueError("test failed")
+
+    item = _Item()
+    assert _drive(item, clock, log, failing) == "raised"
+    assert log == ["saw the error"]
+    assert item.stash[verify_cost._SECONDS_KEY] == 3.0
+
+
+def test_cost_summary_lines() -> None:
+    summary = verify_cost.CostSummary()
+    assert summary.lines() == []
+    for nodeid, seconds in (("t.py::a", 0.5), ("t.py::b", 1.5)):
+        report = pytest.TestReport(nodeid, ("t.py", 1, nodeid), {}, "passed", None, "call",
+                                   duration=2.0)
+        setattr(report, verify_cost.SECONDS_ATTR, seconds)
+        summary.pytest_runtest_logreport(report)
+    assert summary.lines()[0] == (
+        "verified 2 test(s): the verifier's own time 2.00 s (mean 1000.0 ms per test, "
+        "slowest 1500.0 ms in t.py::b)"
+    )
+    assert summary.lines()[1].startswith("call phases of the verified tests: 4.00 s")
