@@ -13,6 +13,7 @@ import pytest
 import torch  # noqa: F401
 
 from pytest_backends import selection
+from pytest_backends.determinism import subtests
 from pytest_backends.matrix import testcase, verify_cost
 
 Run = Callable[..., pytest.RunResult]
@@ -373,3 +374,113 @@ def test_cost_summary_lines() -> None:
         "slowest 1500.0 ms in t.py::b)"
     )
     assert summary.lines()[1].startswith("call phases of the verified tests: 4.00 s")
+
+
+def test_cost_summary_ignores_reruns_other_phases_and_unverified_reports() -> None:
+    summary = verify_cost.CostSummary()
+    for when, outcome, tagged in (("setup", "passed", True), ("call", "rerun", True),
+                                  ("call", "passed", False)):
+        report = pytest.TestReport("t.py::a", ("t.py", 1, "a"), {}, outcome, None, when)
+        if tagged:
+            setattr(report, verify_cost.SECONDS_ATTR, 1.0)
+        summary.pytest_runtest_logreport(report)
+    assert summary.tests == 0 and summary.lines() == []
+
+
+# --- subtests over determinism runs -----------------------------------------------------------
+
+
+class _Context:
+    def __init__(self, msg: str | None, **kwargs: object) -> None:
+        self.msg, self.kwargs = msg, kwargs
+
+
+def _subreport(nodeid: str, run: int | None, outcome: str, msg: str | None = None,
+               **kwargs: object) -> pytest.TestReport:
+    report = pytest.TestReport(nodeid, ("t.py", 1, nodeid), {}, outcome, None, "call")
+    report.context = _Context(msg, **kwargs)  # type: ignore[attr-defined]
+    if run is not None:
+        setattr(report, subtests.RUN_ATTR, run)
+    return report
+
+
+def test_subtest_counter_hides_repeats_of_the_first_run_only() -> None:
+    counter = subtests.SubtestCounter()
+    config: pytest.Config = None  # type: ignore[assignment]  # not read
+
+    def status(report: pytest.TestReport) -> tuple[str, str, str] | None:
+        return counter.pytest_report_teststatus(report, config)
+
+    counter.pytest_runtest_logstart("t.py::a", None)
+    assert status(_subreport("t.py::a", 0, "passed", i=1)) is None  # run 0 counts
+    assert status(_subreport("t.py::a", 0, "failed", "bad")) is None
+    assert status(_subreport("t.py::a", 1, "passed", i=1)) == ("", "", "")  # a repeat
+    assert status(_subreport("t.py::a", 2, "failed", "bad")) == ("", "", "")
+    assert status(_subreport("t.py::a", 1, "failed", i=1)) is None  # a new outcome is news
+    assert status(_subreport("t.py::a", 1, "passed", i=2)) is None  # not seen in run 0
+    assert status(_subreport("t.py::b", 1, "passed", i=1)) is None  # another test
+    assert status(_subreport("t.py::a", None, "passed", i=1)) is None  # not a determinism run
+    plain = pytest.TestReport("t.py::a", ("t.py", 1, "a"), {}, "passed", None, "call")
+    setattr(plain, subtests.RUN_ATTR, 1)
+    assert status(plain) is None  # the test's own report is never hidden
+    counter.pytest_runtest_logfinish("t.py::a", None)
+    assert status(_subreport("t.py::a", 1, "passed", i=1)) is None  # forgotten at the end
+
+
+# --- helpers of the matrix plugin ---------------------------------------------------------------
+
+
+class _Unequal:
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("ambiguous, like a tensor")
+
+    __hash__ = object.__hash__
+
+
+class _Spec:
+    def __init__(self, **params: object) -> None:
+        self.params = params
+
+
+class _Fake:
+    def __init__(self, **params: object) -> None:
+        self.callspec = _Spec(**params)
+
+
+def test_same_params_ignores_the_config_and_survives_unequal_objects() -> None:
+    from pytest_backends.matrix import plugin
+
+    odd = _Unequal()
+    old = _Fake(n=1, t=odd)
+    assert plugin._same_params(old, _Fake(n=1, t=odd, backend_config="x"))  # type: ignore[arg-type]
+    assert not plugin._same_params(old, _Fake(n=2, t=odd))  # type: ignore[arg-type]
+    assert not plugin._same_params(old, _Fake(n=1, t=_Unequal()))  # type: ignore[arg-type]
+    assert not plugin._same_params(old, _Fake(n=1))  # type: ignore[arg-type]
+    assert plugin._same_params(object(), _Fake(backend_config="x"))  # type: ignore[arg-type]
+
+
+class _Odd(unittest.TestCase):
+    __test__ = False
+
+    @staticmethod
+    def test_static() -> None:
+        pass
+
+    def test_plain(self) -> None:
+        pass
+
+
+def test_only_plain_methods_are_expandable_and_hidden_originals_still_work() -> None:
+    assert not testcase.expandable(_Odd, "test_static")
+    assert testcase.expandable(_Odd, "test_plain")
+    sub = testcase.matrix_subclass(_Odd, {"test_plain": ["test_plain[x-on]"]})
+    assert getattr(sub.test_plain, "__test__", True) is False
+    assert sub("runTest").test_plain() is None  # the original name still calls the method
+    assert sub.__dict__["test_plain[x-on]"] is _Odd.__dict__["test_plain"]
+
+
+def test_strict_resolves_command_line_over_ini(pytester: pytest.Pytester) -> None:
+    assert not selection.strict(pytester.parseconfig())
+    assert selection.strict(pytester.parseconfig("--backends-strict"))
+    pytester.makeini("[pytest]\nbackends_strict = true\n")
+    assert selection.strict(pytester.parseconfig())
