@@ -9,7 +9,13 @@ Data flows one way (DESIGN B):
    parametrizes the test over the (optionally sampled) product of its axes.
    The list depends only on markers and options, never on the machine, so
    collection is identical everywhere, xdist workers included.
-3. :meth:`MatrixPlugin.pytest_collection_modifyitems` stores each item's
+   ``unittest.TestCase`` classes, which pytest never parametrizes, get one
+   test method per config instead (:mod:`pytest_backends.matrix.testcase`).
+3. :meth:`MatrixPlugin.pytest_collection_modifyitems` runs after every other
+   implementation of the hook: items that a conftest or plugin gave a
+   ``backends`` marker there are collected again with it (one item per
+   config); markers that cannot be honoured are a ``BackendsMarkerWarning``
+   naming the test. It then stores each item's
    :class:`~pytest_backends.matrix.configs.BackendConfig` under :data:`CONFIG_KEY`, hands
    its flags to the leak guard (``isolation.ITEM_FLAGS_KEY``), and turns a
    config this machine cannot run into a skip with a precise reason.
