@@ -153,9 +153,11 @@ def test_testcase_methods_and_hook_markers_expand_like_functions(
     ])
 
     # The same collection in every xdist worker (xdist refuses to run otherwise).
-    result = run("--backends-matrix", "-n", "2", "-q")
+    # The verifier's times travel on the reports to the controller.
+    result = run("--backends-matrix", "--backends-verify", "-n", "2", "-q")
     result.assert_outcomes(passed=12)
     assert "Different tests were collected" not in result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["verified 10 test(s): the verifier's own time *"])
 
 
 def test_options_that_selected_nothing_are_said_and_fail_when_strict(
