@@ -486,3 +486,92 @@ def test_strict_resolves_command_line_over_ini(pytester: pytest.Pytester) -> Non
     assert selection.strict(pytester.parseconfig("--backends-strict"))
     pytester.makeini("[pytest]\nbackends_strict = true\n")
     assert selection.strict(pytester.parseconfig())
+
+
+CASES = """
+    import unittest
+
+    import pytest
+
+    pytestmark = pytest.mark.backends(deterministic="on")
+
+    class Base(unittest.TestCase):
+        __test__ = False
+
+        @pytest.mark.backends("mkldnn")
+        def test_inherited(self):
+            pass
+
+    class TestChild(Base):
+        __test__ = True
+
+    @pytest.mark.backends(mkldnn="off")
+    class TestClassMarked(unittest.TestCase):
+        @pytest.mark.backends(nnpack="on")
+        def test_both(self):
+            pass
+
+        def test_class_only(self):
+            pass
+
+    @unittest.skip("whole class skipped")
+    class TestSkipped(unittest.TestCase):
+        @pytest.mark.backends("mkldnn")
+        def test_never(self):
+            pass
+"""
+
+
+def _collect(pytester: pytest.Pytester, *args: str) -> list[str]:
+    result = pytester.runpytest_inprocess("-p", "no:randomly", "-p", "no:cacheprovider",
+                                          "--co", "-q", *args)
+    return [line for line in result.outlines if "::" in line and " " not in line]
+
+
+def test_testcase_markers_merge_from_module_class_and_method_and_select_by_config(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_cases=CASES)
+    assert _collect(pytester, "--backends-matrix") == [
+        "test_cases.py::TestChild::test_inherited[mkldnn-off,deterministic-on]",
+        "test_cases.py::TestChild::test_inherited[mkldnn-on,deterministic-on]",
+        "test_cases.py::TestClassMarked::test_both[mkldnn-off,nnpack-on,deterministic-on]",
+        "test_cases.py::TestClassMarked::test_class_only[mkldnn-off,deterministic-on]",
+        "test_cases.py::TestSkipped::test_never[mkldnn-off,deterministic-on]",
+        "test_cases.py::TestSkipped::test_never[mkldnn-on,deterministic-on]",
+    ]
+    assert _collect(pytester, "--backends-config=mkldnn-on") == [
+        "test_cases.py::TestChild::test_inherited[mkldnn-on,deterministic-on]",
+        "test_cases.py::TestSkipped::test_never[mkldnn-on,deterministic-on]",
+    ]
+    assert _collect(pytester, "--backends-matrix=nnpack") == [
+        "test_cases.py::TestChild::test_inherited",
+        "test_cases.py::TestClassMarked::test_both[nnpack-on]",
+        "test_cases.py::TestClassMarked::test_class_only",
+        "test_cases.py::TestSkipped::test_never",
+    ]
+    result = pytester.runpytest_inprocess("-p", "no:randomly", "--backends-matrix",
+                                          "-k", "Skipped")
+    result.assert_outcomes(skipped=2)
+
+
+def test_a_typo_in_a_testcase_marker_errors_that_test_only(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_typo="""
+        import unittest
+
+        import pytest
+
+        class TestTypo(unittest.TestCase):
+            @pytest.mark.backends("mkldnm")
+            def test_typo(self):
+                pass
+
+            def test_fine(self):
+                pass
+    """)
+    result = pytester.runpytest_inprocess("-p", "no:randomly", "--backends-matrix", "-rE")
+    result.assert_outcomes(passed=1, errors=1)  # an error at setup, as for functions
+    result.stdout.fnmatch_lines([
+        "*invalid @pytest.mark.backends on test_typo.py::TestTypo::test_typo: unknown axis "
+        "'mkldnm' (did you mean 'mkldnn'?)*",
+    ])
