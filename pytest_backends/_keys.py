@@ -18,12 +18,14 @@ if TYPE_CHECKING:
     from pytest_backends.isolation import LeakSettings
     from pytest_backends.matrix.configs import AxisRegistry, BackendConfig
     from pytest_backends.matrix.plugin import MatrixSettings
+    from pytest_backends.selection import Selection
 
 __all__ = [
     "CAPABILITY_KEY",
     "CONFIG_KEY",
     "DETERMINISM_KEY",
     "ITEM_FLAGS_KEY",
+    "LABEL_KEY",
     "LEAK_KEY",
     "MARKER_ERROR_KEY",
     "MATRIX_KEY",
@@ -32,8 +34,13 @@ __all__ = [
     "PROPERTY_VERIFY_STATUS",
     "REGISTRY_KEY",
     "REPORT_ATTR_CENSUS",
+    "SELECTION_KEY",
     "SETUP_ERROR_KEY",
+    "STRICT_KEY",
+    "SUBTEST_FAILED_KEY",
+    "SUBTEST_RUN_KEY",
     "VERDICTS_KEY",
+    "VERIFY_SECONDS_KEY",
     "WORKER_PLAN_KEY",
 ]
 
@@ -79,3 +86,13 @@ PROPERTY_VERIFY_DETAIL = "backends_verify_detail"
 REPORT_ATTR_CENSUS = "backends_census"
 #: The job label given on the command line or in the ini file (None: the default is used).
 LABEL_KEY: pytest.StashKey[str | None] = pytest.StashKey()
+#: Which options selected how many items (merged from the workers in the controller).
+SELECTION_KEY: pytest.StashKey[Selection] = pytest.StashKey()
+#: Whether ``--backends-strict`` is on (resolved on first use).
+STRICT_KEY: pytest.StashKey[bool] = pytest.StashKey()
+#: The determinism run in progress for an item (0 for the first).
+SUBTEST_RUN_KEY: pytest.StashKey[int] = pytest.StashKey()
+#: Whether a subtest failed in an item's first determinism run.
+SUBTEST_FAILED_KEY: pytest.StashKey[bool] = pytest.StashKey()
+#: Seconds the verifier itself spent around one test's call phase.
+VERIFY_SECONDS_KEY: pytest.StashKey[float] = pytest.StashKey()

@@ -204,6 +204,14 @@ OPTIONS: tuple[Option, ...] = (
         "(default: host name/CPU capability/GPU)",
         "name of this job or machine in the report and census",
     ),
+    Option(
+        "backends_strict",
+        "flag",
+        "",
+        "fail the run (exit code 4) when a --backends-* option selected no test, "
+        "and fail tests whose @pytest.mark.backends the matrix could not honour",
+        "fail runs where a backends option selected nothing",
+    ),
 )
 
 _BY_NAME = {option.name: option for option in OPTIONS}

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_backends import _keys, _options, hookspecs, isolation
+from pytest_backends import _keys, _options, hookspecs, isolation, selection
 from pytest_backends import label as _label
 from pytest_backends.capability import levels as capability_levels
 from pytest_backends.capability import plugin as capability
@@ -70,6 +70,7 @@ def pytest_configure(config: pytest.Config) -> None:
     plugins += capability.configure(config, config.stash[_keys.CAPABILITY_KEY])
     plugins += determinism_plugin.configure(config)
     _label.configure(config)
+    plugins += selection.configure(config)
     for plugin, name in plugins:
         config.pluginmanager.register(plugin, name)
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_backends import _keys, _options
+from pytest_backends.determinism import subtests
 from pytest_backends.determinism.api import DEFAULT_RUNS, NondeterministicOpError
 from pytest_backends.determinism.census import (
     Baseline,
@@ -182,7 +183,10 @@ def configure(config: pytest.Config) -> list[tuple[object, str]]:
             message = baseline.version_mismatch(settings.baseline, Versions.current())
             if message:
                 config.issue_config_time_warning(BaselineVersionWarning(message), stacklevel=2)
-    return [(DeterminismPlugin(config, settings, baseline), "backends-determinism")]
+    return [
+        (DeterminismPlugin(config, settings, baseline), "backends-determinism"),
+        (subtests.SubtestCounter(), "backends-subtests"),
+    ]
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -212,6 +216,19 @@ class DeterminismPlugin:
         self.census = Census()
         self._errors: list[str] = []
 
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        from pytest_backends import selection
+
+        option = "--backends-determinism"
+        if self.config.getoption("backends_determinism", None) is None:
+            option = "--backends-census" if self.settings.census else (
+                "--backends-baseline" if self.settings.baseline else option)
+        selected = sum(1 for item in session.items if _selected(item, self.settings.select_all))
+        selection.record(self.config, option, selected, (
+            "no collected test is marked @pytest.mark.backends(deterministic=...); mark the "
+            "tests to check, or check every test with --backends-determinism-all"
+        ))
+
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
         if not _selected(item, self.settings.select_all):
@@ -223,6 +240,7 @@ class DeterminismPlugin:
         start = RngState.capture()
         logs: list[RunLog] = []
         recorder = OpRecorder()
+        item.stash[subtests.RUN_KEY] = 0
         try:
             with recorder:
                 result = yield
@@ -230,7 +248,8 @@ class DeterminismPlugin:
             self._record(item, compare_runs([recorder.finish()]))
             raise
         logs.append(recorder.finish())
-        for run in range(1, runs):
+        for run in range(1, 1 if subtests.failed_first_run(item) else runs):
+            item.stash[subtests.RUN_KEY] = run
             start.restore()
             recorder = OpRecorder(previous=recorder)
             try:

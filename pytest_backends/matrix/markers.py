@@ -13,9 +13,14 @@ import inspect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import pytest
+
 from pytest_backends.matrix.configs import AxisRegistry
 
-__all__ = ["MARKER", "MarkerError", "MarkerSpec", "backends", "marker_line", "resolve"]
+__all__ = [
+    "MARKER",
+    "BackendsMarkerWarning",
+    "MarkerError", "MarkerSpec", "backends", "marker_line", "resolve"]
 
 #: The marker's name.
 MARKER = "backends"
@@ -130,3 +135,7 @@ def resolve(
             values = registry.axis(axis).value_names
             merged[axis] = values if chosen is None else tuple(v for v in values if v in chosen)
     return {name: merged[name] for name in registry.names if name in merged}
+
+
+class BackendsMarkerWarning(pytest.PytestWarning):
+    """A ``@pytest.mark.backends`` marker that the matrix could not honour, and why."""

@@ -9,7 +9,13 @@ Data flows one way (DESIGN B):
    parametrizes the test over the (optionally sampled) product of its axes.
    The list depends only on markers and options, never on the machine, so
    collection is identical everywhere, xdist workers included.
-3. :meth:`MatrixPlugin.pytest_collection_modifyitems` stores each item's
+   ``unittest.TestCase`` classes, which pytest never parametrizes, get one
+   test method per config instead (:mod:`pytest_backends.matrix.testcase`).
+3. :meth:`MatrixPlugin.pytest_collection_modifyitems` runs after every other
+   implementation of the hook: items that a conftest or plugin gave a
+   ``backends`` marker there are collected again with it (one item per
+   config); markers that cannot be honoured are a ``BackendsMarkerWarning``
+   naming the test. It then stores each item's
    :class:`~pytest_backends.matrix.configs.BackendConfig` under :data:`CONFIG_KEY`, hands
    its flags to the leak guard (``isolation.ITEM_FLAGS_KEY``), and turns a
    config this machine cannot run into a skip with a precise reason.
@@ -20,18 +26,19 @@ Torch is imported only when a marked test is expanded or a feature needs it.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import random
 import re
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
-from pytest_backends import _keys, _options
-from pytest_backends.matrix import availability, markers
+from pytest_backends import _keys, _options, selection
+from pytest_backends.matrix import availability, markers, testcase
 from pytest_backends.matrix import xdist as _xdist
 from pytest_backends.matrix.configs import (
     DEFAULT_CONFIG,
@@ -380,8 +387,29 @@ def _definition_id(item: pytest.Item) -> str:
     return item.nodeid[: len(item.nodeid) - len(name) + len(original)]
 
 
-def _marks(node: Any) -> list[tuple[Sequence[object], Mapping[str, object]]]:
+#: One marker's arguments: ``(args, kwargs)``.
+Mark = tuple[Sequence[object], Mapping[str, object]]
+
+
+def _marks(node: Any) -> list[Mark]:
     return [(m.args, m.kwargs) for m in node.iter_markers(markers.MARKER)]
+
+
+def _same(a: object, b: object) -> bool:
+    try:
+        return a is b or bool(a == b)
+    except Exception:  # an object whose == raises or is ambiguous (a tensor)
+        return False
+
+
+def _same_params(old: pytest.Item, new: pytest.Item) -> bool:
+    """Whether ``new`` has ``old``'s parameters (besides the config)."""
+    before = getattr(getattr(old, "callspec", None), "params", {})
+    after = {
+        k: v for k, v in getattr(getattr(new, "callspec", None), "params", {}).items()
+        if k != PARAM
+    }
+    return before.keys() == after.keys() and all(_same(before[k], after[k]) for k in before)
 
 
 class MatrixPlugin:
@@ -398,6 +426,18 @@ class MatrixPlugin:
         self._errors: dict[str, str] = {}
         self._select: tuple[frozenset[tuple[str, str]], ...] = ()
         self._header_shown = False
+        # Markers of each test when it was expanded (None: it had none then).
+        self._seen: dict[str, list[Mark]] = {}
+        # Markers of each definition when the matrix expanded it (checked after all hooks).
+        self._definition_marks: dict[str, list[Mark]] = {}
+        # Markers a re-collection must use (markers added by hooks), by test.
+        self._pending: dict[str, list[Mark]] = {}
+        # TestCase config items: node id -> (test's node id, config).
+        self._named: dict[str, tuple[str, BackendConfig]] = {}
+        # TestCase matrix subclass -> the user's class.
+        self._bases: dict[type, type] = {}
+        #: Node ids of the items that markers added by hooks expanded.
+        self.late: list[str] = []
 
     # registry and machine ------------------------------------------------------------------
 
@@ -474,42 +514,226 @@ class MatrixPlugin:
             lines.append(self.settings.describe())
         return lines
 
-    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        marks = _marks(metafunc.definition)
-        if not marks:
-            return
-        defid = metafunc.definition.nodeid
+    def _resolve(self, defid: str, marks: Sequence[Mark]) -> list[BackendConfig]:
+        """Resolve one test's markers; its configs (empty: it runs once, unparametrized).
+
+        Records the resolved selection (or the marker's error) under ``defid``.
+        """
+        self._seen[defid] = list(marks)
         try:
             selection = markers.resolve(marks, self.registry)
         except markers.MarkerError as exc:
             self._errors[defid] = f"invalid @pytest.mark.backends on {defid}: {exc}"
-            return
+            return []
         self._selections[defid] = selection
         if not self.settings.enabled:
-            return
+            return []
         try:
             combos = expand(selection, self.registry, self.settings, defid)
-            if not combos:
-                return
-            configs = [self.build(c) for c in combos]
+            return [self.build(c) for c in combos]
         except ConfigError as exc:
             self._errors[defid] = f"invalid backend configuration for {defid}: {exc}"
             self._selections.pop(defid)
+            return []
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> Generator[None, None, None]:
+        """Warn when a later ``pytest_generate_tests`` adds markers the matrix missed."""
+        defid = metafunc.definition.nodeid
+        yield
+        before = self._definition_marks.pop(defid, [])
+        if _marks(metafunc.definition) != before:
+            metafunc.definition.warn(markers.BackendsMarkerWarning(
+                f"@pytest.mark.backends on {defid} is not expanded: a pytest_generate_tests "
+                "hook added it after the matrix had expanded the test. Give that hook "
+                "@pytest.hookimpl(tryfirst=True), or add the marker in "
+                "pytest_collection_modifyitems"
+            ))
+
+    @pytest.hookimpl(specname="pytest_generate_tests")
+    def pytest_generate_tests_matrix(self, metafunc: pytest.Metafunc) -> None:
+        defid = metafunc.definition.nodeid
+        self._definition_marks[defid] = _marks(metafunc.definition)
+        marks = self._pending.pop(defid, None) or self._definition_marks[defid]
+        if not marks:
+            return
+        configs = self._resolve(defid, marks)
+        if not configs:
             return
         if PARAM not in metafunc.fixturenames:
             metafunc.fixturenames.append(PARAM)
         metafunc.parametrize(PARAM, configs, ids=[c.id for c in configs])
 
-    @pytest.hookimpl(trylast=True)
+    @pytest.hookimpl(wrapper=True)
+    def pytest_pycollect_makeitem(
+        self, collector: pytest.Collector, name: str, obj: object
+    ) -> Generator[None, Any, Any]:
+        result = yield
+        if isinstance(result, pytest.Class) and testcase.is_testcase(obj) and result.obj is obj:
+            self._expand_testcase(result)
+        return result
+
+    def _expand_testcase(self, node: pytest.Class) -> None:
+        """Give each marked method of a ``TestCase`` class one test per config."""
+        cls = node.obj
+        expanded: dict[str, list[str]] = {}
+        for name in testcase.unittest_names(cls):
+            defid = f"{node.nodeid}::{name}"
+            marks = self._pending.pop(defid, None) or testcase.method_marks(cls, name, node)
+            if not marks:
+                continue
+            configs = self._resolve(defid, marks)
+            if not configs:
+                continue
+            if not testcase.expandable(cls, name):
+                self._errors[defid] = (
+                    f"{defid}: @pytest.mark.backends needs a plain test method on a "
+                    "unittest.TestCase (this one is a staticmethod, classmethod or other "
+                    "descriptor); make it a method, or move the test to a function"
+                )
+                continue
+            names = testcase.config_names(name, [c.id for c in configs])
+            expanded[name] = names
+            for config_name, backend in zip(names, configs):
+                self._named[f"{node.nodeid}::{config_name}"] = (defid, backend)
+        if expanded:
+            node.obj = testcase.matrix_subclass(cls, expanded)
+            self._bases[node.obj] = cls
+
+    @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_collection_modifyitems(
         self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
-    ) -> None:
+    ) -> Generator[None, None, None]:
+        # After every other implementation: markers that conftests and plugins add
+        # in their own pytest_collection_modifyitems are expanded here.
+        yield
+        items[:] = self._expand_late(items)
+        self._attach(config, items)
+
+    # markers added by hooks ------------------------------------------------------------------
+
+    def _defid(self, item: pytest.Item) -> str:
+        named = self._named.get(item.nodeid)
+        return named[0] if named is not None else _definition_id(item)
+
+    def _expand_late(self, items: list[pytest.Item]) -> list[pytest.Item]:
+        """The items, with those whose ``backends`` markers a hook added expanded now."""
+        late: dict[str, tuple[str, list[Mark]]] = {}
+        groups: dict[tuple[str, str], dict[str, list[Mark]]] = {}
+        expanded = dict(self._seen)  # as they were before this hook resolves late markers
+        for item in items:
+            marks = _marks(item)
+            defid = self._defid(item)
+            seen = expanded.get(defid)
+            if not marks or marks == seen or defid in self._errors:
+                continue
+            if seen:
+                self._late_warning(item, (
+                    "its markers changed after the matrix expanded it, so the added ones "
+                    "are ignored. Put every backends marker on the test (decorator, class "
+                    "or module pytestmark), or add them all in the same hook"
+                ))
+                continue
+            if not isinstance(item, pytest.Function) or not isinstance(
+                item.parent, (pytest.Module, pytest.Class)
+            ):
+                self._late_warning(item, (
+                    "only Python test functions and unittest.TestCase methods can be "
+                    "expanded; mark a Python test instead"
+                ))
+                continue
+            if not self._resolve(defid, marks):
+                continue  # invalid, matrix off, or no axis left: runs once, as marked
+            key = self._group(item, defid, marks)
+            groups.setdefault(key, {})[defid] = marks
+            late[item.nodeid] = (defid, marks)
+        if not late:
+            return items
+        made: dict[tuple[str, str], list[pytest.Item]] = {}
+        for key, pending in groups.items():
+            self._pending.update(pending)
+            try:
+                made[key] = self._collect_again(next(
+                    i for i in items if i.nodeid in late and late[i.nodeid][0] in pending
+                ))
+            finally:
+                for defid in pending:
+                    self._pending.pop(defid, None)
+        out: list[pytest.Item] = []
+        for item in items:
+            if item.nodeid not in late:
+                out.append(item)
+                continue
+            defid, marks = late[item.nodeid]
+            key = self._group(item, defid, marks)
+            fresh = [
+                new for new in made[key]
+                if self._defid(new) == defid and _same_params(item, new)
+            ]
+            if not fresh:
+                self._late_warning(item, "collecting the test again gave no item for it")
+                out.append(item)
+                continue
+            added = [m for m in item.own_markers if m not in fresh[0].own_markers]
+            for new in fresh:
+                # As Node.add_marker does, without re-checking the mark's registration.
+                new.own_markers.extend(added)
+                new.keywords.update((mark.name, mark) for mark in added)
+                new.user_properties.extend(item.user_properties)
+            self.late.append(item.nodeid)
+            out.extend(fresh)
+        return out
+
+    def _group(self, item: pytest.Item, defid: str, marks: list[Mark]) -> tuple[str, str]:
+        """What one re-collection covers: a function's items, or a whole TestCase class."""
+        if item.nodeid in self._named or testcase.is_testcase(getattr(item, "cls", None)):
+            return ("class", str(getattr(item.parent, "nodeid", "")))
+        return (defid, repr(marks))
+
+    def _late_warning(self, item: pytest.Item, why: str) -> None:
+        message = f"@pytest.mark.backends on {item.nodeid} is not expanded: {why}"
+        if selection.strict(self.config):
+            self._errors[self._defid(item)] = message + " (--backends-strict)"
+        else:
+            item.warn(markers.BackendsMarkerWarning(message))
+
+    def _collect_again(self, item: pytest.Item) -> list[pytest.Item]:
+        """The items pytest makes for ``item``'s test (or class) now that markers are pending.
+
+        Goes through the public ``pytest_pycollect_makeitem`` hook, so parametrization,
+        ids and fixtures are pytest's own, and :meth:`pytest_generate_tests` (or, for a
+        ``TestCase``, :meth:`_expand_testcase`) sees the pending markers.
+        """
+        assert isinstance(item, pytest.Function)
+        parent = item.parent
+        assert isinstance(parent, (pytest.Module, pytest.Class))
+        if item.nodeid in self._named or testcase.is_testcase(item.cls):
+            above = parent.parent
+            assert isinstance(above, (pytest.Module, pytest.Class))
+            cls = self._bases.get(parent.obj, parent.obj)
+            made = above.ihook.pytest_pycollect_makeitem(collector=above, name=parent.name,
+                                                         obj=cls)
+            if not isinstance(made, pytest.Class):
+                return []
+            return [new for new in made.collect() if isinstance(new, pytest.Item)]
+        raw = inspect.getattr_static(parent.obj, item.originalname)
+        made = parent.ihook.pytest_pycollect_makeitem(
+            collector=parent, name=item.originalname, obj=raw
+        )
+        made = made if isinstance(made, list) else [made] if made is not None else []
+        return [new for new in made if isinstance(new, pytest.Item)]
+
+    # configs on items ------------------------------------------------------------------------
+
+    def _attach(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """Store each item's config, hand its flags to the leak guard, skip what cannot run."""
         if not self._selections and not self._errors and not self._select:
             return
         kept: list[pytest.Item] = []
         dropped: list[pytest.Item] = []
         for item in items:
-            defid = _definition_id(item)
+            named = self._named.get(item.nodeid)
+            defid = named[0] if named is not None else _definition_id(item)
             error = self._errors.get(defid)
             if error is not None:
                 item.stash[_MARKER_ERROR_KEY] = error
@@ -518,9 +742,12 @@ class MatrixPlugin:
             if defid not in self._selections:
                 (dropped if self._select else kept).append(item)
                 continue
-            callspec = getattr(item, "callspec", None)
-            params = callspec.params if callspec is not None else {}
-            backend = params.get(PARAM, DEFAULT_CONFIG)
+            if named is not None:
+                backend = named[1]
+            else:
+                callspec = getattr(item, "callspec", None)
+                params = callspec.params if callspec is not None else {}
+                backend = params.get(PARAM, DEFAULT_CONFIG)
             if not isinstance(backend, BackendConfig):
                 backend = DEFAULT_CONFIG
             if self._select and not any(g <= set(backend.choices) for g in self._select):
@@ -539,6 +766,7 @@ class MatrixPlugin:
             items[:] = kept
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self._record_selection(session)
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None or session.config.get_verbosity() < 0:
             return
@@ -548,6 +776,40 @@ class MatrixPlugin:
             self._header_shown = True
         for message in self._errors.values():
             reporter.write_line(f"ERROR {message}", red=True)
+        if self.late:
+            reporter.write_line(
+                f"backends: {len(self.late)} test(s) marked by hooks expanded into their "
+                "configs after collection"
+            )
+
+    def _record_selection(self, session: pytest.Session) -> None:
+        """How many items the matrix and the verifier act on (for the empty-selection check)."""
+        configs = [
+            c for item in session.items
+            if (c := item.stash.get(CONFIG_KEY, DEFAULT_CONFIG)).choices
+        ]
+        if self.settings.enabled:
+            if self.settings.select:
+                option = self.settings.select_source
+                hint = (
+                    "no collected test has a configuration matching it; check the ids "
+                    "against the test ids of --backends-matrix --collect-only"
+                )
+            else:
+                option = self.settings.axes_source
+                axes = f"axes {', '.join(self.settings.axes)}" if self.settings.axes else (
+                    "any axis")
+                hint = f"no collected test is marked @pytest.mark.backends with {axes}"
+            selection.record(self.config, option, len(configs), hint)
+        if self.settings.verify != "off":
+            from pytest_backends.matrix.verify import promises_for
+
+            checked = sum(1 for c in configs if promises_for(c))
+            selection.record(self.config, "--backends-verify", checked, (
+                "no item runs a configuration whose kernel path can be checked; verification "
+                "needs --backends-matrix and tests marked with the mkldnn, nnpack, cudnn or "
+                "sdpa axis"
+            ))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -609,11 +871,13 @@ def configure(config: pytest.Config, settings: MatrixSettings) -> list[tuple[obj
     plugins: list[tuple[object, str]] = []
     plugin = MatrixPlugin(config, settings)
     plugins.append((plugin, "backends-matrix"))
-    if settings.verify != "off":
-        from pytest_backends.matrix.verify import VerifyPlugin
-
-        plugins.append((VerifyPlugin(strict=settings.verify == "strict"), "backends-verify"))
     is_worker = hasattr(config, "workerinput")
+    if settings.verify != "off":
+        from pytest_backends.matrix.verify_cost import CostSummary, TimedVerifyPlugin
+
+        plugins.append((TimedVerifyPlugin(strict=settings.verify == "strict"), "backends-verify"))
+        if not is_worker:
+            plugins.append((CostSummary(), "backends-verify-cost"))
     if not is_worker and (settings.enabled or settings.report_json or settings.report_html):
         from pytest_backends.matrix.report import ReportPlugin
 

@@ -1,0 +1,100 @@
+"""Subtests counted once when ``--backends-determinism`` runs a test's call phase N times.
+
+Each determinism run executes the test body again, so every subtest (pytest's
+``subtests`` fixture, or ``unittest.TestCase.subTest``) logs one report per
+run: a test with two subtests checked over five runs would show "10
+subtests passed", and a failing subtest would count five times.
+
+The reports that a test makes during its call phase are tagged with the number
+of the determinism run that made them (:data:`RUN_ATTR`; the tag travels with
+the report to the xdist controller).  Wherever reports are counted, a subtest
+report of a later run that repeats the outcome of the same subtest in run 0 is
+not counted again; one whose outcome differs is (that difference is news).
+A failed subtest in run 0 fails the test, so the determinism plugin stops
+after that run (:func:`failed_first_run`), as it does when run 0 raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping
+
+import pytest
+
+from pytest_backends._keys import SUBTEST_FAILED_KEY, SUBTEST_RUN_KEY
+
+__all__ = ["RUN_ATTR", "RUN_KEY", "SubtestCounter", "failed_first_run"]
+
+RUN_KEY = SUBTEST_RUN_KEY
+#: Report attribute: the determinism run that made the report.
+RUN_ATTR = "backends_determinism_run"
+_FAILED_KEY = SUBTEST_FAILED_KEY
+
+_Key = tuple[str, object, tuple[tuple[str, str], ...]]
+
+
+def _context(report: pytest.TestReport) -> tuple[object, tuple[tuple[str, str], ...]] | None:
+    """``(msg, kwargs)`` of a subtest report (pytest >= 9 or pytest-subtests), else ``None``."""
+    context = getattr(report, "context", None)
+    if context is None:
+        return None
+    kwargs = getattr(context, "kwargs", {})
+    items = kwargs.items() if isinstance(kwargs, Mapping) else ()
+    return getattr(context, "msg", None), tuple(sorted((str(k), repr(v)) for k, v in items))
+
+
+def failed_first_run(item: pytest.Item) -> bool:
+    """Whether a subtest of ``item`` failed during determinism run 0."""
+    return item.stash.get(_FAILED_KEY, False)
+
+
+class SubtestCounter:
+    """Tags call-phase reports with their run; counts repeated subtests once."""
+
+    def __init__(self) -> None:
+        self._first: dict[_Key, str] = {}
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        run = item.stash.get(RUN_KEY, None)
+        if run is not None and call.when == "call":
+            setattr(report, RUN_ATTR, run)
+            if run == 0 and report.failed:
+                item.stash[_FAILED_KEY] = True
+        return report
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
+        try:
+            return (yield)
+        finally:
+            # The test's own call report (made after this) belongs to no single run.
+            if RUN_KEY in item.stash:
+                del item.stash[RUN_KEY]
+
+    def _forget(self, nodeid: str) -> None:
+        self._first = {key: v for key, v in self._first.items() if key[0] != nodeid}
+
+    def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
+        self._forget(nodeid)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(
+        self, report: pytest.TestReport, config: pytest.Config
+    ) -> tuple[str, str, str] | None:
+        run = getattr(report, RUN_ATTR, None)
+        context = _context(report)
+        if run is None or context is None:
+            return None
+        key = (report.nodeid, *context)
+        if run == 0:
+            self._first.setdefault(key, report.outcome)
+            return None
+        if self._first.get(key) == report.outcome:
+            return "", "", ""
+        return None
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
+        self._forget(nodeid)
