@@ -8,6 +8,13 @@ and teardown run once, so function-scoped fixture values are shared by all
 runs. The runs are then compared op by op; an op that gave different outputs
 from identical inputs fails the test (unless the baseline accepts it).
 
+The check never changes the outcome of a test whose ops are deterministic
+(see :mod:`~pytest_backends.determinism.boundary`): runs that differ only
+because their inputs differ (Python state outside torch ops), reruns that
+raise where run 0 passed, and failures of the harness's own machinery give
+the verdict "not checked" with the reason, and the test keeps run 0's
+outcome. ``--backends-determinism-repeatable`` fails such tests instead.
+
 Each test's verdicts travel on its call-phase report (an attribute that
 pytest-xdist serializes with the report), and whichever process logs the
 report adds them to the census. So the census is built from the same stream
@@ -48,7 +55,10 @@ __all__ = [
 
 #: Report attribute carrying one test's census rows (plain JSON-ready data).
 REPORT_ATTR = "backends_census"
+#: Report attribute carrying one test's check: ``{"check", "reason", "boundary"}``.
+CHECK_ATTR = "backends_determinism_check"
 _VERDICTS_KEY = pytest.StashKey[list[dict[str, Any]]]()
+_CHECK_KEY = pytest.StashKey[dict[str, Any]]()
 _OFF = ("0", "off", "false", "no")
 
 
@@ -61,6 +71,8 @@ class DeterminismSettings:
     census: Path | None
     baseline: Path | None
     baseline_update: bool
+    #: Fail tests that are not repeatable instead of reporting them as not checked.
+    repeatable: bool = False
 
 
 SETTINGS_KEY = pytest.StashKey[DeterminismSettings]()
@@ -121,6 +133,20 @@ def addoption(parser: pytest.Parser, group: Any) -> None:
     )
     parser.addini(
         "backends_baseline_update", "rewrite the baseline file", type="bool", default=False
+    )
+    group.addoption(
+        "--backends-determinism-repeatable",
+        action="store_true",
+        default=False,
+        help="fail tests whose reruns differ from run 0 because of state outside torch "
+        "ops (or raise where run 0 passed), instead of reporting them as not checked. "
+        "ini: backends_determinism_repeatable",
+    )
+    parser.addini(
+        "backends_determinism_repeatable",
+        "fail tests that are not repeatable under the determinism check",
+        type="bool",
+        default=False,
     )
 
 
@@ -191,12 +217,15 @@ def resolve_settings(config: pytest.Config) -> DeterminismSettings | None:
     else:
         ini = str(config.getini("backends_determinism") or "").strip()
         runs = parse_runs(ini, "ini option backends_determinism") if ini else None
+    repeatable = bool(config.getoption("backends_determinism_repeatable", False)) or bool(
+        config.getini("backends_determinism_repeatable")
+    )
     implied = select_all or census is not None or baseline is not None
     if runs is None:
         if not implied or (cli is not None and str(cli).strip().lower() in _OFF):
             return None
         runs = DEFAULT_RUNS
-    return DeterminismSettings(runs, select_all, census, baseline, update)
+    return DeterminismSettings(runs, select_all, census, baseline, update, repeatable)
 
 
 _OPTION_NAMES = (
@@ -260,41 +289,111 @@ class DeterminismPlugin:
         self.baseline = baseline
         self.census = Census()
         self._errors: list[str] = []
+        self._compile_watch: Any = None
+        self._checked = 0
+        self._unchecked: dict[str, str] = {}
+        self._boundary: dict[str, list[str]] = {}
 
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
         if not _selected(item, self.settings.select_all):
             return (yield)
         from pytest_backends.determinism.api import RngState
-        from pytest_backends.determinism.recorder import OpRecorder, RunLog, compare_runs
 
-        runs = self.settings.runs
         start = RngState.capture()
-        logs: list[RunLog] = []
-        recorder = OpRecorder()
+        runner = _Runs(self.settings, self._watch())
+        runner.begin()
         try:
-            with recorder:
-                result = yield
+            result = yield
         except BaseException:
-            self._record(item, compare_runs([recorder.finish()]))
+            runner.end()
+            self._settle(item, runner, None)
             raise
-        logs.append(recorder.finish())
-        for run in range(1, runs):
+        runner.end()
+        # A run that compiled is a warm-up: one more run is compared in its place.
+        total = self.settings.runs + (1 if runner.records[0].warmup else 0)
+        for run in range(1, total):
+            if runner.failure is not None:
+                break
             start.restore()
-            recorder = OpRecorder()
+            runner.begin()
             try:
-                with recorder:
-                    item.runtest()
-            except BaseException as exc:
-                self._record(item, compare_runs([*logs, recorder.finish()]))
-                if hasattr(exc, "add_note"):
-                    exc.add_note(f"(raised in determinism run {run} of {runs}; run 0 passed)")
+                item.runtest()
+            except Exception as exc:
+                runner.end()
+                if self._settle(item, runner, (run, exc)):
+                    if hasattr(exc, "add_note"):
+                        exc.add_note(
+                            f"(raised in determinism run {run} of {total}; run 0 passed)"
+                        )
+                    raise
+                return result
+            except BaseException:
+                runner.end()
                 raise
-            logs.append(recorder.finish())
-        comparison = compare_runs(logs)
-        self._record(item, comparison)
-        self._check(comparison)
+            runner.end()
+        self._settle(item, runner, None, check=True)
         return result
+
+    def _watch(self) -> Any:
+        if self._compile_watch is None:
+            from pytest_backends.determinism.boundary import CompileWatch
+
+            self._compile_watch = CompileWatch()
+        return self._compile_watch
+
+    def _settle(
+        self,
+        item: pytest.Item,
+        runner: _Runs,
+        raised: tuple[int, BaseException] | None,
+        check: bool = False,
+    ) -> bool:
+        """Compare the runs, record the verdicts and fail the test where the check says so.
+
+        ``raised`` is a rerun's exception (run 0 passed). Returns whether that
+        exception is the test's outcome: it is when an op is blamed or when
+        non-repeatable tests fail by option; otherwise the test is not checked
+        and keeps run 0's outcome.
+        """
+        from pytest_backends.determinism.boundary import boundary_notes, explain_unchecked
+        from pytest_backends.determinism.recorder import compare_runs
+
+        records = runner.compared()
+        reason: str | None = None
+        comparison = None
+        notes: list[str] = []
+        try:
+            comparison = compare_runs([r.log for r in records])
+            notes = boundary_notes(runner.records)
+            if runner.failure is None:
+                reason = explain_unchecked(comparison, records)
+        except Exception as exc:  # the harness's own failure is never the test's
+            runner.fail(exc)
+        if runner.failure is not None:
+            reason = f"the determinism recorder failed: {runner.failure}"
+            comparison = None
+        elif raised is not None and (comparison is None or not comparison.blamed):
+            run, error = raised
+            text = str(error).strip().splitlines()
+            reason = (
+                f"run {run} raised {type(error).__name__}"
+                + (f" ({text[0][:200]})" if text else "")
+                + " where run 0 passed: the test is not repeatable"
+            )
+        if comparison is not None:
+            self._record(item, comparison)
+        item.stash[_CHECK_KEY] = {
+            "check": "not checked" if reason else "checked",
+            "reason": reason,
+            "boundary": notes,
+        }
+        repeatable = self.settings.repeatable and runner.failure is None
+        if raised is not None:
+            return bool(comparison is not None and comparison.blamed) or repeatable
+        if check and comparison is not None and (reason is None or repeatable):
+            self._check(comparison, notes)
+        return False
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -304,6 +403,9 @@ class DeterminismPlugin:
         rows = item.stash.get(_VERDICTS_KEY, None)
         if rows is not None and call.when == "call":
             setattr(report, REPORT_ATTR, rows)
+        check = item.stash.get(_CHECK_KEY, None)
+        if check is not None and call.when == "call":
+            setattr(report, CHECK_ATTR, check)
         if call.excinfo is not None and isinstance(call.excinfo.value, NondeterministicOpError):
             # The harness's own frames say nothing useful: show the finding alone.
             report.longrepr = str(call.excinfo.value)
@@ -316,6 +418,20 @@ class DeterminismPlugin:
         ]
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        check = getattr(report, CHECK_ATTR, None)
+        if (
+            isinstance(check, dict)
+            and not _is_worker(self.config)
+            and str(report.outcome) != "rerun"
+        ):
+            reason, notes = check.get("reason"), list(check.get("boundary") or [])
+            if reason:
+                self._unchecked[report.nodeid] = str(reason)
+            else:
+                self._checked += 1
+            if notes:
+                self._boundary[report.nodeid] = [str(n) for n in notes]
+            self.census.add_check(report.nodeid, reason, notes)
         rows = getattr(report, REPORT_ATTR, None)
         if not rows or _is_worker(self.config) or str(report.outcome) == "rerun":
             return
@@ -323,7 +439,7 @@ class DeterminismPlugin:
             report.nodeid, {(r["op"], r["device"], r["dtype"]): r["verdict"] for r in rows}
         )
 
-    def _check(self, comparison: Comparison) -> None:
+    def _check(self, comparison: Comparison, notes: list[str] | None = None) -> None:
         blamed = comparison.blamed
         runs = comparison.runs
         new = [d for d in blamed if not self.baseline.accepts((d.op, d.device, d.dtype))]
@@ -338,9 +454,12 @@ class DeterminismPlugin:
             if accepted:
                 ops = ", ".join(sorted({d.op for d in accepted}))
                 lines.append(f"  accepted by the baseline: {ops}")
+            lines += [f"  checked only at their boundary: {note}" for note in notes or ()]
             _raise(lines, first)
         if unexplained is not None:
-            _raise([f"not reproducible: {unexplained.describe(runs)}"], unexplained, blame=False)
+            lines = [f"not reproducible: {unexplained.describe(runs)}"]
+            lines += [f"  checked only at their boundary: {note}" for note in notes or ()]
+            _raise(lines, unexplained, blame=False)
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         config = session.config
@@ -379,12 +498,18 @@ class DeterminismPlugin:
         settings = self.settings
         nondet = self.census.nondeterministic()
         write = terminalreporter.write_line
-        if not (nondet or settings.census or settings.baseline):
+        if not (nondet or settings.census or settings.baseline or self._unchecked):
             return
         terminalreporter.section("determinism", sep="=")
         for error in self._errors:
             write(f"ERROR: {error}", red=True)
         write(f"{len(self.census)} op keys (op, device, dtype) recorded over {settings.runs} runs")
+        write(
+            f"{self._checked} test(s) checked, {len(self._unchecked)} not checked, "
+            f"{len(self._boundary)} checked partly at a boundary"
+        )
+        for nodeid, reason in sorted(self._unchecked.items()):
+            write(f"not checked: {nodeid}: {reason}", yellow=True)
         for key, tests in nondet.items():
             if settings.baseline is None:
                 status = "NONDETERMINISTIC"
@@ -412,6 +537,71 @@ class DeterminismPlugin:
                     )
                 else:
                     write(f"every nondeterministic op is in the baseline {settings.baseline}")
+
+
+class _Runs:
+    """The runs of one test: recorders started and stopped safely, and what they saw."""
+
+    def __init__(self, settings: DeterminismSettings, watch: Any) -> None:
+        from pytest_backends.determinism.boundary import RunRecord
+
+        self.records: list[RunRecord] = []
+        self.failure: str | None = None
+        self._watch = watch
+        self._recorder: Any = None
+        self._compiles = 0
+        self._dynamo_loaded = False
+
+    def begin(self) -> None:
+        """Start recording a run (a recorder that cannot start leaves the run unrecorded)."""
+        from pytest_backends.determinism.boundary import BoundaryRecorder
+
+        self._watch.arm()
+        self._compiles = self._watch.count
+        self._dynamo_loaded = self._watch.loaded()
+        self._recorder = None
+        if self.failure is not None:
+            return
+        try:
+            recorder = BoundaryRecorder()
+            recorder.__enter__()  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            self.fail(exc)
+            return
+        self._recorder = recorder
+
+    def end(self) -> None:
+        """Stop recording the run and keep its record."""
+        from pytest_backends.determinism.boundary import RunRecord
+        from pytest_backends.determinism.recorder import RunLog
+
+        recorder, self._recorder = self._recorder, None
+        compiled = self._watch.count != self._compiles
+        warmup = compiled or (self._watch.loaded() and not self._dynamo_loaded)
+        if recorder is None:
+            self.records.append(RunRecord(RunLog([]), compiled=compiled, warmup=warmup))
+            return
+        try:
+            recorder.__exit__(None, None, None)
+        except Exception as exc:
+            self.fail(exc)
+        log = recorder.finish()
+        if recorder.failure is not None and self.failure is None:
+            self.failure = recorder.failure
+        self.records.append(RunRecord(log, recorder.first_uses, compiled, warmup))
+
+    def fail(self, exc: BaseException) -> None:
+        """Note the harness's own failure (the first one is kept)."""
+        if self.failure is None:
+            text = str(exc).strip().splitlines()
+            self.failure = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+    def compared(self) -> list[Any]:
+        """The runs to compare: all, or all but a compiling run 0 when others follow."""
+        records = self.records
+        if len(records) > 2 and records[0].warmup:
+            return records[1:]
+        return records
 
 
 def _format_key(key: Key) -> str:

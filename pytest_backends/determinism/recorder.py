@@ -224,7 +224,11 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                     return hit[2]
             except (RuntimeError, TypeError):
                 return self._digest_slot(t)
+        self._first_use(t)
         return self._remember(t, self._digest_slot(t))
+
+    def _first_use(self, t: torch.Tensor) -> None:
+        """Called for an input no recorded op of this run produced or last wrote."""
 
     def _output_slot(self, t: torch.Tensor) -> Slot:
         return self._remember(t, self._digest_slot(t))
