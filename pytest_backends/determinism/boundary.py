@@ -220,6 +220,15 @@ class CompileWatch:
         """Whether Dynamo is loaded (a run that loads it may compile before the callback is in)."""
         return "torch._dynamo.callback" in sys.modules
 
+    def total(self) -> int:
+        """Compilations so far: callbacks seen plus graphs Dynamo counted (0 before it loads)."""
+        utils = sys.modules.get("torch._dynamo.utils")
+        counters = getattr(utils, "counters", None)
+        graphs = 0
+        with contextlib.suppress(Exception):
+            graphs = int(counters["stats"]["unique_graphs"]) if counters is not None else 0
+        return self.count + graphs
+
 
 @dataclass
 class RunRecord:

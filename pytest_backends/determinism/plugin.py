@@ -557,7 +557,7 @@ class _Runs:
         from pytest_backends.determinism.boundary import BoundaryRecorder
 
         self._watch.arm()
-        self._compiles = self._watch.count
+        self._compiles = self._watch.total()
         self._dynamo_loaded = self._watch.loaded()
         self._recorder = None
         if self.failure is not None:
@@ -576,7 +576,7 @@ class _Runs:
         from pytest_backends.determinism.recorder import RunLog
 
         recorder, self._recorder = self._recorder, None
-        compiled = self._watch.count != self._compiles
+        compiled = self._watch.total() != self._compiles
         warmup = compiled or (self._watch.loaded() and not self._dynamo_loaded)
         if recorder is None:
             self.records.append(RunRecord(RunLog([]), compiled=compiled, warmup=warmup))
