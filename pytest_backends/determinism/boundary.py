@@ -194,10 +194,12 @@ class BoundaryRecorder(OpRecorder):  # type: ignore[no-untyped-call]
 
 
 class CompileWatch:
-    """Counts Dynamo compilations through its compile-start callbacks.
+    """Counts Dynamo compilations: its compile-start callbacks and its graph counter.
 
-    The callback is (re)installed before every run, since ``torch._dynamo.reset()``
-    clears them. Nothing is imported: a process that never loaded Dynamo never compiles.
+    The callback (which also sees backward graphs compiled lazily) is
+    (re)installed before every run, since ``torch._dynamo.reset()`` clears
+    them; the graph counter covers a run that loads Dynamo and compiles before
+    the callback is in. Nothing is imported here.
     """
 
     def __init__(self) -> None:
@@ -216,10 +218,6 @@ class CompileWatch:
         with contextlib.suppress(Exception):
             handler.register_start_callback(self._on_start)
 
-    def loaded(self) -> bool:
-        """Whether Dynamo is loaded (a run that loads it may compile before the callback is in)."""
-        return "torch._dynamo.callback" in sys.modules
-
     def total(self) -> int:
         """Compilations so far: callbacks seen plus graphs Dynamo counted (0 before it loads)."""
         utils = sys.modules.get("torch._dynamo.utils")
@@ -237,8 +235,6 @@ class RunRecord:
     log: RunLog
     first_uses: list[tuple[int, weakref.ref[torch.Tensor]]] = field(default_factory=list)
     compiled: bool = False
-    #: Compiled, or loaded Dynamo (and so may have compiled before the watch was armed).
-    warmup: bool = False
 
     def entered_at(self, index: int) -> list[torch.Tensor]:
         """Live tensors that entered the record at op ``index``."""

@@ -311,7 +311,7 @@ class DeterminismPlugin:
             raise
         runner.end()
         # A run that compiled is a warm-up: one more run is compared in its place.
-        total = self.settings.runs + (1 if runner.records[0].warmup else 0)
+        total = self.settings.runs + (1 if runner.records[0].compiled else 0)
         for run in range(1, total):
             if runner.failure is not None:
                 break
@@ -383,15 +383,17 @@ class DeterminismPlugin:
             )
         if comparison is not None:
             self._record(item, comparison)
+        repeatable = self.settings.repeatable and runner.failure is None
+        if repeatable:
+            reason = None  # not repeatable is a failure here, reported as such
         item.stash[_CHECK_KEY] = {
             "check": "not checked" if reason else "checked",
             "reason": reason,
             "boundary": notes,
         }
-        repeatable = self.settings.repeatable and runner.failure is None
         if raised is not None:
             return bool(comparison is not None and comparison.blamed) or repeatable
-        if check and comparison is not None and (reason is None or repeatable):
+        if check and comparison is not None and reason is None:
             self._check(comparison, notes)
         return False
 
@@ -550,7 +552,6 @@ class _Runs:
         self._watch = watch
         self._recorder: Any = None
         self._compiles = 0
-        self._dynamo_loaded = False
 
     def begin(self) -> None:
         """Start recording a run (a recorder that cannot start leaves the run unrecorded)."""
@@ -558,7 +559,6 @@ class _Runs:
 
         self._watch.arm()
         self._compiles = self._watch.total()
-        self._dynamo_loaded = self._watch.loaded()
         self._recorder = None
         if self.failure is not None:
             return
@@ -577,9 +577,8 @@ class _Runs:
 
         recorder, self._recorder = self._recorder, None
         compiled = self._watch.total() != self._compiles
-        warmup = compiled or (self._watch.loaded() and not self._dynamo_loaded)
         if recorder is None:
-            self.records.append(RunRecord(RunLog([]), compiled=compiled, warmup=warmup))
+            self.records.append(RunRecord(RunLog([]), compiled=compiled))
             return
         try:
             recorder.__exit__(None, None, None)
@@ -588,7 +587,7 @@ class _Runs:
         log = recorder.finish()
         if recorder.failure is not None and self.failure is None:
             self.failure = recorder.failure
-        self.records.append(RunRecord(log, recorder.first_uses, compiled, warmup))
+        self.records.append(RunRecord(log, recorder.first_uses, compiled))
 
     def fail(self, exc: BaseException) -> None:
         """Note the harness's own failure (the first one is kept)."""
@@ -599,7 +598,7 @@ class _Runs:
     def compared(self) -> list[Any]:
         """The runs to compare: all, or all but a compiling run 0 when others follow."""
         records = self.records
-        if len(records) > 2 and records[0].warmup:
+        if len(records) > 2 and records[0].compiled:
             return records[1:]
         return records
 

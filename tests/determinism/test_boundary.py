@@ -184,22 +184,25 @@ def test_planted_ops_still_fail_and_opt_in_flags_state(
         "--backends-determinism-all",
         "--backends-determinism=3",
         "--backends-determinism-repeatable",
-        "-rf",
+        "--junitxml=planted.xml",
     )
     result.assert_outcomes(failed=4)
     out = result.stdout.str()
-    summary = {
-        line.split()[1].split("::")[1]: line
-        for line in out.splitlines()
-        if line.startswith("FAILED test_planted.py::")
+    messages = {
+        case.get("name"): failure.get("message", "")
+        for case in ET.parse(planted_conftest.path / "planted.xml").getroot().iter("testcase")
+        for failure in case.iter("failure")
     }
     # Inside compiled code the custom op runs through the dispatcher and is named.
-    assert "nondeterministic op pbtest::noisy" in summary["test_compiled_noisy"]
+    assert messages["test_compiled_noisy"].startswith("nondeterministic op pbtest::noisy")
     # Python state does not hide a nondeterministic op that comes first.
-    assert "nondeterministic op pbtest::noisy" in summary["test_state_and_noisy"]
-    # The opt-in fails tests that are not repeatable.
-    assert "not reproducible: run 1 first differs from run 0 at op aten::full" in out
+    assert messages["test_state_and_noisy"].startswith("nondeterministic op pbtest::noisy")
+    # The opt-in fails tests that are not repeatable, and does not call them unchecked.
+    assert messages["test_python_state"].startswith(
+        "not reproducible: run 1 first differs from run 0 at op aten::full"
+    )
     assert "raised in determinism run 1" in out
+    assert "not checked:" not in out and "0 not checked" in out
 
     plain_check = planted_conftest.runpytest_subprocess(
         "--backends-determinism-all", "--backends-determinism=3", "-k", "state or raises"
