@@ -319,7 +319,10 @@ class DeterminismPlugin:
             runner.begin()
             try:
                 item.runtest()
-            except Exception as exc:
+            except (KeyboardInterrupt, SystemExit):
+                runner.end()
+                raise
+            except BaseException as exc:  # pytest.fail and pytest.skip included
                 runner.end()
                 if self._settle(item, runner, (run, exc)):
                     if hasattr(exc, "add_note"):
@@ -328,9 +331,6 @@ class DeterminismPlugin:
                         )
                     raise
                 return result
-            except BaseException:
-                runner.end()
-                raise
             runner.end()
         self._settle(item, runner, None, check=True)
         return result

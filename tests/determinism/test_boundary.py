@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,15 +22,20 @@ import pytest
 # keeps pytester's sys.modules snapshot from unloading (and re-importing) it.
 import torch
 
-from pytest_backends.determinism.boundary import INPUTS_DIFFER, BoundaryRecorder
-from pytest_backends.determinism.recorder import compare_runs
+from pytest_backends.determinism.boundary import (
+    INPUTS_DIFFER,
+    BoundaryRecorder,
+    RunRecord,
+    explain_unchecked,
+)
+from pytest_backends.determinism.recorder import Comparison, compare_runs
 
 HERE = Path(__file__).parent
 EXAMPLES = HERE.parent.parent / "examples"
 
 # Appended to the suite: the harness's own machinery fails on one distinctive tensor
 # shape (a fault injected into the digest, which the recorder calls for every output).
-BROKEN_DIGEST = '''
+BROKEN_DIGEST = """
 
 import pytest_backends.determinism.digest as _digest_module
 
@@ -42,9 +49,9 @@ def _breaking_digest(t, *args, **kwargs):
 
 
 _digest_module.digest = _breaking_digest
-'''
+"""
 
-SAFETY_NET_TESTS = '''
+SAFETY_NET_TESTS = """
 
 def test_recorder_breaks():
     x = torch.ones(7, 13).mul(2)
@@ -57,7 +64,7 @@ _CALLS = []
 def test_not_repeatable():
     _CALLS.append(1)
     assert len(_CALLS) == 1
-'''
+"""
 
 
 def _outcomes(path: Path) -> dict[str, str]:
@@ -118,8 +125,9 @@ def test_real_suite_outcomes_do_not_change(suite: pytest.Pytester) -> None:
         assert unchecked["test_constructs.py::test_recorder_breaks"] == (
             "the determinism recorder failed: ZeroDivisionError: injected fault in the digest"
         )
-        assert "where run 0 passed: the test is not repeatable" in (
-            unchecked["test_constructs.py::test_not_repeatable"]
+        assert (
+            "where run 0 passed: the test is not repeatable"
+            in (unchecked["test_constructs.py::test_not_repeatable"])
         )
         boundary = census["boundary"]
         assert "torch.compile" in boundary["test_constructs.py::test_compiled_fullgraph"][0]
@@ -265,3 +273,64 @@ def test_recorder_failure_keeps_the_op_result() -> None:
     assert torch.equal(z, torch.tensor([1.0, 4.0, 7.0, 10.0]))
     with pytest.raises(RuntimeError, match="size"), recorder:
         torch.ones(2) + torch.ones(3)
+
+
+def _record_runs(body: Callable[[], object], runs: int = 2) -> tuple[Comparison, list[RunRecord]]:
+    records = []
+    for _ in range(runs):
+        recorder = BoundaryRecorder()
+        with recorder:
+            body()
+        records.append(RunRecord(recorder.finish(), recorder.first_uses))
+    return compare_runs([r.log for r in records]), records
+
+
+def test_runs_that_differ_by_python_value_are_explained() -> None:
+    state = {"nfe": 0}
+
+    def body() -> None:
+        state["nfe"] += 1
+        torch.full((1,), float(state["nfe"])).add(1)
+
+    comparison, records = _record_runs(body)
+    reason = explain_unchecked(comparison, records)
+    assert reason == (
+        f"{INPUTS_DIFFER}: a Python value passed to aten::full differs: 1.0 in run 0, 2.0 in run 1"
+    )
+
+
+def test_runs_that_differ_by_kept_or_outside_tensors_are_explained() -> None:
+    kept = torch.zeros(3)
+
+    def mutate_kept() -> None:
+        kept.add_(1)
+
+    comparison, records = _record_runs(mutate_kept)
+    reason = explain_unchecked(comparison, records)
+    assert reason is not None and "a tensor kept between runs" in reason
+    assert reason.endswith("first used here by aten::add_")
+
+    calls: list[int] = []
+
+    def from_thread() -> None:
+        out: dict[str, torch.Tensor] = {}
+        calls.append(1)
+        worker = threading.Thread(target=lambda: out.setdefault("t", torch.full((2,), len(calls))))
+        worker.start()
+        worker.join()
+        out["t"].mul(2)
+
+    comparison, records = _record_runs(from_thread)
+    assert not comparison.blamed
+    reason = explain_unchecked(comparison, records)
+    assert reason is not None and "a tensor made outside the recorded ops" in reason
+    assert reason.endswith("first used by aten::mul")
+
+
+def test_identical_runs_and_blamed_ops_need_no_explanation(planted: object) -> None:
+    comparison, records = _record_runs(lambda: torch.ones(3).exp().sum())
+    assert comparison.reproducible
+    assert explain_unchecked(comparison, records) is None
+    comparison, records = _record_runs(lambda: torch.ops.pbtest.noisy(torch.ones(3)).neg())
+    assert comparison.blamed[0].op == "pbtest::noisy"
+    assert explain_unchecked(comparison, records) is None
