@@ -326,9 +326,7 @@ class DeterminismPlugin:
                 runner.end()
                 if self._settle(item, runner, (run, exc)):
                     if hasattr(exc, "add_note"):
-                        exc.add_note(
-                            f"(raised in determinism run {run} of {total}; run 0 passed)"
-                        )
+                        exc.add_note(f"(raised in determinism run {run} of {total}; run 0 passed)")
                     raise
                 return result
             runner.end()
