@@ -301,7 +301,7 @@ class DeterminismPlugin:
         from pytest_backends.determinism.api import RngState
 
         start = RngState.capture()
-        runner = _Runs(self.settings, self._watch())
+        runner = _Runs(self._watch())
         runner.begin()
         try:
             result = yield
@@ -542,7 +542,7 @@ class DeterminismPlugin:
 class _Runs:
     """The runs of one test: recorders started and stopped safely, and what they saw."""
 
-    def __init__(self, settings: DeterminismSettings, watch: Any) -> None:
+    def __init__(self, watch: Any) -> None:
         from pytest_backends.determinism.boundary import RunRecord
 
         self.records: list[RunRecord] = []

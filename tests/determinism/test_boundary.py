@@ -203,6 +203,8 @@ def test_planted_ops_still_fail_and_opt_in_flags_state(
     }
     # Inside compiled code the custom op runs through the dispatcher and is named.
     assert messages["test_compiled_noisy"].startswith("nondeterministic op pbtest::noisy")
+    # The failure says which parts were checked only at their boundary.
+    assert "checked only at their boundary: torch.compile: fused kernels" in out
     # Python state does not hide a nondeterministic op that comes first.
     assert messages["test_state_and_noisy"].startswith("nondeterministic op pbtest::noisy")
     # The opt-in fails tests that are not repeatable, and does not call them unchecked.
