@@ -336,3 +336,43 @@ def test_identical_runs_and_blamed_ops_need_no_explanation(planted: object) -> N
     comparison, records = _record_runs(lambda: torch.ops.pbtest.noisy(torch.ones(3)).neg())
     assert comparison.blamed[0].op == "pbtest::noisy"
     assert explain_unchecked(comparison, records) is None
+
+
+def test_numbers_in_tensor_positions_are_rewrapped_only_there() -> None:
+    from pytest_backends.determinism.boundary import _rewrap_numbers
+
+    view = torch.ops.aten.view.default
+    args = _rewrap_numbers(view, (6.0, [1]))
+    assert args is not None
+    assert args[0].dtype == torch.float64 and args[0].item() == 6.0 and args[1] == [1]
+    assert _rewrap_numbers(view, (torch.ones(2), [2])) is None
+    # A number where the schema takes a number is left alone.
+    assert _rewrap_numbers(torch.ops.aten.add.Scalar, (torch.ones(1), 2)) is None
+    (flag,) = _rewrap_numbers(torch.ops.aten.logical_not.default, (True,)) or ()
+    assert flag.dtype == torch.bool
+
+
+def test_compile_watch_counts_compilations_and_survives_dynamo_reset() -> None:
+    from pytest_backends.determinism.boundary import CompileWatch
+
+    watch = CompileWatch()
+    backend_calls: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
+        backend_calls.append(1)
+        return gm.forward
+
+    torch._dynamo.reset()
+    watch.arm()
+    before = watch.total()
+    f = torch.compile(lambda x: x.cos() * 3, backend=backend)
+    f(torch.ones(2))
+    compiled = watch.total()
+    f(torch.ones(2))
+    assert backend_calls == [1]
+    assert compiled > before and watch.total() == compiled
+    torch._dynamo.reset()  # clears Dynamo's callbacks: arming again puts ours back
+    watch.arm()
+    watch.arm()
+    torch.compile(lambda x: x.sin() - 1, backend=backend)(torch.ones(2))
+    assert watch.count == 2
