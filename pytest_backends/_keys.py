@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CAPABILITY_KEY",
+    "CHECK_KEY",
     "CONFIG_KEY",
     "DETERMINISM_KEY",
     "ITEM_FLAGS_KEY",
@@ -34,6 +35,7 @@ __all__ = [
     "PROPERTY_VERIFY_STATUS",
     "REGISTRY_KEY",
     "REPORT_ATTR_CENSUS",
+    "REPORT_ATTR_CHECK",
     "SELECTION_KEY",
     "SETUP_ERROR_KEY",
     "STRICT_KEY",
@@ -96,3 +98,7 @@ SUBTEST_RUN_KEY: pytest.StashKey[int] = pytest.StashKey()
 SUBTEST_FAILED_KEY: pytest.StashKey[bool] = pytest.StashKey()
 #: Seconds the verifier itself spent around one test's call phase.
 VERIFY_SECONDS_KEY: pytest.StashKey[float] = pytest.StashKey()
+#: One test's determinism check: ``{"check", "reason", "boundary"}``.
+CHECK_KEY: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
+#: Report attribute carrying that check to the controller.
+REPORT_ATTR_CHECK = "backends_determinism_check"

@@ -197,6 +197,14 @@ OPTIONS: tuple[Option, ...] = (
         "rewrite the baseline file",
     ),
     Option(
+        "backends_determinism_repeatable",
+        "flag",
+        "",
+        "fail tests whose reruns differ from run 0 because of state outside torch ops "
+        "(or raise where run 0 passed), instead of reporting them as not checked",
+        "fail tests that are not repeatable under the determinism check",
+    ),
+    Option(
         "backends_label",
         "value",
         "NAME",

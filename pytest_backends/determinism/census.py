@@ -182,6 +182,18 @@ class Census:
 
     def __init__(self) -> None:
         self._entries: dict[Key, _Entry] = {}
+        #: Tests the check could not settle, with the reason ("not checked").
+        self.not_checked: dict[str, str] = {}
+        #: Tests with parts checked only at their boundary, with what and why.
+        self.boundary: dict[str, list[str]] = {}
+
+    def add_check(self, nodeid: str, reason: str | None, boundary: Iterable[str] = ()) -> None:
+        """Record one test's check: ``reason`` when it was not checked, and its boundary notes."""
+        if reason:
+            self.not_checked[nodeid] = reason
+        notes = list(boundary)
+        if notes:
+            self.boundary[nodeid] = notes
 
     def add_test(self, nodeid: str, verdicts: Mapping[Key, str]) -> None:
         """Record one test's verdict for each op key it hit."""
@@ -291,6 +303,8 @@ class Census:
         if sources is not None:
             data["sources"] = sources
         data["entries"] = self.to_data()
+        data["not_checked"] = dict(sorted(self.not_checked.items()))
+        data["boundary"] = dict(sorted(self.boundary.items()))
         atomic_write_json(path, data)
 
 

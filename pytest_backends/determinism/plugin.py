@@ -8,6 +8,13 @@ and teardown run once, so function-scoped fixture values are shared by all
 runs. The runs are then compared op by op; an op that gave different outputs
 from identical inputs fails the test (unless the baseline accepts it).
 
+The check never changes the outcome of a test whose ops are deterministic
+(see :mod:`~pytest_backends.determinism.boundary`): runs that differ only
+because their inputs differ (Python state outside torch ops), reruns that
+raise where run 0 passed, and failures of the harness's own machinery give
+the verdict "not checked" with the reason, and the test keeps run 0's
+outcome. ``--backends-determinism-repeatable`` fails such tests instead.
+
 Each test's verdicts travel on its call-phase report (an attribute that
 pytest-xdist serializes with the report), and whichever process logs the
 report adds them to the census. So the census is built from the same stream
@@ -17,7 +24,7 @@ already reported.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,6 +61,9 @@ _VERDICTS_KEY = _keys.VERDICTS_KEY
 _OFF = _options.OFF_WORDS
 #: The largest N accepted by ``--backends-determinism``.
 MAX_RUNS = 1000
+#: Report attribute carrying one test's check: ``{"check", "reason", "boundary"}``.
+CHECK_ATTR = _keys.REPORT_ATTR_CHECK
+_CHECK_KEY = _keys.CHECK_KEY
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,8 @@ class DeterminismSettings:
     census: Path | None
     baseline: Path | None
     baseline_update: bool
+    #: Fail tests that are not repeatable instead of reporting them as not checked.
+    repeatable: bool = False
 
 
 SETTINGS_KEY = _keys.DETERMINISM_KEY
@@ -144,12 +156,15 @@ def resolve_settings(config: pytest.Config) -> DeterminismSettings | None:
     else:
         ini = str(config.getini("backends_determinism") or "").strip()
         runs = parse_runs(ini, "ini option backends_determinism") if ini else None
+    repeatable = bool(config.getoption("backends_determinism_repeatable", False)) or bool(
+        config.getini("backends_determinism_repeatable")
+    )
     implied = select_all or census is not None or baseline is not None
     if runs is None:
         if not implied or (cli is not None and str(cli).strip().lower() in _OFF):
             return None
         runs = DEFAULT_RUNS
-    return DeterminismSettings(runs, select_all, census, baseline, update)
+    return DeterminismSettings(runs, select_all, census, baseline, update, repeatable)
 
 
 _OPTION_NAMES = (
@@ -215,6 +230,10 @@ class DeterminismPlugin:
         self.baseline = baseline
         self.census = Census()
         self._errors: list[str] = []
+        self._compile_watch: Any = None
+        self._checked = 0
+        self._unchecked: dict[str, str] = {}
+        self._boundary: dict[str, list[str]] = {}
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         from pytest_backends import selection
@@ -234,40 +253,113 @@ class DeterminismPlugin:
         if not _selected(item, self.settings.select_all):
             return (yield)
         from pytest_backends.determinism.api import RngState
-        from pytest_backends.determinism.recorder import OpRecorder, RunLog, compare_runs, locate
 
-        runs = self.settings.runs
         start = RngState.capture()
-        logs: list[RunLog] = []
-        recorder = OpRecorder()
+        runner = _Runs(self._watch())
+        runner.begin()
         item.stash[subtests.RUN_KEY] = 0
         try:
-            with recorder:
-                result = yield
+            result = yield
         except BaseException:
-            self._record(item, compare_runs([recorder.finish()]))
+            runner.end()
+            self._settle(item, runner, None)
             raise
-        logs.append(recorder.finish())
-        for run in range(1, 1 if subtests.failed_first_run(item) else runs):
+        runner.end()
+        # A run that compiled is a warm-up: one more run is compared in its place.
+        total = self.settings.runs + (1 if runner.records[0].compiled else 0)
+        for run in range(1, 1 if subtests.failed_first_run(item) else total):
             item.stash[subtests.RUN_KEY] = run
+            if runner.failure is not None:
+                break
             start.restore()
-            recorder = OpRecorder(previous=recorder)
+            runner.begin()
             try:
-                with recorder:
-                    item.runtest()
-            except BaseException as exc:
-                self._record(item, compare_runs([*logs, recorder.finish()]))
-                if hasattr(exc, "add_note"):
-                    exc.add_note(f"(raised in determinism run {run} of {runs}; run 0 passed)")
+                item.runtest()
+            except (KeyboardInterrupt, SystemExit):
+                runner.end()
                 raise
-            logs.append(recorder.finish())
-        comparison = compare_runs(logs)
-        if not comparison.reproducible:
-            start.restore()
-            comparison = locate(comparison, item.runtest)  # one more run, with source lines
-        self._record(item, comparison)
-        self._check(comparison)
+            except BaseException as exc:  # pytest.fail and pytest.skip included
+                runner.end()
+                if self._settle(item, runner, (run, exc)):
+                    if hasattr(exc, "add_note"):
+                        exc.add_note(f"(raised in determinism run {run} of {total}; run 0 passed)")
+                    raise
+                return result
+            runner.end()
+        self._settle(item, runner, None, check=True, locate_with=(start, item.runtest))
         return result
+
+    def _watch(self) -> Any:
+        if self._compile_watch is None:
+            from pytest_backends.determinism.boundary import CompileWatch
+
+            self._compile_watch = CompileWatch()
+        return self._compile_watch
+
+    def _settle(
+        self,
+        item: pytest.Item,
+        runner: _Runs,
+        raised: tuple[int, BaseException] | None,
+        check: bool = False,
+        locate_with: tuple[Any, Callable[[], object]] | None = None,
+    ) -> bool:
+        """Compare the runs, record the verdicts and fail the test where the check says so.
+
+        ``raised`` is a rerun's exception (run 0 passed). Returns whether that
+        exception is the test's outcome: it is when an op is blamed or when
+        non-repeatable tests fail by option; otherwise the test is not checked
+        and keeps run 0's outcome.
+        """
+        from pytest_backends.determinism.boundary import boundary_notes, explain_unchecked
+        from pytest_backends.determinism.recorder import compare_runs, locate
+
+        records = runner.compared()
+        reason: str | None = None
+        comparison = None
+        notes: list[str] = []
+        try:
+            comparison = compare_runs([r.log for r in records])
+            notes = boundary_notes(runner.records)
+            if runner.failure is None:
+                reason = explain_unchecked(comparison, records)
+        except Exception as exc:  # the harness's own failure is never the test's
+            runner.fail(exc)
+        if runner.failure is not None:
+            reason = f"the determinism recorder failed: {runner.failure}"
+            comparison = None
+        elif raised is not None and (comparison is None or not comparison.blamed):
+            run, error = raised
+            text = str(error).strip().splitlines()
+            reason = (
+                f"run {run} raised {type(error).__name__}"
+                + (f" ({text[0][:200]})" if text else "")
+                + " where run 0 passed: the test is not repeatable"
+            )
+        if (
+            comparison is not None
+            and locate_with is not None
+            and reason is None
+            and (comparison.blamed or comparison.uninitialized or comparison.unexplained)
+        ):
+            start, run_again = locate_with
+            start.restore()
+            comparison = locate(comparison, run_again)  # one more run, with source lines
+        if comparison is not None:
+            self._record(item, comparison)
+        repeatable = self.settings.repeatable and runner.failure is None
+        if repeatable:
+            reason = None  # not repeatable is a failure here, reported as such
+        item.stash[_CHECK_KEY] = {
+            "check": "not checked" if reason else "checked",
+            "reason": reason,
+            "boundary": notes,
+        }
+        if raised is not None:
+            return bool(comparison is not None and comparison.blamed) or repeatable
+        if check and comparison is not None and reason is None:
+            self._check(comparison, notes)
+        return False
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -277,6 +369,9 @@ class DeterminismPlugin:
         rows = item.stash.get(_VERDICTS_KEY, None)
         if rows is not None and call.when == "call":
             setattr(report, REPORT_ATTR, rows)
+        check = item.stash.get(_CHECK_KEY, None)
+        if check is not None and call.when == "call":
+            setattr(report, CHECK_ATTR, check)
         if call.excinfo is not None and isinstance(call.excinfo.value, NondeterministicOpError):
             # The harness's own frames say nothing useful: show the finding alone.
             report.longrepr = str(call.excinfo.value)
@@ -289,6 +384,20 @@ class DeterminismPlugin:
         ]
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        check = getattr(report, CHECK_ATTR, None)
+        if (
+            isinstance(check, dict)
+            and not _is_worker(self.config)
+            and str(report.outcome) != "rerun"
+        ):
+            reason, notes = check.get("reason"), list(check.get("boundary") or [])
+            if reason:
+                self._unchecked[report.nodeid] = str(reason)
+            else:
+                self._checked += 1
+            if notes:
+                self._boundary[report.nodeid] = [str(n) for n in notes]
+            self.census.add_check(report.nodeid, reason, notes)
         rows = getattr(report, REPORT_ATTR, None)
         if not rows or _is_worker(self.config) or str(report.outcome) == "rerun":
             return
@@ -296,7 +405,7 @@ class DeterminismPlugin:
             report.nodeid, {(r["op"], r["device"], r["dtype"]): r["verdict"] for r in rows}
         )
 
-    def _check(self, comparison: Comparison) -> None:
+    def _check(self, comparison: Comparison, notes: list[str] | None = None) -> None:
         blamed = comparison.blamed
         runs = comparison.runs
         new = [d for d in blamed if not self.baseline.accepts((d.op, d.device, d.dtype))]
@@ -316,9 +425,12 @@ class DeterminismPlugin:
             if accepted:
                 ops = ", ".join(sorted({d.op for d in accepted}))
                 lines.append(f"  accepted by the baseline: {ops}")
+            lines += [f"  checked only at their boundary: {note}" for note in notes or ()]
             _raise(lines, first)
         if unexplained is not None:
-            _raise([f"not reproducible: {unexplained.describe(runs)}"], unexplained, blame=False)
+            lines = [f"not reproducible: {unexplained.describe(runs)}"]
+            lines += [f"  checked only at their boundary: {note}" for note in notes or ()]
+            _raise(lines, unexplained, blame=False)
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         config = session.config
@@ -361,12 +473,18 @@ class DeterminismPlugin:
         settings = self.settings
         nondet = self.census.nondeterministic()
         write = terminalreporter.write_line
-        if not (nondet or settings.census or settings.baseline):
+        if not (nondet or settings.census or settings.baseline or self._unchecked):
             return
         terminalreporter.section("determinism", sep="=")
         for error in self._errors:
             write(f"ERROR: {error}", red=True)
         write(f"{len(self.census)} op keys (op, device, dtype) recorded over {settings.runs} runs")
+        write(
+            f"{self._checked} test(s) checked, {len(self._unchecked)} not checked, "
+            f"{len(self._boundary)} checked partly at a boundary"
+        )
+        for nodeid, reason in sorted(self._unchecked.items()):
+            write(f"not checked: {nodeid}: {reason}", yellow=True)
         for key, tests in nondet.items():
             if settings.baseline is None:
                 status = "NONDETERMINISTIC"
@@ -398,6 +516,70 @@ class DeterminismPlugin:
                     )
                 else:
                     write(f"every nondeterministic op is in the baseline {settings.baseline}")
+
+
+class _Runs:
+    """The runs of one test: recorders started and stopped safely, and what they saw."""
+
+    def __init__(self, watch: Any) -> None:
+        from pytest_backends.determinism.boundary import RunRecord
+
+        self.records: list[RunRecord] = []
+        self.failure: str | None = None
+        self._watch = watch
+        self._recorder: Any = None
+        self._previous: Any = None
+        self._compiles = 0
+
+    def begin(self) -> None:
+        """Start recording a run (a recorder that cannot start leaves the run unrecorded)."""
+        from pytest_backends.determinism.boundary import BoundaryRecorder
+
+        self._watch.arm()
+        self._compiles = self._watch.total()
+        self._recorder = None
+        if self.failure is not None:
+            return
+        try:
+            recorder = BoundaryRecorder(self._previous)
+            recorder.__enter__()  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            self.fail(exc)
+            return
+        self._recorder = recorder
+
+    def end(self) -> None:
+        """Stop recording the run and keep its record."""
+        from pytest_backends.determinism.boundary import RunRecord
+        from pytest_backends.determinism.recorder import RunLog
+
+        recorder, self._recorder = self._recorder, None
+        compiled = self._watch.total() != self._compiles
+        if recorder is None:
+            self.records.append(RunRecord(RunLog([]), compiled=compiled))
+            return
+        try:
+            recorder.__exit__(None, None, None)
+        except Exception as exc:
+            self.fail(exc)
+        log = recorder.finish()
+        self._previous = recorder  # keys of tensors from outside the run are reused
+        if recorder.failure is not None and self.failure is None:
+            self.failure = recorder.failure
+        self.records.append(RunRecord(log, recorder.first_uses, compiled))
+
+    def fail(self, exc: BaseException) -> None:
+        """Note the harness's own failure (the first one is kept)."""
+        if self.failure is None:
+            text = str(exc).strip().splitlines()
+            self.failure = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+    def compared(self) -> list[Any]:
+        """The runs to compare: all, or all but a compiling run 0 when others follow."""
+        records = self.records
+        if len(records) > 2 and records[0].compiled:
+            return records[1:]
+        return records
 
 
 def _format_key(key: Key) -> str:

@@ -426,6 +426,7 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _input(self, t: torch.Tensor) -> Slot:
         """The key of a tensor no op of this run produced (or that changed since)."""
+        self._first_use(t)
         shared = self._shared.get(id(t))
         if shared is not None and shared[0]() is t:
             try:
@@ -575,6 +576,10 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return func(*args, **kwargs), True
 
     # --- after the run ----------------------------------------------------------
+
+    def _first_use(self, t: torch.Tensor) -> None:
+        """Called for an input no recorded op of this run produced or last wrote."""
+
 
     def finish(self) -> RunLog:
         """The run's log, with every digest copied to the host."""
