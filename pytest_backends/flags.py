@@ -474,8 +474,8 @@ def _autocast_rows(torch: Any, add: Callable[..., None]) -> None:
             ", ".join(map(repr, _AUTOCAST_DTYPES)), f"autocast dtype ({device})",
             plain=_dtype_name)
     add("autocast.cache_enabled",
-        (hasattr(torch, "is_autocast_cache_enabled") and hasattr(torch, "set_autocast_cache_enabled"))
-        or "not in this torch",
+        (hasattr(torch, "is_autocast_cache_enabled")
+         and hasattr(torch, "set_autocast_cache_enabled")) or "not in this torch",
         getattr(torch, "is_autocast_cache_enabled", _missing),
         getattr(torch, "set_autocast_cache_enabled", _missing), _bool, "True, False",
         "autocast weight-cast cache")

@@ -40,6 +40,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     determinism_plugin.addoption(parser, group)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Watch for torch's import before any conftest can import it (imports nothing)."""
+    isolation.watch_torch(early_config)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Resolve settings once and register the feature plugins that are in use."""
     config.addinivalue_line(
@@ -48,6 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line("markers", markers.marker_line())
     settings = isolation.resolve_leak_mode(config)
+    isolation.watch_torch(config)
     config.pluginmanager.register(isolation.IsolationPlugin(settings), "backends-isolation")
     matrix.configure(config)
     _capability_runner.configure(config)
