@@ -384,7 +384,6 @@ class IsolationPlugin:
         self._owned: dict[Any, _Owned] = {}
         # fixture leaks waiting for the teardown of the test that finalised them
         self._pending: list[tuple[str, str]] = []
-        self._seen_fixture_leaks: set[str] = set()
         self._import_changes: list[_Change] = []
         # summary sections (title -> messages) and whether any of them fails the run
         self._sections: dict[str, list[str]] = {}
@@ -706,10 +705,14 @@ class IsolationPlugin:
                 "Restore them after the fixture's yield, or set them inside "
                 "pytest_backends.override_flags(), which always restores."
             )
-            # once per fixture and change, whichever test happened to finalise it
-            if owned.mode != "off" and message not in self._seen_fixture_leaks:
-                self._seen_fixture_leaks.add(message)
-                self._pending.append((owned.mode, message))
+            if owned.mode != "off" and owned.scope == "function":
+                self._pending.append((owned.mode, message))  # part of its test
+            elif owned.mode != "off":
+                # Not an error of whichever test happened to finalise the scope
+                # (that depends on the order): once per fixture and change, in the
+                # summary, and the run fails under "fail".
+                self._add("torch backend flags leaked by fixtures", message,
+                          fails=owned.mode == "fail")
         if owned.scope != "function":
             self._ensure_ambient().update(owned.before)
             self._ambient_fp = None
