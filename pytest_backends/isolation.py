@@ -366,8 +366,8 @@ class _ItemState:
     # None while torch is not loaded: the reference is then the baseline
     expected: dict[str, object] | None
     expected_fp: tuple[object, ...] | None
-    # threads alive when the test started that it did not start: (name, origin)
-    threads: list[tuple[str, str]] = field(default_factory=list)
+    # threads alive when the test started: suspects if the test is blamed for a change
+    threads: list[threading.Thread] = field(default_factory=list)
     # the state right after the teardown check: anything later is not the test's
     checked_fp: tuple[object, ...] | None = None
 
@@ -395,6 +395,9 @@ class IsolationPlugin:
         self._threads: weakref.WeakKeyDictionary[threading.Thread, str] = (
             weakref.WeakKeyDictionary()
         )
+        self._suite_threads: weakref.WeakKeyDictionary[threading.Thread, bool] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # -- bookkeeping ------------------------------------------------------
 
@@ -416,7 +419,9 @@ class IsolationPlugin:
             messages.append(message)
         self._fails_run = self._fails_run or fails
 
-    def _suspect_threads(self) -> list[tuple[str, str]]:
+    def _suspect_threads(
+        self, candidates: Sequence[threading.Thread] | None = None
+    ) -> list[tuple[str, str]]:
         """Threads that may change flags behind a test's back, with where they came from.
 
         A thread an earlier test started, or one running code of the suite
@@ -425,7 +430,7 @@ class IsolationPlugin:
         """
         current = threading.current_thread()
         suspects = []
-        for thread in threading.enumerate():
+        for thread in threading.enumerate() if candidates is None else candidates:
             if thread is current or not thread.is_alive() or thread in self.watch.infra_threads:
                 continue
             origin = self._threads.get(thread)
@@ -444,7 +449,12 @@ class IsolationPlugin:
         return (code.co_filename if code is not None else "", name)
 
     def _runs_suite_code(self, thread: threading.Thread) -> bool:
-        file, _name = self._thread_code(thread)
+        known = self._suite_threads.get(thread)
+        if known is None:
+            known = self._suite_threads[thread] = self._in_rootdir(self._thread_code(thread)[0])
+        return known
+
+    def _in_rootdir(self, file: str) -> bool:
         root = self.watch.rootpath
         if not file or root is None or "site-packages" in file:
             return False
@@ -557,7 +567,7 @@ class IsolationPlugin:
         if not watch.settled:
             watch.checkpoint(_HOOK_SOURCE)
             watch.settled = True
-        strays = self._suspect_threads()
+        strays = threading.enumerate()
         if not watch.ready():
             return _ItemState(item, mode, None, None, strays)
         reg = _registry()
@@ -785,7 +795,7 @@ class IsolationPlugin:
                 "They were restored for the next test. Restore them in the test "
                 "(try/finally), or set them with the backend_flags fixture or "
                 "pytest_backends.override_flags(), which always restore."
-                + self._thread_hint(state.threads)
+                + self._thread_hint(self._suspect_threads(state.threads))
             )
 
     # -- session end ------------------------------------------------------
