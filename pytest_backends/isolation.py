@@ -866,6 +866,10 @@ class IsolationPlugin:
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """Everything found outside a test's own report."""
+        if self.watch.error is not None and self.settings.mode != "off":
+            self._add("torch backend flags were not checked",
+                      f"pytest-backends could not read torch's flags when torch was imported "
+                      f"({self.watch.error}); the leak guard was off for this run.", fails=False)
         for title, messages in self._sections.items():
             terminalreporter.section(title, sep="=")
             for message in messages:
