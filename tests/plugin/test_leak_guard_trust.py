@@ -412,7 +412,12 @@ def test_fixture_leaks_reported_once_by_fixture_in_any_order(pytester: pytest.Py
     pytester.makeconftest(FIXTURE_CONFTEST)
     pytester.makepyfile(test_fx=FIXTURES)
     seen = []
-    for order in (["-p", "no:randomly"], ["-p", "randomly", "--randomly-seed=7"]):
+    # file order serially; a random order through xdist (the wider fixtures'
+    # reports then travel from the worker to the controller's summary)
+    for order in (
+        ["-p", "no:randomly"],
+        ["-p", "randomly", "--randomly-seed=7", "-n", "2", "--dist", "loadfile"],
+    ):
         result = pytester.runpytest_subprocess(*order, "-p", "no:cacheprovider", "-rN")
         out = result.stdout.str()
         _assert_no_crash(result)
