@@ -366,8 +366,8 @@ class _ItemState:
     # None while torch is not loaded: the reference is then the baseline
     expected: dict[str, object] | None
     expected_fp: tuple[object, ...] | None
-    # threads alive when the test started: suspects if the test is blamed for a change
-    threads: list[threading.Thread] = field(default_factory=list)
+    # (name, origin) of threads alive when the test started that may change flags
+    threads: list[tuple[str, str]] = field(default_factory=list)
     # the state right after the teardown check: anything later is not the test's
     checked_fp: tuple[object, ...] | None = None
 
@@ -395,7 +395,7 @@ class IsolationPlugin:
         self._threads: weakref.WeakKeyDictionary[threading.Thread, str] = (
             weakref.WeakKeyDictionary()
         )
-        self._suite_threads: weakref.WeakKeyDictionary[threading.Thread, bool] = (
+        self._suite_threads: weakref.WeakKeyDictionary[threading.Thread, str | None] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -419,9 +419,7 @@ class IsolationPlugin:
             messages.append(message)
         self._fails_run = self._fails_run or fails
 
-    def _suspect_threads(
-        self, candidates: Sequence[threading.Thread] | None = None
-    ) -> list[tuple[str, str]]:
+    def _suspect_threads(self) -> list[tuple[str, str]]:
         """Threads that may change flags behind a test's back, with where they came from.
 
         A thread an earlier test started, or one running code of the suite
@@ -430,29 +428,25 @@ class IsolationPlugin:
         """
         current = threading.current_thread()
         suspects = []
-        for thread in threading.enumerate() if candidates is None else candidates:
-            if thread is current or not thread.is_alive() or thread in self.watch.infra_threads:
+        for thread in threading.enumerate():
+            if thread is current or thread in self.watch.infra_threads:
                 continue
-            origin = self._threads.get(thread)
-            if origin is None and self._runs_suite_code(thread):
-                origin = f"outside any test (running {self._thread_code(thread)[1]})"
+            origin = self._threads.get(thread) or self._suite_origin(thread)
             if origin is not None:
                 suspects.append((thread.name, origin))
         return suspects
 
-    @staticmethod
-    def _thread_code(thread: threading.Thread) -> tuple[str, str]:
-        """(file, qualified name) of the code a thread runs; empty if unknown."""
-        func = getattr(thread, "_target", None) or type(thread).run
-        code = getattr(func, "__code__", None)
-        name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', '?')}"
-        return (code.co_filename if code is not None else "", name)
-
-    def _runs_suite_code(self, thread: threading.Thread) -> bool:
-        known = self._suite_threads.get(thread)
-        if known is None:
-            known = self._suite_threads[thread] = self._in_rootdir(self._thread_code(thread)[0])
-        return known
+    def _suite_origin(self, thread: threading.Thread) -> str | None:
+        """"outside any test (running <code>)" for a thread running the suite's code."""
+        if thread not in self._suite_threads:
+            func = getattr(thread, "_target", None) or type(thread).run
+            code = getattr(func, "__code__", None)
+            name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', '?')}"
+            in_suite = code is not None and self._in_rootdir(code.co_filename)
+            self._suite_threads[thread] = (
+                f"outside any test (running {name})" if in_suite else None
+            )
+        return self._suite_threads[thread]
 
     def _in_rootdir(self, file: str) -> bool:
         root = self.watch.rootpath
@@ -567,7 +561,7 @@ class IsolationPlugin:
         if not watch.settled:
             watch.checkpoint(_HOOK_SOURCE)
             watch.settled = True
-        strays = threading.enumerate()
+        strays = self._suspect_threads()
         if not watch.ready():
             return _ItemState(item, mode, None, None, strays)
         reg = _registry()
@@ -795,7 +789,7 @@ class IsolationPlugin:
                 "They were restored for the next test. Restore them in the test "
                 "(try/finally), or set them with the backend_flags fixture or "
                 "pytest_backends.override_flags(), which always restore."
-                + self._thread_hint(self._suspect_threads(state.threads))
+                + self._thread_hint(state.threads)
             )
 
     # -- session end ------------------------------------------------------
