@@ -301,14 +301,14 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     # Other backends
     c_flag("nnpack.enabled", "_get_nnpack_enabled", "_set_nnpack_enabled",
            "use NNPACK convolutions")
-    # Torch lets these be set (to False, or any strategy) even without the
+    # Torch lets these be set (as plain attributes) even without the
     # opt_einsum package, so they are state to restore whether or not it is installed.
     einsum = torch.backends.opt_einsum
     einsum_ok = bool(getattr(einsum, "is_available", lambda: False)())
     add("opt_einsum.enabled", True, lambda: einsum.enabled,
         functools.partial(_set_attr, torch, einsum, "enabled"), _bool, "True, False",
         "contract einsum operands with opt_einsum"
-        + ("" if einsum_ok else " (True needs the opt_einsum package)"))
+        + ("" if einsum_ok else " (no effect without the opt_einsum package)"))
     add("opt_einsum.strategy", True, lambda: getattr(einsum, "strategy", None),
         functools.partial(_set_attr, torch, einsum, "strategy"),
         _choice("auto", "greedy", "optimal"), "'auto', 'greedy', 'optimal'",

@@ -1,0 +1,270 @@
+"""The state the leak guard tracks beyond backend flags, and the guard's building blocks.
+
+In-process and fast: the registry rows for the freeze switch, autocast,
+opt_einsum and flush-denormal on the real torch (and autocast on the shape of a
+torch older than 2.4), the snapshot taken at torch's import (in a fresh
+interpreter), marker validation, the baseline lines and the soak's report
+parser.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_backends.flags import FlagRegistry, _catalogue, registry, snapshot_flags
+from pytest_backends.isolation import TorchStateWatch, _Change, marker_mode
+
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_freeze_switch_is_tracked_and_written_last() -> None:
+    reg = registry()
+    before = reg.snapshot()
+    assert before["flags_frozen"] is False
+    try:
+        # frozen, then set a ContextProp flag in the same call: the flag is
+        # written under the mutation allowance, the freeze after it
+        reg.apply(reg.validate({"flags_frozen": True, "mkldnn.enabled": False}))
+        assert torch.backends.flags_frozen()
+        assert torch.backends.mkldnn.enabled is False
+        with pytest.raises(RuntimeError):
+            torch.backends.cudnn.benchmark = True
+        frozen = reg.snapshot()
+        reg.restore(before)
+        assert not torch.backends.flags_frozen()
+        torch.backends.cudnn.benchmark = True  # settable again
+        torch.backends.cudnn.benchmark = False
+        reg.restore(frozen)
+        assert torch.backends.flags_frozen() and torch.backends.mkldnn.enabled is False
+    finally:
+        reg.restore(before)
+    assert reg.snapshot() == before
+
+
+def test_autocast_state_is_tracked() -> None:
+    reg = registry()
+    before = reg.snapshot()
+    a = torch.ones(4, 4)
+    try:
+        torch.set_autocast_enabled("cpu", True)
+        torch.set_autocast_dtype("cpu", torch.float16)
+        torch.set_autocast_cache_enabled(False)
+        assert (a @ a).dtype == torch.float16
+        diff = reg.diff(before, reg.snapshot())
+        assert diff == {
+            "autocast.cpu.enabled": (False, True),
+            "autocast.cpu.dtype": ("bfloat16", "float16"),
+            "autocast.cache_enabled": (True, False),
+        }
+    finally:
+        reg.restore(before)
+    assert (a @ a).dtype == torch.float32
+    assert reg.snapshot() == before
+    with pytest.raises(ValueError, match=r"autocast.cpu.dtype.*'float16', 'bfloat16'"):
+        reg.validate({"autocast.cpu.dtype": "float64"})
+
+
+class _TorchBefore24:
+    """torch whose autocast functions take no device type (before 2.4)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("get_autocast_dtype", "set_autocast_dtype"):
+            raise AttributeError(name)
+        if name == "is_autocast_enabled":
+            def is_autocast_enabled(*args: object) -> bool:
+                if args:
+                    raise TypeError("is_autocast_enabled() takes no arguments")
+                return bool(torch.is_autocast_enabled("cuda"))
+            return is_autocast_enabled
+        if name == "set_autocast_enabled":
+            return lambda value: torch.set_autocast_enabled("cuda", value)
+        return getattr(torch, name)
+
+
+def test_autocast_rows_on_older_torch_use_the_per_device_functions() -> None:
+    old = _TorchBefore24()
+    rows, absent = _catalogue(old)
+    reg = FlagRegistry(old, rows, absent)
+    names = reg.names()
+    for row in ("autocast.cpu.enabled", "autocast.cpu.dtype", "autocast.cuda.enabled",
+                "autocast.cuda.dtype", "autocast.cache_enabled"):
+        assert row in names
+    real_before = snapshot_flags()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the per-device functions are deprecated in 2.13
+        before = reg.snapshot()
+        try:
+            reg.apply(reg.validate({"autocast.cpu.enabled": True,
+                                    "autocast.cpu.dtype": torch.float16,
+                                    "autocast.cuda.enabled": True}))
+            assert torch.is_autocast_enabled("cpu") and torch.is_autocast_enabled("cuda")
+            assert torch.get_autocast_dtype("cpu") == torch.float16
+            assert reg.diff(before, reg.snapshot()).keys() == {
+                "autocast.cpu.enabled", "autocast.cpu.dtype", "autocast.cuda.enabled"}
+        finally:
+            reg.restore(before)
+    assert snapshot_flags() == real_before
+
+
+def test_opt_einsum_rows_exist_without_the_package() -> None:
+    reg = registry()
+    assert {"opt_einsum.enabled", "opt_einsum.strategy"} <= set(reg.names())
+    before = reg.snapshot()
+    einsum = torch.backends.opt_einsum
+    try:
+        # torch accepts both with or without the package (without it they are
+        # plain attributes), so both are state a test can leak
+        einsum.strategy = "greedy"
+        einsum.enabled = not before["opt_einsum.enabled"]
+        assert reg.diff(before, reg.snapshot()) == {
+            "opt_einsum.strategy": (before["opt_einsum.strategy"], "greedy"),
+            "opt_einsum.enabled": (before["opt_einsum.enabled"],
+                                   not before["opt_einsum.enabled"]),
+        }
+    finally:
+        reg.restore(before)
+    assert reg.snapshot() == before
+
+
+def test_flush_denormal_is_read_from_the_cpu_state() -> None:
+    reg = registry()
+    if "flush_denormal" not in reg.by_name:
+        assert "flush_denormal" in reg.absent
+        pytest.skip(f"flush_denormal: {reg.absent['flush_denormal']}")
+    tiny = torch.tensor([1e-310], dtype=torch.float64)
+    before = reg.snapshot()
+    assert before["flush_denormal"] is False
+    try:
+        assert torch.set_flush_denormal(True)
+        assert reg.snapshot()["flush_denormal"] is True
+        assert (tiny * 1.0).item() == 0.0
+    finally:
+        reg.restore(before)
+    assert (tiny * 1.0).item() != 0.0
+    assert reg.snapshot() == before
+
+
+def test_snapshot_is_taken_when_torch_finishes_importing(tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        """
+        import importlib.machinery, importlib.resources, sys
+        from pytest_backends.isolation import WATCH
+        WATCH.install(None)
+        assert WATCH.import_state is None and "torch" not in sys.modules
+        import torch
+        torch.set_default_dtype(torch.float64)      # user code, right after the import
+        torch.backends.cudnn.benchmark = True
+        assert WATCH.ready()
+        assert WATCH.import_state["default_dtype"] == "float32"
+        assert WATCH.import_state["cudnn.benchmark"] is False
+        # torch keeps its own loader and finder; the hook is gone
+        assert isinstance(torch.__loader__, importlib.machinery.SourceFileLoader)
+        assert importlib.resources.files("torch").joinpath("__init__.py").is_file()
+        assert not any(type(f).__name__ == "_TorchFinder" for f in sys.meta_path)
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_baseline_lines_name_the_source_of_each_net_change() -> None:
+    watch = TorchStateWatch()
+    watch.import_state = {"default_dtype": "float32", "cudnn.benchmark": False,
+                          "num_threads": 2}
+    watch.baseline = {"default_dtype": "float64", "cudnn.benchmark": False, "num_threads": 1}
+    watch.baseline_changes = [
+        _Change("tests/conftest.py", {"default_dtype": ("float32", "float64"),
+                                       "cudnn.benchmark": (False, True)}),
+        _Change("tests/sub/conftest.py", {"cudnn.benchmark": (True, False)}),  # undone
+        _Change("a hook of a conftest.py or plugin", {"num_threads": (2, 1)}),
+    ]
+    assert watch.baseline_lines() == [
+        "session baseline differs from torch defaults: default_dtype=float64 "
+        "(tests/conftest.py)",
+        "session baseline differs from torch defaults: num_threads=1 "
+        "(a hook of a conftest.py or plugin)",
+    ]
+    assert TorchStateWatch().baseline_lines() == []
+
+
+class _Unprintable:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "mode", "error"),
+    [
+        (("warn",), {}, "warn", None),
+        ((" OFF ",), {}, "off", None),
+        (("bogus",), {}, "fail", "got backends_leaks('bogus')"),
+        ((None,), {}, "fail", "got backends_leaks(None)"),
+        ((123,), {}, "fail", "got backends_leaks(123)"),
+        (("warn", "off"), {}, "fail", "got backends_leaks('warn', 'off')"),
+        ((), {}, "fail", "got backends_leaks()"),
+        ((), {"mode": "warn"}, "fail", "got backends_leaks(mode='warn')"),
+        ((_Unprintable(),), {}, "fail", "got backends_leaks(<_Unprintable object>)"),
+        (("x" * 500,), {}, "fail", "..."),
+    ],
+)
+def test_marker_mode_never_raises(
+    pytester: pytest.Pytester, args: tuple[object, ...], kwargs: dict[str, object],
+    mode: str, error: str | None,
+) -> None:
+    item = pytester.getitem("def test_func(): pass")
+    item.add_marker(pytest.mark.backends_leaks(*args, **kwargs))
+    got_mode, got_error = marker_mode(item, "fail")
+    assert got_mode == mode
+    if error is None:
+        assert got_error is None
+    else:
+        assert got_error is not None and error in got_error
+        assert "one of 'fail', 'warn', 'off'" in got_error
+        assert len(got_error) < 400
+
+
+def _soak() -> Any:
+    spec = importlib.util.spec_from_file_location("leak_soak", ROOT / "benchmarks" /
+                                                  "leak_soak.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_soak_parses_every_kind_of_report() -> None:
+    output = textwrap.dedent(
+        """
+        ____ ERROR at teardown of test_a ____
+        test_a.py::test_a left torch backend flags changed:
+          mkldnn.enabled: True -> False
+          cudnn.benchmark: False -> True
+        They were restored for the next test.
+        [gw1] linux -- Python 3.11
+        fixture 'mod' (module scope, defined in test_a.py) changed torch backend flags and did not restore them in its teardown:
+          sdp.math: True -> False
+        Restore them after the fixture's yield.
+        test_c.py changed torch backend flags while it was imported:
+          default_dtype: 'float32' -> 'float64'
+        ERROR test_a.py::test_a - Failed: test_a.py::test_a left torch backend flags changed:
+        """  # noqa: E501
+    )
+    assert _soak().parse_reports(output) == [
+        ("test", "test_a.py::test_a", ("cudnn.benchmark", "mkldnn.enabled")),
+        ("fixture", "mod", ("sdp.math",)),
+        ("import", "test_c.py", ("default_dtype",)),
+    ]
