@@ -201,40 +201,80 @@ def test_baseline_lines_name_the_source_of_each_net_change() -> None:
     assert TorchStateWatch().baseline_lines() == []
 
 
-class _Unprintable:
-    def __repr__(self) -> str:
+MARKED = """
+import pytest
+
+
+class Unprintable:
+    def __repr__(self):
         raise RuntimeError("no repr")
 
 
-@pytest.mark.parametrize(
-    ("args", "kwargs", "mode", "error"),
-    [
-        (("warn",), {}, "warn", None),
-        ((" OFF ",), {}, "off", None),
-        (("bogus",), {}, "fail", "got backends_leaks('bogus')"),
-        ((None,), {}, "fail", "got backends_leaks(None)"),
-        ((123,), {}, "fail", "got backends_leaks(123)"),
-        (("warn", "off"), {}, "fail", "got backends_leaks('warn', 'off')"),
-        ((), {}, "fail", "got backends_leaks()"),
-        ((), {"mode": "warn"}, "fail", "got backends_leaks(mode='warn')"),
-        ((_Unprintable(),), {}, "fail", "got backends_leaks(<_Unprintable object>)"),
-        (("x" * 500,), {}, "fail", "..."),
-    ],
-)
-def test_marker_mode_never_raises(
-    pytester: pytest.Pytester, args: tuple[object, ...], kwargs: dict[str, object],
-    mode: str, error: str | None,
-) -> None:
-    item = pytester.getitem("def test_func(): pass")
-    item.add_marker(pytest.mark.backends_leaks(*args, **kwargs))
-    got_mode, got_error = marker_mode(item, "fail")
-    assert got_mode == mode
-    if error is None:
-        assert got_error is None
-    else:
-        assert got_error is not None and error in got_error
-        assert "one of 'fail', 'warn', 'off'" in got_error
-        assert len(got_error) < 400
+@pytest.mark.backends_leaks("warn")
+def test_warn(): pass
+
+@pytest.mark.backends_leaks(" OFF ")
+def test_off(): pass
+
+@pytest.mark.backends_leaks("bogus")
+def test_bogus(): pass
+
+@pytest.mark.backends_leaks(None)
+def test_none(): pass
+
+@pytest.mark.backends_leaks(123)
+def test_int(): pass
+
+@pytest.mark.backends_leaks("warn", "off")
+def test_two(): pass
+
+@pytest.mark.backends_leaks()
+def test_empty(): pass
+
+@pytest.mark.backends_leaks(mode="warn")
+def test_keyword(): pass
+
+@pytest.mark.backends_leaks(Unprintable())
+def test_unprintable(): pass
+
+@pytest.mark.backends_leaks("x" * 500)
+def test_long(): pass
+
+@pytest.mark.backends_leaks("bogus")
+class TestMarkedClass:
+    def test_in_class(self): pass
+
+def test_unmarked(): pass
+"""
+
+MARKER_CASES: dict[str, tuple[str, str | None]] = {
+    "test_warn": ("warn", None),
+    "test_off": ("off", None),
+    "test_bogus": ("fail", "got backends_leaks('bogus')"),
+    "test_none": ("fail", "got backends_leaks(None)"),
+    "test_int": ("fail", "got backends_leaks(123)"),
+    "test_two": ("fail", "got backends_leaks('warn', 'off')"),
+    "test_empty": ("fail", "got backends_leaks()"),
+    "test_keyword": ("fail", "got backends_leaks(mode='warn')"),
+    "test_unprintable": ("fail", "got backends_leaks(<Unprintable object>)"),
+    "test_long": ("fail", "xxx..."),
+    "test_in_class": ("fail", "got backends_leaks('bogus')"),
+    "test_unmarked": ("fail", None),
+}
+
+
+def test_marker_mode_never_raises(pytester: pytest.Pytester) -> None:
+    items = {item.name: item for item in pytester.getitems(MARKED)}
+    assert items.keys() == MARKER_CASES.keys()
+    for name, (mode, error) in MARKER_CASES.items():
+        got_mode, got_error = marker_mode(items[name], "fail")
+        assert got_mode == mode, name
+        if error is None:
+            assert got_error is None, name
+        else:
+            assert got_error is not None and error in got_error, (name, got_error)
+            assert "one of 'fail', 'warn', 'off'" in got_error
+            assert len(got_error) < 400
 
 
 def _soak() -> Any:
