@@ -170,7 +170,6 @@ class _Change:
 
     source: str
     diff: dict[str, tuple[object, object]]
-    mode: str = "fail"
 
 
 class _TorchFinder(importlib.abc.MetaPathFinder):
@@ -378,13 +377,16 @@ class IsolationPlugin:
     def __init__(self, settings: LeakSettings, watch: TorchStateWatch | None = None) -> None:
         self.settings = settings
         self.watch = WATCH if watch is None else watch
+        # A session started inside a running one (pytester's inline runs) finds
+        # torch's state owned by the enclosing session: its reference is the
+        # state it starts with, not the enclosing session's baseline.
+        self._nested = self.watch.settled
         self._ambient: dict[str, object] | None = None
         self._ambient_fp: tuple[object, ...] | None = None
         self._current: _ItemState | None = None
         self._owned: dict[Any, _Owned] = {}
         # fixture leaks waiting for the teardown of the test that finalised them
         self._pending: list[tuple[str, str]] = []
-        self._import_changes: list[_Change] = []
         # summary sections (title -> messages) and whether any of them fails the run
         self._sections: dict[str, list[str]] = {}
         self._fails_run = False
@@ -403,8 +405,13 @@ class IsolationPlugin:
 
     def _ensure_ambient(self) -> dict[str, object]:
         if self._ambient is None:
-            self._ambient = dict(self.watch.baseline)
-            self._ambient_fp = self.watch.baseline_fp
+            if self._nested:
+                reg = _registry()
+                self._ambient_fp = reg.fingerprint()
+                self._ambient = reg.to_plain(self._ambient_fp)
+            else:
+                self._ambient = dict(self.watch.baseline)
+                self._ambient_fp = self.watch.baseline_fp
         return self._ambient
 
     def _restore(self, reg: Any, state: Mapping[str, object]) -> None:
@@ -499,7 +506,6 @@ class IsolationPlugin:
             return
         self._restore(reg, watch.baseline)
         watch.baseline_fp = reg.fingerprint()
-        self._import_changes.append(_Change(collector.nodeid, diff, mode))
         self._add(
             "torch backend flags changed while importing test modules",
             f"{collector.nodeid} changed torch backend flags while it was imported:\n"

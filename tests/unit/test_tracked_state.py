@@ -308,3 +308,29 @@ def test_soak_parses_every_kind_of_report() -> None:
         ("fixture", "mod", ("sdp.math",)),
         ("import", "test_c.py", ("default_dtype",)),
     ]
+
+
+def test_inline_session_inside_a_session_keeps_the_enclosing_state(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+
+        def test_sees_the_enclosing_state():
+            assert torch.backends.cudnn.benchmark
+
+        def test_leaks_inside():
+            torch.backends.mkldnn.enabled = False
+        """
+    )
+    from pytest_backends import override_flags
+
+    with override_flags({"cudnn.benchmark": True}):
+        result = pytester.runpytest("-p", "no:randomly", "-p", "no:cacheprovider")
+        # the inner session judges against the state it started with ...
+        result.assert_outcomes(passed=2, errors=1)
+        result.stdout.fnmatch_lines(["*mkldnn.enabled: True -> False"])
+        assert "changed between tests" not in result.stdout.str()
+        # ... and leaves the enclosing session's state as it found it
+        assert torch.backends.cudnn.benchmark and torch.backends.mkldnn.enabled
