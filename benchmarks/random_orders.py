@@ -17,7 +17,13 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-LEAK_MARKERS = ("left torch backend flags changed", "changed between tests", "did not restore them")
+LEAK_MARKERS = (
+    "left torch backend flags changed",
+    "changed between tests",
+    "did not restore them",
+    "changed torch backend flags while it was imported",
+    "changed while no test was running",
+)
 
 
 def outcomes_from_junit(path: Path) -> dict[str, str]:

@@ -34,6 +34,8 @@ def benchmarks(quick: bool) -> list[tuple[str, list[str]]]:
         ("capability", ["bench_capability.py"]),
         ("calibration", ["calibrate_tolerance.py", "--trials", trials,
                          "--out", str(RESULTS / "calibration-cpu.txt")]),
+        ("leak-soak", ["leak_soak.py", "--seeds", "3" if quick else "20",
+                       "--out", str(RESULTS / "leak-soak.txt")]),
     ]
 
 

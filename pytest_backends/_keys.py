@@ -25,6 +25,7 @@ __all__ = [
     "CHECK_KEY",
     "CONFIG_KEY",
     "DETERMINISM_KEY",
+    "DRIFT_KEY",
     "ITEM_FLAGS_KEY",
     "LABEL_KEY",
     "LEAK_KEY",
@@ -69,8 +70,8 @@ CONFIG_KEY: pytest.StashKey[BackendConfig] = pytest.StashKey()
 #: Features such as the backend matrix put a config's flags here; the leak guard
 #: applies them, checks leaks relative to them and restores them afterwards.
 ITEM_FLAGS_KEY: pytest.StashKey[Mapping[str, Any]] = pytest.StashKey()
-#: An exception the leak guard caught while applying an item's flags at setup.
-SETUP_ERROR_KEY: pytest.StashKey[BaseException] = pytest.StashKey()
+#: Why the leak guard fails an item at setup (a bad marker, flags it could not apply).
+SETUP_ERROR_KEY: pytest.StashKey[str] = pytest.StashKey()
 #: Why an item's ``@pytest.mark.backends`` marker is invalid (the item fails at setup).
 MARKER_ERROR_KEY: pytest.StashKey[str] = pytest.StashKey()
 #: The determinism verdicts (census rows) of one item, until its report is made.
@@ -102,3 +103,5 @@ VERIFY_SECONDS_KEY: pytest.StashKey[float] = pytest.StashKey()
 CHECK_KEY: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
 #: Report attribute carrying that check to the controller.
 REPORT_ATTR_CHECK = "backends_determinism_check"
+#: A change of the torch state found before an item's setup (made between tests).
+DRIFT_KEY: pytest.StashKey[str] = pytest.StashKey()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import struct
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ class Flag:
     values); ``write`` applies a normalised value.  ``in_snapshot`` is False
     for legacy aliases whose state is already captured by other rows.
     ``parent`` names the row this one inherits from (``fp32_precision`` tree).
+    ``last`` rows are written after all others and outside the mutation
+    allowance (the ``disable_global_flags`` switch itself).
     """
 
     name: str
@@ -54,6 +57,7 @@ class Flag:
     order: int = 50
     in_snapshot: bool = True
     parent: str | None = None
+    last: bool = False
 
 
 class _Invalid(ValueError):
@@ -298,14 +302,15 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     # Other backends
     c_flag("nnpack.enabled", "_get_nnpack_enabled", "_set_nnpack_enabled",
            "use NNPACK convolutions")
+    # Torch lets these be set (as plain attributes) even without the
+    # opt_einsum package, so they are state to restore whether or not it is installed.
     einsum = torch.backends.opt_einsum
-    einsum_ok = bool(getattr(einsum, "is_available", lambda: False)()) or (
-        "needs the opt_einsum package"
-    )
-    add("opt_einsum.enabled", einsum_ok, lambda: einsum.enabled,
+    einsum_ok = bool(getattr(einsum, "is_available", lambda: False)())
+    add("opt_einsum.enabled", True, lambda: einsum.enabled,
         functools.partial(_set_attr, torch, einsum, "enabled"), _bool, "True, False",
-        "contract einsum operands with opt_einsum")
-    add("opt_einsum.strategy", einsum_ok, lambda: einsum.strategy,
+        "contract einsum operands with opt_einsum"
+        + ("" if einsum_ok else " (no effect without the opt_einsum package)"))
+    add("opt_einsum.strategy", True, lambda: getattr(einsum, "strategy", None),
         functools.partial(_set_attr, torch, einsum, "strategy"),
         _choice("auto", "greedy", "optimal"), "'auto', 'greedy', 'optimal'",
         "opt_einsum path strategy")
@@ -360,7 +365,131 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
         _bool, "True, False", "anomaly detection also checks for NaN", order=60)
     add("warn_always", True, torch.is_warn_always_enabled, torch.set_warn_always, _bool,
         "True, False", "torch.set_warn_always")
+    add("flush_denormal", _flush_denormal_readable(torch) or "not readable on this CPU",
+        _read_flush_denormal, torch.set_flush_denormal, _bool, "True, False",
+        "torch.set_flush_denormal (calling thread's FTZ/DAZ mode)")
+    _autocast_rows(torch, add)
+
+    # The freeze switch of torch.backends.disable_global_flags(); written last,
+    # after every ContextProp row was written under the mutation allowance.
+    backends = torch.backends
+    add("flags_frozen",
+        (hasattr(backends, "flags_frozen") and _FROZEN_ATTR in _backends_globals(torch))
+        or "not in this torch",
+        getattr(backends, "flags_frozen", _missing),
+        functools.partial(_set_frozen, torch), _bool, "True, False",
+        "torch.backends.disable_global_flags() was called", order=99, last=True)
     return rows, absent
+
+
+_FROZEN_ATTR = "__allow_nonbracketed_mutation_flag"
+
+
+def _backends_globals(torch: Any) -> dict[str, Any]:
+    # torch.backends may be a module wrapper; its functions see the real globals
+    return getattr(torch.backends.flags_frozen, "__globals__", {})
+
+
+def _set_frozen(torch: Any, value: bool) -> None:
+    if value:
+        torch.backends.disable_global_flags()
+    else:
+        _backends_globals(torch)[_FROZEN_ATTR] = True
+
+
+# The smallest subnormal double; FTZ/DAZ (set_flush_denormal) turns a product
+# with it into zero.  Module globals, so that nothing is folded at compile time.
+_SUBNORMAL = struct.unpack("<d", struct.pack("<Q", 1))[0]
+_ONE = 1.0
+
+
+def _read_flush_denormal() -> object:
+    return _SUBNORMAL * _ONE == 0.0
+
+
+def _flush_denormal_readable(torch: Any) -> bool:
+    """Whether set_flush_denormal works here and its state shows in float arithmetic."""
+    setter = getattr(torch, "set_flush_denormal", None)
+    if setter is None:
+        return False
+    before = bool(_read_flush_denormal())
+    try:
+        supported = bool(setter(True))
+        readable = supported and _read_flush_denormal() is True
+    finally:
+        setter(before)
+    return readable and _read_flush_denormal() is before
+
+
+_AUTOCAST_DTYPES = ("float16", "bfloat16")
+
+
+def _autocast_rows(torch: Any, add: Callable[..., None]) -> None:
+    """Autocast state per device type (enabled, dtype) and the cast cache switch.
+
+    torch >= 2.4 takes a device type; older releases have per-device functions
+    for the CPU and CUDA only.
+    """
+    def check_dtype(value: object) -> object:
+        name = _dtype_name(value) if isinstance(value, torch.dtype) else value
+        if name in _AUTOCAST_DTYPES:
+            return name
+        raise _Invalid(f"expected one of {', '.join(map(repr, _AUTOCAST_DTYPES))}, got {value!r}")
+
+    def dtype_writer(setter: Callable[..., object], *device: str) -> Callable[[Any], object]:
+        return lambda v: setter(*device, _dtype(torch, v))
+
+    try:
+        torch.is_autocast_enabled("cpu")
+        by_device = True
+    except TypeError:
+        by_device = False
+    devices = ["cpu", "cuda"]
+    if by_device:
+        devices += [d for d in ("xpu", "mps") if _device_available(torch, d)]
+    legacy = {
+        "cpu": ("is_autocast_cpu_enabled", "set_autocast_cpu_enabled",
+                "get_autocast_cpu_dtype", "set_autocast_cpu_dtype"),
+        "cuda": ("is_autocast_enabled", "set_autocast_enabled",
+                 "get_autocast_gpu_dtype", "set_autocast_gpu_dtype"),
+    }
+    for device in devices:
+        name = f"autocast.{device}"
+        if by_device and hasattr(torch, "get_autocast_dtype"):
+            read_on = functools.partial(torch.is_autocast_enabled, device)
+            write_on = functools.partial(torch.set_autocast_enabled, device)
+            read_dtype = functools.partial(torch.get_autocast_dtype, device)
+            write_dtype = dtype_writer(torch.set_autocast_dtype, device)
+            exists: bool | str = True
+        else:
+            names = legacy.get(device)
+            exists = names is not None and all(hasattr(torch, n) for n in names)
+            if not exists or names is None:
+                add(f"{name}.enabled", "not in this torch", _missing, _missing, _bool, "", "")
+                continue
+            read_on, write_on, read_dtype = (getattr(torch, n) for n in names[:3])
+            write_dtype = dtype_writer(getattr(torch, names[3]))
+        add(f"{name}.enabled", exists, read_on, write_on, _bool, "True, False",
+            f"autocast enabled outside a context manager ({device})")
+        add(f"{name}.dtype", exists, read_dtype, write_dtype, check_dtype,
+            ", ".join(map(repr, _AUTOCAST_DTYPES)), f"autocast dtype ({device})",
+            plain=_dtype_name)
+    add("autocast.cache_enabled",
+        (hasattr(torch, "is_autocast_cache_enabled")
+         and hasattr(torch, "set_autocast_cache_enabled")) or "not in this torch",
+        getattr(torch, "is_autocast_cache_enabled", _missing),
+        getattr(torch, "set_autocast_cache_enabled", _missing), _bool, "True, False",
+        "autocast weight-cast cache")
+
+
+def _device_available(torch: Any, device: str) -> bool:
+    try:
+        if device == "mps":
+            return bool(torch.backends.mps.is_available())
+        module = getattr(torch, device, None)
+        return bool(module is not None and module.is_available())
+    except Exception:  # an unusual build: the device type is simply not offered
+        return False
 
 
 #: Plain value of ``float32_matmul_precision`` when its legacy getter raises
@@ -538,14 +667,22 @@ class FlagRegistry:
         ordered = sorted(normalised.items(), key=lambda kv: self.by_name[kv[0]].order)
         with _unfrozen(self._torch):
             for name, value in ordered:
-                try:
-                    self.by_name[name].write(value)
-                except (RuntimeError, TypeError) as exc:
-                    # e.g. MAGMA on a CPU build, fp16 reductions on a CPU without fp16
-                    raise ValueError(
-                        f"flag {name!r} cannot be set to {value!r} with this torch and "
-                        f"machine: {exc}"
-                    ) from exc
+                if not self.by_name[name].last:
+                    self._write(name, value)
+        for name, value in ordered:
+            if self.by_name[name].last:
+                self._write(name, value)
+
+    def _write(self, name: str, value: object) -> None:
+        try:
+            self.by_name[name].write(value)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            # e.g. MAGMA on a CPU build, fp16 reductions on a CPU without fp16,
+            # opt_einsum enabled without the package
+            raise ValueError(
+                f"flag {name!r} cannot be set to {value!r} with this torch and "
+                f"machine: {exc}"
+            ) from exc
 
     def restore(self, snapshot: Mapping[str, object]) -> None:
         """Put every flag in ``snapshot`` back; all rows are tried before failing."""
@@ -554,19 +691,26 @@ class FlagRegistry:
             raise ValueError(self._unknown_message(unknown[0]))
         current = self.snapshot()
         errors: list[str] = []
+        rows = [r for r in self.rows if r.name in snapshot]
         with _unfrozen(self._torch):
-            for row in self.rows:
-                if row.name not in snapshot:
-                    continue
-                want = snapshot[row.name]
-                if row.parent is None and current.get(row.name) == want:
-                    continue
-                try:
-                    row.write(self._precision_value(row, want) if row.parent else want)
-                except Exception as exc:  # keep going: one bad row must not block the rest
-                    errors.append(f"{row.name}={want!r}: {type(exc).__name__}: {exc}")
+            for row in rows:
+                if not row.last:
+                    self._restore_row(row, snapshot[row.name], current, errors)
+        for row in rows:
+            if row.last:
+                self._restore_row(row, snapshot[row.name], current, errors)
         if errors:
             raise RuntimeError("could not restore torch backend flags: " + "; ".join(errors))
+
+    def _restore_row(
+        self, row: Flag, want: object, current: Mapping[str, object], errors: list[str]
+    ) -> None:
+        if row.parent is None and current.get(row.name) == want:
+            return
+        try:
+            row.write(self._precision_value(row, want) if row.parent else want)
+        except Exception as exc:  # keep going: one bad row must not block the rest
+            errors.append(f"{row.name}={want!r}: {type(exc).__name__}: {exc}")
 
     def _precision_value(self, row: Flag, want: object) -> object:
         """The string to write so that a precision row reads ``want`` again.

@@ -55,6 +55,12 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     capability.plan_distribution(config)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Watch for torch's import before any conftest can import it (imports nothing)."""
+    isolation.watch_torch(early_config)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Register the feature plugins that the resolved settings ask for."""
     config.addinivalue_line(
@@ -63,6 +69,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line("markers", markers.marker_line())
     resolve(config)
+    isolation.watch_torch(config)
     plugins: list[tuple[object, str]] = [
         (isolation.IsolationPlugin(config.stash[_keys.LEAK_KEY]), "backends-isolation")
     ]

@@ -118,11 +118,14 @@ def test_wider_fixtures_own_their_changes(pytester: pytest.Pytester) -> None:
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:randomly")
-    result.assert_outcomes(passed=4, errors=1)
+    # a wider fixture's leak is no test's error: it is reported once in the
+    # summary, and the run fails
+    result.assert_outcomes(passed=4)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(
         [
-            "*ERROR at teardown of test_three*",
-            "*fixture 'sloppy' (module scope*did not restore them*",
+            "*= torch backend flags leaked by fixtures =*",
+            "fixture 'sloppy' (module scope*did not restore them*",
             "*nnpack.enabled: True -> False",
         ]
     )

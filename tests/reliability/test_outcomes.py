@@ -198,10 +198,12 @@ def test_xdist_loadgroup(pytester: pytest.Pytester) -> None:
 
 def test_frozen_flags_from_common_utils(pytester: pytest.Pytester) -> None:
     pytest.importorskip("expecttest")
+    # common_utils freezes the flags when imported: in conftest.py that is the
+    # suite's baseline (a test module importing it would be reported)
+    pytester.makeconftest("import torch.testing._internal.common_utils\n")
     pytester.makepyfile(
         """
         import torch
-        import torch.testing._internal.common_utils  # freezes flags at import
 
         def test_plugin_sets_and_restores(backend_flags):
             assert torch.backends.flags_frozen()
@@ -225,3 +227,5 @@ def test_frozen_flags_from_common_utils(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("-p", "no:randomly")
     result.assert_outcomes(passed=3, errors=1)
     result.stdout.fnmatch_lines(["*mkldnn.enabled: True -> False*"])
+    result.stdout.fnmatch_lines(["*session baseline differs from torch defaults: "
+                                 "*flags_frozen=True* (conftest.py)"])

@@ -37,7 +37,8 @@ def _other_value(row: Flag, current: object) -> object:
         return current + 1
     for candidate in ("ieee", "tf32", "bf16", "none", "highest", "medium", "high",
                       "cusolver", "magma", "default", "cublaslt", "cublas",
-                      "qnnpack", "onednn", "fbgemm", "x86", "native", "greedy", "auto"):
+                      "qnnpack", "onednn", "fbgemm", "x86", "native", "greedy", "auto",
+                      "float16", "bfloat16"):
         if candidate != current:
             try:
                 row.check(candidate)
