@@ -230,8 +230,25 @@ def configure(config: pytest.Config) -> None:
             message = baseline.version_mismatch(settings.baseline, Versions.current())
             if message:
                 config.issue_config_time_warning(BaselineVersionWarning(message), stacklevel=2)
+    if not _is_worker(config):
+        _check_outputs(settings)
     plugin = DeterminismPlugin(config, settings, baseline)
     config.pluginmanager.register(plugin, "backends-determinism")
+
+
+def _check_outputs(settings: DeterminismSettings) -> None:
+    """Refuse, before any test runs, output paths that would be refused at the end."""
+    from pytest_backends import _files
+
+    outputs = [("--backends-census", settings.census, _files.CENSUS)]
+    if settings.baseline_update:
+        outputs.append(("--backends-baseline-update", settings.baseline, _files.BASELINE))
+    for flag, path, kind in outputs:
+        if path is not None:
+            try:
+                _files.check_output(path, kind)
+            except _files.OutputFileError as exc:
+                raise pytest.UsageError(f"{flag}: {exc}") from None
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -260,6 +277,7 @@ class DeterminismPlugin:
         self.baseline = baseline
         self.census = Census()
         self._errors: list[str] = []
+        self._written: set[Path] = set()
 
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
@@ -353,6 +371,8 @@ class DeterminismPlugin:
                 self.census.write(settings.census, runs=settings.runs, versions=versions)
             except CensusFileError as exc:
                 self._errors.append(f"--backends-census: {exc}")
+            else:
+                self._written.add(settings.census)
         if settings.baseline is not None and versions is not None:
             if settings.baseline_update:
                 updated = self.baseline.updated(self.census)
@@ -360,9 +380,13 @@ class DeterminismPlugin:
                     updated.write(settings.baseline, versions)
                 except CensusFileError as exc:
                     self._errors.append(f"--backends-baseline-update: {exc}")
+                else:
+                    self._written.add(settings.baseline)
             elif self._unaccepted() and session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        if self._errors and session.exitstatus == pytest.ExitCode.OK:
+        if self._errors and session.exitstatus in (
+            pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED
+        ):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def _unaccepted(self) -> dict[Key, list[str]]:
@@ -396,11 +420,12 @@ class DeterminismPlugin:
                 status = "NEW, not in the baseline"
             shown = ", ".join(tests[:3]) + (f" (+{len(tests) - 3} more)" if len(tests) > 3 else "")
             write(f"{_format_key(key)}: {status}; in {shown}")
-        if settings.census is not None:
+        if settings.census is not None and settings.census in self._written:
             write(f"census written to {settings.census}")
         if settings.baseline is not None:
             if settings.baseline_update:
-                write(f"baseline updated: {settings.baseline}")
+                if settings.baseline in self._written:
+                    write(f"baseline updated: {settings.baseline}")
             else:
                 unaccepted = self._unaccepted()
                 if unaccepted:

@@ -644,6 +644,21 @@ def use_config(
 # --- registration -------------------------------------------------------------------------
 
 
+def _check_outputs(settings: MatrixSettings) -> None:
+    """Refuse, before any test runs, report paths that would be refused at the end."""
+    from pytest_backends import _files
+
+    for flag, path, kind in (
+        ("--backends-report", settings.report_json, _files.JSON_REPORT),
+        ("--backends-html", settings.report_html, _files.HTML_REPORT),
+    ):
+        if path is not None:
+            try:
+                _files.check_output(path, kind)
+            except _files.OutputFileError as exc:
+                raise pytest.UsageError(f"{flag}: {exc}") from None
+
+
 def configure(config: pytest.Config) -> None:
     """Resolve the settings and register the matrix, verification and report plugins."""
     from pytest_backends import hookspecs
@@ -651,6 +666,8 @@ def configure(config: pytest.Config) -> None:
     config.pluginmanager.add_hookspecs(hookspecs)
     settings = resolve_settings(config)
     config.stash[SETTINGS_KEY] = settings
+    if not hasattr(config, "workerinput"):
+        _check_outputs(settings)
     plugin = MatrixPlugin(config, settings)
     config.pluginmanager.register(plugin, "backends-matrix")
     if settings.verify != "off":

@@ -17,8 +17,18 @@ def test_conv(backend_config):
     x = torch.randn(2, 3, 8, 8)
     assert torch.nn.functional.conv2d(x, torch.randn(4, 3, 3, 3)).shape == (2, 4, 6, 6)
 
-def test_exits():
+@pytest.mark.backends("mkldnn")
+def test_matrix_exits(backend_config):
     os._exit(1)
+
+@pytest.fixture
+def exits_in_setup():
+    os._exit(1)
+
+@pytest.mark.backends(mkldnn=["off"])
+@pytest.mark.parametrize("n", [7])
+def test_matrix_setup_exits(n, exits_in_setup, backend_config):
+    pass
 
 def test_segfaults():
     ctypes.string_at(0)
@@ -32,20 +42,37 @@ def test_others(i):
 def test_worker_crashes_keep_other_results_and_the_report(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_crash=CRASHING_SUITE)
     report = pytester.path / "report.json"
+    page = pytester.path / "report.html"
     result = pytester.runpytest_subprocess(
         "-p", "no:randomly", "-n", "2", "--backends-matrix", f"--backends-report={report}",
-        "--junitxml=junit.xml",
+        f"--backends-html={page}", "--junitxml=junit.xml",
     )
     out = result.stdout.str()
     assert "INTERNALERROR" not in out
     outcomes = result.parseoutcomes()
-    assert outcomes["failed"] == 2, out[-3000:]  # both crashes are reported as failures
+    # every crash is a failure: 2 + 1 matrix items and the unmarked segfault
+    assert outcomes["failed"] == 4, out[-3000:]
     assert outcomes["passed"] == 6
-    assert out.count("crashed while running") >= 2 or "crashed" in out
+    assert out.count("crashed while running") >= 4
+    failed_matrix = {line.split()[1] for line in result.outlines
+                     if line.startswith("FAILED") and "mkldnn-" in line}
+    assert len(failed_matrix) == 3, failed_matrix
+    # the grid, the JSON and the HTML count the crashed items as failed, as pytest does
     data = json.loads(report.read_text())
-    assert data  # the matrix report survived and is valid JSON
-    text = report.read_text()
-    assert "mkldnn-on" in text and "mkldnn-off" in text
+    assert data["totals"]["failed"] == 3 and data["totals"]["passed"] == 2, data["totals"]
+    counts = {c["id"]: c["counts"] for c in data["configs"]}
+    assert counts["mkldnn-on"]["failed"] == 1 and counts["mkldnn-on"]["passed"] == 1
+    assert counts["mkldnn-off"]["failed"] == 2 and counts["mkldnn-off"]["passed"] == 1
+    crashed = {t["nodeid"] for t in data["tests"] if t["crashed"]}
+    assert crashed == failed_matrix
+    assert all(t["outcome"] == "failed" and t["message"].startswith("crashed")
+               for t in data["tests"] if t["crashed"])
+    grid = out[out.index("backends matrix"):]
+    total = next(line for line in grid.splitlines() if line.startswith("total"))
+    assert total.split()[1:3] == ["2", "3"], grid  # passed, failed
+    html_text = page.read_text()
+    assert html_text.count('<td class="failed"') == 3
+    assert html_text.count("(crashed)") == 3
     assert (pytester.path / "junit.xml").exists()
 
 
