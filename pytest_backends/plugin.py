@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_backends import isolation
+from pytest_backends import _native_plugin, isolation
 from pytest_backends.capability import runner as _capability_runner
 from pytest_backends.determinism import plugin as determinism_plugin
 from pytest_backends.matrix import markers
@@ -52,6 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
     matrix.configure(config)
     _capability_runner.configure(config)
     determinism_plugin.configure(config)
+    _native_plugin.configure(config)
 
 
 @pytest.fixture
