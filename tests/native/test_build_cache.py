@@ -124,7 +124,7 @@ def test_failed_build_is_retried_when_the_toolchain_changes(
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
     with pytest.raises(_native.NativeBuildError, match="compiler missing"):
         _native.build()
-    with pytest.raises(_native.NativeBuildError, match="earlier build .* failed"):
+    with pytest.raises(_native.NativeBuildError, match=r"earlier build .* failed"):
         _native.build()
     assert len(attempts) == 1
     # the compiler gets installed: the next build tries again without --force
