@@ -31,7 +31,6 @@ import argparse
 import os
 import platform
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -133,11 +132,15 @@ class Session:
     ini: dict[str, str] = field(default_factory=dict)
 
     @property
+    def marker_values(self) -> int:
+        """How many generated marker arguments the session holds (an empty call counts 1)."""
+        return sum(len(args) + len(kwargs) or 1 for marks, _ in self.tests
+                   for _, args, kwargs in marks)
+
+    @property
     def values(self) -> int:
         """How many generated values the session holds (marker arguments, options, ini)."""
-        markers = sum(len(args) + len(kwargs) or 1 for marks, _ in self.tests
-                      for _, args, kwargs in marks)
-        return markers + len(self.options) + len(self.ini)
+        return self.marker_values + len(self.options) + len(self.ini)
 
 
 def _examples(strategy: st.SearchStrategy[Any], count: int, seed: int) -> list[Any]:
@@ -171,7 +174,7 @@ def sessions(surface: Surface, count: int, per_session: int, seed: int) -> list[
             options.append("--backends-matrix")
         # Most sessions get no hostile option, so that their markers run; a bad
         # option value ends a session with a usage error before any test runs.
-        hostile = draw(st.sampled_from([0, 0, 0, 1, 1, 2, 3]))
+        hostile = draw(st.sampled_from([0, 0, 0, 0, 0, 0, 0, 1, 2, 3]))
         for name in draw(st.lists(st.sampled_from(option_names), min_size=hostile,
                                   max_size=hostile)):
             metavar = surface.options[name]
@@ -181,7 +184,7 @@ def sessions(surface: Surface, count: int, per_session: int, seed: int) -> list[
                 options.append(f"{name}={draw(option_value(metavar))}")
         ini_values = st.one_of(st.sampled_from(WORDS), st.sampled_from(PATH_WORDS),
                                st.text("abcdefmkldn,-_ 0123456789.", max_size=12))
-        keys = draw(st.sampled_from([0, 0, 0, 1, 2]))
+        keys = draw(st.sampled_from([0, 0, 0, 0, 0, 1, 2]))
         ini = draw(st.dictionaries(st.sampled_from(surface.ini_keys), ini_values,
                                    min_size=keys, max_size=keys))
         return options, ini
@@ -214,7 +217,8 @@ _BODIES = {
     "pass": "    pass\n",
     "fail": "    assert False, 'planned failure'\n",
     "skip": "    pytest.skip('planned skip')\n",
-    "leak": "    import torch\n    torch.backends.mkldnn.enabled = not torch.backends.mkldnn.enabled\n",
+    "leak": "    import torch\n"
+            "    torch.backends.mkldnn.enabled = not torch.backends.mkldnn.enabled\n",
     "config": "    assert backend_config.id\n",
 }
 
@@ -278,7 +282,6 @@ def fingerprint(directory: Path) -> dict[str, str]:
 # --- running and judging ----------------------------------------------------------------------
 
 _OWN_FRAME = re.compile(r"pytest_backends[/\\][\w/\\]*\.py[:\"]")
-_SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+)")
 
 
 @dataclass
@@ -292,19 +295,19 @@ class Verdict:
     usage_error: bool = False
 
 
-def _functions_reported(lines: list[str]) -> set[str]:
-    names = set()
-    for line in lines:
-        match = _SUMMARY.match(line)
-        if match:
-            # "test_gen.py::test_g3[mkldnn-on]" and "[1] test_gen.py:12: reason" forms
-            node = match.group(2)
-            names.add(node.split("::")[-1].split("[")[0])
-    skipped = re.compile(r"^SKIPPED \[\d+\] \S+?:\d+")
-    for line in lines:
-        if skipped.match(line) and "test_g" in line:
-            names.update(re.findall(r"test_g\d+", line))
-    return names
+def outcomes_from_junit(path: Path) -> dict[str, str]:
+    """``{test function name: outcome}`` from JUnit XML (the worst outcome of its items)."""
+    import xml.etree.ElementTree as ET
+
+    rank = {"passed": 0, "skipped": 1, "failure": 2, "error": 3}
+    result: dict[str, str] = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = str(case.get("name", "")).split("[")[0]
+        tags = [c.tag for c in case if c.tag in rank] or ["passed"]
+        outcome = max(tags, key=rank.__getitem__)
+        if rank[outcome] >= rank[result.get(name, "passed")]:
+            result[name] = outcome
+    return result
 
 
 def run_session(
@@ -314,8 +317,10 @@ def run_session(
     with tempfile.TemporaryDirectory(prefix="fuzz-") as tmp:
         directory = Path(tmp)
         before = prepare_dir(directory, session)
+        junit = directory / "junit.xml"
         argv = [python, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider",
-                "-rA", "-q", "--tb=short", "-W", "ignore::pytest.PytestUnknownMarkWarning",
+                f"--junitxml={junit}", "-q", "--tb=short",
+                "-W", "ignore::pytest.PytestUnknownMarkWarning",
                 *extra, *session.options]
         start = time.perf_counter()
         try:
@@ -340,10 +345,8 @@ def run_session(
             elif "backends" not in proc.stderr:
                 problems.append("usage error that names no backends option or key")
         elif proc.returncode in (0, 1):
-            lines = proc.stdout.splitlines()
-            reported = _functions_reported(lines)
-            missing = [n for n in SENTINEL_NAMES if not any(
-                line.startswith("PASSED") and n in line for line in lines)]
+            reported = outcomes_from_junit(junit) if junit.exists() else {}
+            missing = [n for n in SENTINEL_NAMES if reported.get(n) != "passed"]
             if missing:
                 problems.append(f"sentinel tests did not pass: {missing}")
             lost = [f"test_g{i}" for i in range(len(session.tests))
@@ -391,9 +394,13 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     values = sum(s.values for s in generated)
     for mode in [m for m in args.modes.split(",") if m]:
-        totals = {"runs": 0, "ok": 0, "usage": 0, "internalerror": 0, "seconds": 0.0}
+        totals = {"runs": 0, "ok": 0, "usage": 0, "internalerror": 0, "seconds": 0.0,
+                  "markers_run": 0, "tests_run": 0}
         for index, session in enumerate(generated):
             verdict = run_session(session, modes[mode])
+            if not verdict.usage_error:
+                totals["markers_run"] += session.marker_values
+                totals["tests_run"] += len(session.tests)
             totals["runs"] += 1
             totals["ok"] += verdict.ok
             totals["usage"] += verdict.usage_error
@@ -406,10 +413,14 @@ def main(argv: list[str] | None = None) -> int:
                 failures.append(f"{mode} session {index}:\n  " + "\n  ".join(verdict.problems))
         lines.append(
             f"{mode}: {totals['runs']} sessions, {values} generated values "
-            f"({values - sum(len(s.options) + len(s.ini) for s in generated)} marker "
-            f"arguments), {totals['ok']} passed every check, {totals['usage']} usage errors "
-            f"(bad generated option or ini value), {totals['internalerror']} INTERNALERROR, "
-            f"{totals['runs'] - totals['ok']} failing sessions, {totals['seconds']:.0f} s"
+            f"({sum(s.marker_values for s in generated)} marker arguments, "
+            f"{sum(len(s.options) + len(s.ini) for s in generated)} option and ini values); "
+            f"{totals['usage']} sessions ended in a usage error for a bad option or ini value "
+            f"before any test ran; the others ran {totals['tests_run']} generated tests "
+            f"carrying {totals['markers_run']} marker arguments; "
+            f"{totals['ok']} sessions passed every check, {totals['internalerror']} "
+            f"INTERNALERROR, {totals['runs'] - totals['ok']} failing sessions, "
+            f"{totals['seconds']:.0f} s"
         )
     lines.append(f"failing sessions: {len(failures)}")
     lines += failures
