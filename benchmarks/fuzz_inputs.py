@@ -1,6 +1,6 @@
 """Fuzz every user input of the plugin end to end; expect clear errors and nothing lost.
 
-    python benchmarks/fuzz_inputs.py --sessions 25 --markers 40 --out benchmarks/results/fuzz.txt
+    python benchmarks/fuzz_inputs.py --sessions 45 --markers 40 --out benchmarks/results/fuzz.txt
 
 hypothesis generates sessions. Each session is a directory with one test
 module of generated tests (each carrying generated ``@pytest.mark.backends``
@@ -375,7 +375,7 @@ def cpu_model() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=25)
+    parser.add_argument("--sessions", type=int, default=45)
     parser.add_argument("--markers", type=int, default=40, help="generated tests per session")
     parser.add_argument("--seed", type=int, default=20261123)
     parser.add_argument("--modes", default="serial,xdist")

@@ -230,22 +230,3 @@ def test_determinism_option_builds_once_in_the_controller_before_workers_start(
     key = _native._build_key(_native.sources())
     library = copied_cache / f"{_native.EXTENSION_NAME}.so"
     assert _native._record_mismatch(copied_cache / "build-ok", key, library) is None
-
-
-def test_a_run_that_uses_no_harness_never_builds(
-    pytester: pytest.Pytester, cache_root: Path
-) -> None:
-    pytester.makepyfile(
-        """
-        import pytest, torch
-
-        @pytest.mark.backends("mkldnn")
-        def test_matrix(backend_config):
-            assert torch.ones(2).sum() == 2
-        """
-    )
-    result = pytester.runpytest_subprocess("-p", "no:randomly", "--backends-matrix")
-    result.assert_outcomes(passed=2)
-    assert not cache_root.exists()
-    assert "native" not in result.stdout.str()
-

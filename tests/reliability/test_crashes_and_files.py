@@ -39,7 +39,12 @@ def test_others(i):
 """
 
 
-def test_worker_crashes_keep_other_results_and_the_report(pytester: pytest.Pytester) -> None:
+def test_worker_crashes_keep_other_results_and_the_report(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # this run uses no determinism harness, so it must never build (or create) its cache
+    cache = pytester.path / "native-cache"
+    monkeypatch.setenv("PYTEST_BACKENDS_CACHE_DIR", str(cache))
     pytester.makepyfile(test_crash=CRASHING_SUITE)
     report = pytester.path / "report.json"
     page = pytester.path / "report.html"
@@ -74,6 +79,7 @@ def test_worker_crashes_keep_other_results_and_the_report(pytester: pytest.Pytes
     assert html_text.count('<td class="failed"') == 3
     assert html_text.count("(crashed)") == 3
     assert (pytester.path / "junit.xml").exists()
+    assert not cache.exists()
 
 
 def test_keyboard_interrupt_leaves_report_complete_or_absent(pytester: pytest.Pytester) -> None:

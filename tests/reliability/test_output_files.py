@@ -277,9 +277,11 @@ def test_a_failed_write_fails_the_run_and_is_not_reported_written(
     pytester.makepyfile(test_outputs=FAILED_WRITE_SUITE)
     mask = os.umask(0o022)
     os.umask(mask)
+    # the census is written by the same controller code either way: once is enough
+    census = [] if extra else ["--backends-census=census.json"]
     result = pytester.runpytest_subprocess(
         "-p", "no:randomly", "--backends-matrix", "--backends-report=r.json",
-        "--backends-html=r.html", "--backends-census=census.json", *extra,
+        "--backends-html=r.html", *census, *extra,
     )
     out = result.stdout.str()
     assert "INTERNALERROR" not in out + result.stderr.str()
@@ -289,15 +291,14 @@ def test_a_failed_write_fails_the_run_and_is_not_reported_written(
     assert (pytester.path / "r.json").read_text() == "user data\n"
     assert (pytester.path / "census.json").is_dir()
     lines = result.outlines
-    report_error = next(i for i, line in enumerate(lines)
-                        if "matrix report was not written" in line and "r.json" in line)
-    census_error = next(i for i, line in enumerate(lines)
-                        if "--backends-census" in line and "census.json" in line
-                        and "a directory" in line)
+    assert any("matrix report was not written" in line and "r.json" in line
+               and "refusing to overwrite" in line for line in lines), out[-3000:]
+    if census:
+        assert any("--backends-census" in line and "census.json" in line
+                   and "a directory" in line for line in lines), out[-3000:]
     for line in lines:
         if "written to" in line or "updated:" in line:
             assert "r.json" not in line and "census.json" not in line, line
-    assert report_error >= 0 and census_error >= 0
     # the HTML report, which could be written, was; with the umask's mode
     html = pytester.path / "r.html"
     assert "report written to" in out and str(html) in out
