@@ -1,6 +1,6 @@
 """Fuzz every user input of the plugin end to end; expect clear errors and nothing lost.
 
-    python benchmarks/fuzz_inputs.py --sessions 45 --markers 40 --out benchmarks/results/fuzz.txt
+    python benchmarks/fuzz_inputs.py --sessions 45 --markers 40 --out benchmarks/results/fuzz-cpu.txt
 
 hypothesis generates sessions. Each session is a directory with one test
 module of generated tests (each carrying generated ``@pytest.mark.backends``

@@ -32,6 +32,8 @@ def benchmarks(quick: bool) -> list[tuple[str, list[str]]]:
         ("capability", ["bench_capability.py"]),
         ("calibration", ["calibrate_tolerance.py", "--trials", trials,
                          "--out", str(RESULTS / "calibration-cpu.txt")]),
+        ("fuzz", ["fuzz_inputs.py", "--sessions", "6" if quick else "45",
+                  "--out", str(RESULTS / "fuzz-cpu.txt")]),
     ]
 
 
