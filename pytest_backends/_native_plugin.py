@@ -73,7 +73,7 @@ class NativeBuildPlugin:
         if item is None:
             return  # a build at session start has its own progress lines
         line = (
-            f"{item.nodeid} triggered the first build of the native determinism harness "
+            f"{item.nodeid} triggered a build of the native determinism harness "
             f"({why}); it can take minutes and counts in this test's duration. Run "
             "`python -m pytest_backends build-native` before the tests (e.g. in CI)"
         )
