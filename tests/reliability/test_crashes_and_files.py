@@ -101,7 +101,7 @@ def test_keyboard_interrupt_leaves_report_complete_or_absent(pytester: pytest.Py
     )
     report = pytester.path / "report.json"
     html = pytester.path / "report.html"
-    previous = '{"previous": true}\n'
+    previous = '{"format": "pytest-backends-report", "version": 1, "previous": true}\n'
     report.write_text(previous)
     result = pytester.runpytest_subprocess(
         "-p", "no:randomly", "--backends-matrix", f"--backends-report={report}",
