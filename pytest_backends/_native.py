@@ -46,6 +46,7 @@ __all__ = [
     "EXTENSION_NAME",
     "NativeBuildError",
     "build",
+    "build_listener",
     "cache_dir",
     "disabled",
     "library_path",
@@ -442,6 +443,11 @@ def prepare(progress: Callable[[str], None]) -> None:
 def set_build_listener(listener: Callable[[str], None] | None) -> None:
     """Call ``listener(reason)`` whenever this process is about to compile the extension."""
     _state.listener = listener
+
+
+def build_listener() -> Callable[[str], None] | None:
+    """The listener set by :func:`set_build_listener`, if any."""
+    return _state.listener
 
 
 def _load_aot() -> ModuleType | None:

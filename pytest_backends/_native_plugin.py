@@ -38,6 +38,9 @@ class NativeBuildPlugin:
         self.worker = hasattr(config, "workerinput")
         self._item: pytest.Item | None = None
         self._notices: list[str] = []
+        # An in-process pytester run configures a second session: give the
+        # listener back to the outer one when this one ends.
+        self.previous_listener = _native.build_listener()
 
     # -- session start: build ahead of the tests -------------------------------------------
 
@@ -119,7 +122,7 @@ class NativeBuildPlugin:
             reporter.write_line(f"{_PREFIX}{where}{line}")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        _native.set_build_listener(None)
+        _native.set_build_listener(self.previous_listener)
 
 
 def configure(config: pytest.Config) -> None:

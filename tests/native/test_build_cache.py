@@ -230,3 +230,11 @@ def test_determinism_option_builds_once_in_the_controller_before_workers_start(
     key = _native._build_key(_native.sources())
     library = copied_cache / f"{_native.EXTENSION_NAME}.so"
     assert _native._record_mismatch(copied_cache / "build-ok", key, library) is None
+
+
+def test_an_inline_session_gives_the_build_listener_back(pytester: pytest.Pytester) -> None:
+    outer = _native.build_listener()
+    assert outer is not None  # this session's plugin listens for builds
+    pytester.makepyfile("def test_x():\n    pass\n")
+    pytester.runpytest_inprocess("-p", "no:randomly").assert_outcomes(passed=1)
+    assert _native.build_listener() is outer
