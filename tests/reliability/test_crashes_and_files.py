@@ -196,3 +196,29 @@ def test_crash_under_determinism_mode_keeps_results_and_census(pytester: pytest.
     assert "crashed" in out
     data = json.loads(census.read_text())
     assert "aten::mm" in json.dumps(data)
+
+
+def test_crash_reports_are_recognised_and_their_config_found_in_the_id() -> None:
+    from pytest_backends.matrix import report as matrix_report
+    from pytest_backends.matrix.configs import builtin_registry
+
+    parse = builtin_registry().parse_id
+    find = matrix_report.config_in_nodeid
+    assert find("t.py::test_x[mkldnn-off]", parse) == "mkldnn-off"
+    assert find("t.py::test_x[3-mkldnn-on]", parse) == "mkldnn-on"
+    assert find("t.py::T::test_x[mkldnn-off,sdpa-math-7]", parse) == "mkldnn-off,sdpa-math"
+    assert find("t.py::test_x[default]", parse) is None
+    assert find("t.py::test_x[on-off]", parse) is None
+    assert find("t.py::test_x", parse) is None
+    crash = pytest.TestReport("t.py::test_x[mkldnn-on]", ("t.py", None, "t.py"), {},
+                              "failed", "worker 'gw0' crashed while running it", "???")
+    setup = pytest.TestReport("t.py::test_x[mkldnn-on]", ("t.py", None, "t.py"), {},
+                              "passed", None, "setup",
+                              user_properties=[("backend_config", "mkldnn-on")])
+    assert matrix_report.is_crash(crash) and not matrix_report.is_crash(setup)
+    result = matrix_report.Result("t.py::test_x[mkldnn-on]", "t.py::test_x", "mkldnn-on")
+    matrix_report.update(result, setup)
+    assert result.outcome == "passed"
+    matrix_report.update(result, crash)
+    assert (result.outcome, result.crashed) == ("failed", True)
+    assert result.message.startswith("crashed: worker 'gw0' crashed")
