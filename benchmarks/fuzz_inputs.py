@@ -1,6 +1,7 @@
 """Fuzz every user input of the plugin end to end; expect clear errors and nothing lost.
 
-    python benchmarks/fuzz_inputs.py --sessions 45 --markers 40 --out benchmarks/results/fuzz-cpu.txt
+    python benchmarks/fuzz_inputs.py --sessions 45 --markers 40 \
+        --out benchmarks/results/fuzz-cpu.txt
 
 hypothesis generates sessions. Each session is a directory with one test
 module of generated tests (each carrying generated ``@pytest.mark.backends``
@@ -28,6 +29,7 @@ The script exits non-zero when any session fails, and writes the figures.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import platform
 import re
@@ -166,35 +168,38 @@ def sessions(surface: Surface, count: int, per_session: int, seed: int) -> list[
     the option sets as another, so both get hypothesis's full variety.
     """
     option_names = sorted(surface.options)
+    ini_values = st.one_of(st.sampled_from(WORDS), st.sampled_from(PATH_WORDS),
+                           st.text("abcdefmkldn,-_ 0123456789.", max_size=12))
 
     @st.composite
-    def option_set(draw: st.DrawFn) -> tuple[list[str], dict[str, str]]:
-        options: list[str] = []
-        if draw(st.booleans()):
-            options.append("--backends-matrix")
+    def option_set(draw: st.DrawFn) -> tuple[bool, list[tuple[str, str]], list[str]]:
+        matrix = draw(st.booleans())
         # Most sessions get no hostile option, so that their markers run; a bad
         # option value ends a session with a usage error before any test runs.
         hostile = draw(st.sampled_from([0, 0, 0, 0, 0, 0, 0, 1, 2, 3]))
-        for name in draw(st.lists(st.sampled_from(option_names), min_size=hostile,
-                                  max_size=hostile)):
+        values = [(draw(option_value("PATH")), draw(option_value(None)))
+                  for _ in range(hostile)]
+        keys = draw(st.sampled_from([0, 0, 0, 1, 2, 2]))
+        return matrix, values, [draw(ini_values) for _ in range(keys)]
+
+    tests = _examples(test_case, count * per_session, seed)
+    option_sets = _examples(option_set(), count, seed + 1)
+    # Options and ini keys take turns, so that every one of them is fuzzed.
+    next_option = itertools.cycle(option_names)
+    next_key = itertools.cycle(surface.ini_keys)
+    result = []
+    for i, (matrix, values, ini_texts) in enumerate(option_sets):
+        options = ["--backends-matrix"] if matrix else []
+        for path_value, other_value in values:
+            name = next(next_option)
             metavar = surface.options[name]
             if metavar is None:
                 options.append(name)
             else:
-                options.append(f"{name}={draw(option_value(metavar))}")
-        ini_values = st.one_of(st.sampled_from(WORDS), st.sampled_from(PATH_WORDS),
-                               st.text("abcdefmkldn,-_ 0123456789.", max_size=12))
-        keys = draw(st.sampled_from([0, 0, 0, 0, 0, 1, 2]))
-        ini = draw(st.dictionaries(st.sampled_from(surface.ini_keys), ini_values,
-                                   min_size=keys, max_size=keys))
-        return options, ini
-
-    tests = _examples(test_case, count * per_session, seed)
-    option_sets = _examples(option_set(), count, seed + 1)
-    return [
-        Session(tests[i * per_session:(i + 1) * per_session], *option_sets[i])
-        for i in range(count)
-    ]
+                options.append(f"{name}={path_value if metavar == 'PATH' else other_value}")
+        ini = {next(next_key): text for text in ini_texts}
+        result.append(Session(tests[i * per_session:(i + 1) * per_session], options, ini))
+    return result
 
 
 # --- rendering --------------------------------------------------------------------------------
@@ -391,6 +396,12 @@ def main(argv: list[str] | None = None) -> int:
         f"options fuzzed ({len(surface.options)}): {' '.join(sorted(surface.options))}",
         f"ini keys fuzzed ({len(surface.ini_keys)}): {' '.join(surface.ini_keys)}",
     ]
+    used_options = {o.split("=")[0] for s in generated for o in s.options}
+    used_keys = {k for s in generated for k in s.ini}
+    lines.append(
+        f"coverage: {len(used_options & set(surface.options))}/{len(surface.options)} options "
+        f"and {len(used_keys)}/{len(surface.ini_keys)} ini keys got generated values"
+    )
     failures: list[str] = []
     values = sum(s.values for s in generated)
     for mode in [m for m in args.modes.split(",") if m]:
