@@ -147,6 +147,14 @@ def parse_runs(value: str, source: str) -> int | None:
     return runs
 
 
+def _getini(config: pytest.Config, name: str) -> Any:
+    """``config.getini(name)``; a value pytest cannot convert is a usage error naming the key."""
+    try:
+        return config.getini(name)
+    except (ValueError, pytest.UsageError) as exc:  # "invalid truth value 'x'" (bool keys)
+        raise pytest.UsageError(f"ini option {name}: {exc} (use true or false)") from None
+
+
 def _ini_path(config: pytest.Config, name: str) -> Path | None:
     value = str(config.getini(name) or "").strip()
     if not value:
@@ -170,7 +178,7 @@ def resolve_settings(config: pytest.Config) -> DeterminismSettings | None:
     ``--backends-baseline`` turn the check on with the default number of runs.
     """
     select_all = bool(config.getoption("backends_determinism_all", False)) or bool(
-        config.getini("backends_determinism_all")
+        _getini(config, "backends_determinism_all")
     )
     census = _cli_path(config, "backends_census", "--backends-census") or _ini_path(
         config, "backends_census"
@@ -179,7 +187,7 @@ def resolve_settings(config: pytest.Config) -> DeterminismSettings | None:
         config, "backends_baseline"
     )
     update = bool(config.getoption("backends_baseline_update", False)) or bool(
-        config.getini("backends_baseline_update")
+        _getini(config, "backends_baseline_update")
     )
     if update and baseline is None:
         raise pytest.UsageError(
@@ -211,7 +219,7 @@ _OPTION_NAMES = (
 def configure(config: pytest.Config) -> None:
     """Resolve the settings and register the plugin when the feature is on."""
     # An empty value (as the CPU-level children get) means "off", not a bad path.
-    if not any(config.getoption(name, None) or config.getini(name) for name in _OPTION_NAMES):
+    if not any(config.getoption(name, None) or _getini(config, name) for name in _OPTION_NAMES):
         return
     settings = resolve_settings(config)
     if settings is None:
