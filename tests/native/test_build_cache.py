@@ -239,3 +239,73 @@ def test_an_inline_session_gives_the_build_listener_back(pytester: pytest.Pytest
     pytester.makepyfile("def test_x():\n    pass\n")
     pytester.runpytest_inprocess("-p", "no:randomly").assert_outcomes(passed=1)
     assert _native.build_listener() is outer
+
+
+@pytest.fixture
+def fresh_state() -> Any:
+    """Let this test decide afresh (the suite's own process already loaded the extension)."""
+    saved = (_native._state.tried, _native._state.module, _native._state.reason)
+    _native._reset_for_tests()
+    yield
+    _native._state.tried, _native._state.module, _native._state.reason = saved
+
+
+def test_needs_build_follows_the_policy_and_the_cache(
+    cache_root: Path, monkeypatch: pytest.MonkeyPatch, fresh_state: None
+) -> None:
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "jit")
+    assert _native.needs_build()  # empty cache
+    assert not cache_root.exists()  # asking creates nothing
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "off")
+    assert not _native.needs_build()
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "aot")
+    assert not _native.needs_build()
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "jit")
+    _native._state.tried = True  # this process has decided already
+    assert not _native.needs_build()
+
+
+@pytest.mark.parametrize("works", [True, False], ids=["built", "failed"])
+def test_prepare_reports_progress_and_the_outcome(
+    cache_root: Path, monkeypatch: pytest.MonkeyPatch, fresh_state: None, works: bool
+) -> None:
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "jit")
+
+    def fake_build(**kwargs: object) -> ModuleType:
+        if not works:
+            raise _native.NativeBuildError("c++: not found")
+        return ModuleType("fake_native")
+
+    monkeypatch.setattr(_native, "build", fake_build)
+    lines: list[str] = []
+    _native.prepare(lines.append)
+    assert len(lines) == 2, lines
+    assert "building the native determinism harness" in lines[0]
+    assert "python -m pytest_backends build-native" in lines[0]
+    if works:
+        assert "built in" in lines[1]
+    else:
+        assert "unavailable" in lines[1] and "c++: not found" in lines[1]
+        assert "pure-Python fallback" in lines[1]
+    lines.clear()
+    _native.prepare(lines.append)  # decided: nothing more to do, nothing printed
+    assert lines == []
+
+
+def test_a_listener_that_raises_never_breaks_a_build(
+    cache_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def rude(why: str) -> None:
+        raise RuntimeError("terminal gone")
+
+    def failing(directory: Path, files: list[Path], verbose: bool) -> ModuleType:
+        raise RuntimeError("compiler missing")
+
+    outer = _native.build_listener()
+    monkeypatch.setattr(_native, "_jit_build", failing)
+    _native.set_build_listener(rude)
+    try:
+        with pytest.raises(_native.NativeBuildError, match="compiler missing"):
+            _native.build()
+    finally:
+        _native.set_build_listener(outer)

@@ -304,3 +304,39 @@ def test_a_failed_write_fails_the_run_and_is_not_reported_written(
     assert "report written to" in out and str(html) in out
     assert stat.S_IMODE(html.stat().st_mode) == 0o666 & ~mask
     assert "Traceback" not in out
+
+
+def test_a_failed_rename_keeps_the_old_file_and_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "report.json"
+    path.write_text(_own_report())
+
+    def full_disk(src: object, dst: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_files.os, "replace", full_disk)
+    with pytest.raises(_files.OutputFileError, match="No space left") as info:
+        _files.write_output(path, "new", _files.JSON_REPORT)
+    assert str(path) in str(info.value)
+    assert path.read_text() == _own_report()
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_missing_directories_are_created_and_the_umask_read_without_proc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_open = open
+
+    def no_proc(file: object, *args: object, **kwargs: object) -> object:
+        if str(file).startswith("/proc/"):
+            raise FileNotFoundError(file)
+        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr("builtins.open", no_proc)
+    path = tmp_path / "a" / "b" / "grid.html"
+    with umask(0o027):
+        _files.write_output(path, _own_html(), _files.HTML_REPORT)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o640
+        assert _files.check_output(path, _files.HTML_REPORT) is not None
+        _files.write_output(path, _own_html(), _files.HTML_REPORT)  # its own output again
