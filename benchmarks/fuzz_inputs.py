@@ -368,6 +368,20 @@ def run_session(
         return Verdict(not problems, problems, proc.returncode, seconds, usage)
 
 
+def cpu_features() -> str:
+    """The SIMD flags of the CPU that matter to torch's kernels."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                wanted = ["sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni",
+                          "amx_tile"]
+                return " ".join(f for f in wanted if f in flags) or "none of note"
+    except OSError:
+        pass
+    return "unknown"
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -392,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"fuzz of the plugin's inputs: {len(generated)} sessions x {args.markers} generated "
         f"tests, seed {args.seed}",
-        f"python {platform.python_version()}, CPU {cpu_model()}, {os.cpu_count()} cores",
+        f"python {platform.python_version()}, CPU {cpu_model()} ({cpu_features()}), "
+        f"{os.cpu_count()} cores, load average at start {os.getloadavg()[0]:.1f}",
         f"options fuzzed ({len(surface.options)}): {' '.join(sorted(surface.options))}",
         f"ini keys fuzzed ({len(surface.ini_keys)}): {' '.join(surface.ini_keys)}",
     ]
@@ -433,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             f"INTERNALERROR, {totals['runs'] - totals['ok']} failing sessions, "
             f"{totals['seconds']:.0f} s"
         )
+    lines.append(f"load average at end {os.getloadavg()[0]:.1f}")
     lines.append(f"failing sessions: {len(failures)}")
     lines += failures
     text = "\n".join(lines) + "\n"
