@@ -36,6 +36,8 @@ def benchmarks(quick: bool) -> list[tuple[str, list[str]]]:
                          "--out", str(RESULTS / "calibration-cpu.txt")]),
         ("leak-soak", ["leak_soak.py", "--seeds", "3" if quick else "20",
                        "--out", str(RESULTS / "leak-soak.txt")]),
+        ("fuzz", ["fuzz_inputs.py", "--sessions", "6" if quick else "45",
+                  "--out", str(RESULTS / "fuzz-cpu.txt")]),
     ]
 
 

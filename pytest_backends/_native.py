@@ -11,7 +11,15 @@ or collection time):
    created with mode 0700 and refused when another user can write to it. An
    exclusive ``fcntl.flock`` serialises builders, so a machine builds once even
    with several xdist workers; a failed build leaves a marker so that other
-   processes do not retry it for the same sources.
+   processes do not retry it for the same sources and toolchain.
+
+The build record (``build-ok``, JSON) holds the build key (sources, flags,
+torch/Python/device variant and the C++ compiler) and the size and SHA-256 of
+the library that build produced. A cached library is loaded only when it
+matches its record; otherwise (truncated, replaced, left by an older
+version) it is deleted and relinked, and if that fails too the harness falls
+back to torch ops. Loading never raises into a caller: every failure becomes
+:func:`unavailable_reason`.
 
 ``PYTEST_BACKENDS_NATIVE`` selects the policy: ``auto`` (default: AOT, else
 JIT), ``aot`` (never JIT), ``jit`` (ignore an AOT build) or ``off`` (always the
@@ -24,10 +32,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import json
 import os
+import shutil
 import stat
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -35,10 +46,14 @@ __all__ = [
     "EXTENSION_NAME",
     "NativeBuildError",
     "build",
+    "build_listener",
     "cache_dir",
     "disabled",
     "library_path",
     "load",
+    "needs_build",
+    "prepare",
+    "set_build_listener",
     "source_dir",
     "sources",
     "unavailable_reason",
@@ -62,6 +77,8 @@ class _State:
         self.tried = False
         self.module: ModuleType | None = None
         self.reason: str | None = None
+        # Told when this process is about to compile (see set_build_listener).
+        self.listener: Callable[[str], None] | None = None
 
 
 _state = _State()
@@ -155,15 +172,93 @@ def _locked(directory: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
+def _tool(name: str) -> str:
+    """``name`` -> its resolved path, size and mtime, or ``name=absent``."""
+    found = shutil.which(name)
+    if found is None:
+        return f"{name}=absent"
+    real = os.path.realpath(found)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return f"{name}={real}"
+    return f"{name}={real}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _compiler() -> str:
+    """The C++ compiler torch's build would use (``$CXX``, else ``c++``), identified."""
+    command = (os.environ.get("CXX") or "c++").split()
+    return _tool(command[0]) if command else "c++=absent"
+
+
+def _toolchain() -> str:
+    """Everything whose change may turn a failed build into a working one."""
+    return f"{_compiler()}; {_tool('ninja')}"
+
+
 def _build_key(files: list[Path]) -> str:
-    """Identifies a build: the sources, the flags and the variant."""
+    """Identifies a build: the sources, the flags, the variant and the compiler."""
     h = hashlib.sha256()
     h.update(_variant().encode())
     h.update(repr(_compile_flags()).encode())
+    h.update(_compiler().encode())
     for f in files:
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()
+
+
+def _file_digest(path: Path) -> tuple[int, str]:
+    """(size, SHA-256 hex) of a regular file, read through one descriptor."""
+    h = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        size = 0
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                size += len(block)
+                h.update(block)
+    finally:
+        os.close(fd)
+    return size, h.hexdigest()
+
+
+def _write_record(stamp: Path, key: str, library: Path) -> None:
+    size, sha = _file_digest(library)
+    tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"key": key, "size": size, "sha256": sha}))
+    os.replace(tmp, stamp)
+
+
+def _record_mismatch(stamp: Path, key: str, library: Path) -> str | None:
+    """Why the cached library may not be loaded (None: it matches its build record)."""
+    if not library.exists() and not library.is_symlink():
+        return "no cached library"
+    try:
+        record = json.loads(stamp.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "the cached library has no build record"
+    except (OSError, ValueError, RecursionError):
+        return "the build record is unreadable (damaged, or written by an older version)"
+    if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
+        return "the build record has no library hash (written by an older version)"
+    if record.get("key") != key:
+        return "the sources, flags or compiler changed since the cached build"
+    try:
+        st = os.lstat(library)
+        if not stat.S_ISREG(st.st_mode):
+            return f"{library} is not a regular file"
+        if st.st_size != record.get("size"):
+            return (
+                f"the cached library {library} has {st.st_size} bytes, its build recorded "
+                f"{record.get('size')} (truncated or replaced)"
+            )
+        size, sha = _file_digest(library)
+    except OSError as exc:
+        return f"cannot read the cached library {library}: {exc}"
+    if size != record.get("size") or sha != record["sha256"]:
+        return f"the cached library {library} does not match the hash its build recorded"
+    return None
 
 
 def _check_built_for_this_torch(module: ModuleType) -> None:
@@ -229,13 +324,35 @@ def _import_library(path: Path) -> ModuleType:
     return module
 
 
+def _failed_before(marker: Path, key: str) -> str | None:
+    """The message of an earlier failed build of ``key`` with today's toolchain, if any."""
+    try:
+        text = marker.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    recorded, _, rest = text.partition("\n")
+    toolchain, _, message = rest.partition("\n")
+    if recorded != key or toolchain != _toolchain():
+        return None
+    return message.strip()[:500]
+
+
+def _announce(message: str) -> None:
+    listener = _state.listener
+    if listener is not None:
+        with contextlib.suppress(Exception):
+            listener(message)
+
+
 def build(*, force: bool = False, verbose: bool = False) -> ModuleType:
     """Build the extension into :func:`cache_dir` unless an up-to-date build is there; load it.
 
     Holds an exclusive lock on the cache directory while deciding and
     building, so concurrent processes (xdist workers) build at most once.
-    ``force`` rebuilds and ignores a failure marker from an earlier attempt.
-    Raises :class:`NativeBuildError` on failure.
+    A cached library is loaded only when its size and hash match its build
+    record; otherwise it is deleted and rebuilt. ``force`` rebuilds and
+    ignores a failure marker from an earlier attempt (which is also ignored
+    once the compiler or ninja changes). Raises :class:`NativeBuildError`.
     """
     files = sources()
     directory = _private_dir(cache_dir())
@@ -244,26 +361,93 @@ def build(*, force: bool = False, verbose: bool = False) -> ModuleType:
     marker = directory / _FAILED_MARKER
     library = library_path()
     with _locked(directory):
-        if not force and library.is_file() and stamp.is_file() and stamp.read_text() == key:
-            module = _import_library(library)
+        why = "forced" if force else _record_mismatch(stamp, key, library)
+        if why is None:
+            try:
+                module = _import_library(library)
+            except NativeBuildError:
+                raise
+            except Exception as exc:
+                raise NativeBuildError(f"cannot load the cached library {library}: {exc}") from exc
         else:
-            if not force and marker.is_file():
-                recorded, _, message = marker.read_text().partition("\n")
-                if recorded == key:
-                    raise NativeBuildError(
-                        f"an earlier build of these sources failed (marker {marker}): "
-                        f"{message.strip()[:500]}"
-                    )
+            earlier = None if force else _failed_before(marker, key)
+            if earlier is not None:
+                raise NativeBuildError(
+                    f"an earlier build of these sources failed with this compiler "
+                    f"(marker {marker}; `python -m pytest_backends build-native --force` "
+                    f"retries): {earlier}"
+                )
             stamp.unlink(missing_ok=True)
+            # Never let the build tool reuse a library nobody vouches for: it would
+            # see it as up to date and import it.
+            library.unlink(missing_ok=True)
+            _announce(why)
             try:
                 module = _jit_build(directory, files, verbose)
+                _write_record(stamp, key, library)
             except Exception as exc:
-                marker.write_text(f"{key}\n{type(exc).__name__}: {exc}")
+                marker.write_text(f"{key}\n{_toolchain()}\n{type(exc).__name__}: {exc}")
                 raise NativeBuildError(f"building the native extension failed: {exc}") from exc
             marker.unlink(missing_ok=True)
-            stamp.write_text(key)
     _check_built_for_this_torch(module)
     return module
+
+
+def needs_build() -> bool:
+    """Whether :func:`load` would compile the extension now (it never raises).
+
+    False when the extension is off, already decided in this process, found
+    as an ahead-of-time build, or cached with a matching build record.
+    """
+    try:
+        policy = _policy()
+        if _state.tried or disabled() or policy == "aot":
+            return False
+        if policy != "jit":
+            import importlib.util
+
+            if importlib.util.find_spec(_AOT_MODULE) is not None:
+                return False
+        directory = cache_dir()
+        key = _build_key(sources())
+        return _record_mismatch(directory / "build-ok", key, library_path()) is not None
+    except Exception:
+        return False
+
+
+def prepare(progress: Callable[[str], None]) -> None:
+    """Build (and load) the extension now if :func:`load` would build it later.
+
+    For the start of a session: ``progress`` gets a line before a build and
+    one with its outcome. Does nothing when no build is needed. Never raises.
+    """
+    if not needs_build():
+        return
+    progress(
+        f"building the native determinism harness into {cache_dir()} (once per machine, "
+        "torch and compiler; `python -m pytest_backends build-native` does it ahead of "
+        "the test run, e.g. in a CI setup step)"
+    )
+    start = time.perf_counter()
+    module = load()
+    seconds = time.perf_counter() - start
+    if module is not None:
+        progress(f"native determinism harness built in {seconds:.1f} s")
+    else:
+        progress(
+            f"native determinism harness unavailable after {seconds:.1f} s: "
+            f"{unavailable_reason()}; the pure-Python fallback gives the same verdicts, slower"
+        )
+
+
+def set_build_listener(listener: Callable[[str], None] | None) -> None:
+    """Call ``listener(reason)`` whenever this process is about to compile the extension."""
+    _state.listener = listener
+
+
+def build_listener() -> Callable[[str], None] | None:
+    """The listener set by :func:`set_build_listener`, if any."""
+    return _state.listener
 
 
 def _load_aot() -> ModuleType | None:
@@ -302,6 +486,8 @@ def _decide() -> ModuleType | None:
             module = _load_aot()
         except NativeBuildError as exc:
             reasons.append(str(exc))
+        except Exception as exc:  # a broken library must never fail the caller
+            reasons.append(f"cannot import {_AOT_MODULE}: {type(exc).__name__}: {exc}")
         else:
             if module is not None:
                 return module
@@ -315,6 +501,8 @@ def _decide() -> ModuleType | None:
         reasons.append(str(exc))
     except OSError as exc:
         reasons.append(f"cannot use the build cache: {exc}")
+    except Exception as exc:
+        reasons.append(f"cannot build or load the native extension: {type(exc).__name__}: {exc}")
     _state.reason = "; ".join(reasons)
     return None
 

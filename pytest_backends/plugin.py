@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_backends import _keys, _options, hookspecs, isolation, selection
+from pytest_backends import _keys, _native_plugin, _options, hookspecs, isolation, selection
 from pytest_backends import label as _label
 from pytest_backends.capability import levels as capability_levels
 from pytest_backends.capability import plugin as capability
@@ -78,6 +78,7 @@ def pytest_configure(config: pytest.Config) -> None:
     plugins += determinism_plugin.configure(config)
     _label.configure(config)
     plugins += selection.configure(config)
+    plugins += _native_plugin.configure(config)
     for plugin, name in plugins:
         config.pluginmanager.register(plugin, name)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_backends import _files
 from pytest_backends._files import atomic_write_text
 
 __all__ = [
@@ -86,34 +87,33 @@ class Versions:
         return f"torch {self.torch} (CUDA {self.cuda or 'none'})"
 
 
-def atomic_write_json(path: Path, data: Mapping[str, Any]) -> None:
+def atomic_write_json(
+    path: Path, data: Mapping[str, Any], kind: _files.OutputKind | None = None
+) -> None:
     """Write ``data`` as JSON to ``path`` atomically (see :func:`atomic_write_text`).
 
     Readers never see a half-written file; on failure the old file is left
-    as it was and :class:`CensusFileError` names the path.
+    as it was and :class:`CensusFileError` names the path. With ``kind``, the
+    rules of :func:`pytest_backends._files.write_output` apply (only a
+    regular file of that kind, or none, is replaced; the mode is kept).
     """
+    text = json.dumps(data, indent=2) + "\n"
     try:
-        atomic_write_text(Path(path), json.dumps(data, indent=2) + "\n")
+        if kind is None:
+            atomic_write_text(Path(path), text)
+        else:
+            _files.write_output(Path(path), text, kind)
+    except _files.OutputFileError as exc:
+        raise CensusFileError(str(exc)) from None
     except OSError as exc:
         raise CensusFileError(f"cannot write {path}: {exc}") from exc
 
 
 def _load(path: Path, what: str, expected_format: str) -> dict[str, Any]:
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CensusFileError(f"{what} file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CensusFileError(f"cannot read {what} file {path}: {exc}") from exc
-    try:
-        data = json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as exc:
-        raise CensusFileError(
-            f"{what} file {path} is not valid JSON: {exc.msg} at line {exc.lineno} "
-            f"column {exc.colno}"
-        ) from None
-    except ValueError as exc:
-        raise CensusFileError(f"{what} file {path} is not valid JSON: {exc}") from None
+        data = _files.read_json(Path(path), f"{what} file {path}")
+    except _files.FileFormatError as exc:
+        raise CensusFileError(str(exc)) from None
     if not isinstance(data, dict):
         raise CensusFileError(
             f"{what} file {path}: expected a JSON object at the top level, "
@@ -144,10 +144,6 @@ def _load(path: Path, what: str, expected_format: str) -> dict[str, Any]:
                 f"{what} file {path}: {name!r} must be a string or null, got {value!r}"
             )
     return data
-
-
-def _reject_constant(name: str) -> object:
-    raise ValueError(f"{name} is not allowed")
 
 
 def _optional_str(value: object, where: str) -> str | None:
@@ -305,7 +301,7 @@ class Census:
         data["entries"] = self.to_data()
         data["not_checked"] = dict(sorted(self.not_checked.items()))
         data["boundary"] = dict(sorted(self.boundary.items()))
-        atomic_write_json(path, data)
+        atomic_write_json(path, data, _files.CENSUS)
 
 
 def _str_list(value: object) -> bool:
@@ -452,4 +448,5 @@ class Baseline:
                 "cuda": versions.cuda,
                 "accepted": [entry.to_data() for entry in self.entries],
             },
+            _files.BASELINE,
         )

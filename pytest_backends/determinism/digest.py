@@ -235,13 +235,17 @@ def _native_ops() -> Any | None:
     if module is None and not _warned[0] and not _native.disabled():
         _warned[0] = True
         reason = _native.unavailable_reason() or "unknown reason"
-        warnings.warn(
-            "pytest_backends: the native digest extension is unavailable "
-            f"({reason}); digests use torch operations instead, so the determinism "
-            "harness is slower. Run `python -m pytest_backends build-native` to see why.",
-            NativeDigestUnavailableWarning,
-            stacklevel=5,
-        )
+        # Shown, never raised: a missing extension must not fail the test that
+        # first asked for a digest, even under -W error / filterwarnings = error.
+        with warnings.catch_warnings():
+            warnings.simplefilter("default", NativeDigestUnavailableWarning)
+            warnings.warn(
+                "pytest_backends: the native digest extension is unavailable "
+                f"({reason}); digests use torch operations instead, so the determinism "
+                "harness is slower. Run `python -m pytest_backends build-native` to see why.",
+                NativeDigestUnavailableWarning,
+                stacklevel=5,
+            )
     return module
 
 

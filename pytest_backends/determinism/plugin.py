@@ -112,6 +112,14 @@ def parse_runs(value: str, source: str) -> int | None:
     return runs
 
 
+def _getini(config: pytest.Config, name: str) -> Any:
+    """``config.getini(name)``; a value pytest cannot convert is a usage error naming the key."""
+    try:
+        return config.getini(name)
+    except (ValueError, pytest.UsageError) as exc:  # "invalid truth value 'x'" (bool keys)
+        raise pytest.UsageError(f"ini option {name}: {exc} (use true or false)") from None
+
+
 def _ini_path(config: pytest.Config, name: str) -> Path | None:
     value = str(config.getini(name) or "").strip()
     if not value:
@@ -135,7 +143,7 @@ def resolve_settings(config: pytest.Config) -> DeterminismSettings | None:
     ``--backends-baseline`` turn the check on with the default number of runs.
     """
     select_all = bool(config.getoption("backends_determinism_all", False)) or bool(
-        config.getini("backends_determinism_all")
+        _getini(config, "backends_determinism_all")
     )
     census = _cli_path(config, "backends_census", "--backends-census") or _ini_path(
         config, "backends_census"
@@ -144,7 +152,7 @@ def resolve_settings(config: pytest.Config) -> DeterminismSettings | None:
         config, "backends_baseline"
     )
     update = bool(config.getoption("backends_baseline_update", False)) or bool(
-        config.getini("backends_baseline_update")
+        _getini(config, "backends_baseline_update")
     )
     if update and baseline is None:
         raise pytest.UsageError(
@@ -179,7 +187,7 @@ _OPTION_NAMES = (
 def configure(config: pytest.Config) -> list[tuple[object, str]]:
     """Resolve the settings; the plugin to register when the feature is on (else none)."""
     # An empty value means "off", not a bad path.
-    if not any(config.getoption(name, None) or config.getini(name) for name in _OPTION_NAMES):
+    if not any(config.getoption(name, None) or _getini(config, name) for name in _OPTION_NAMES):
         return []
     settings = resolve_settings(config)
     if settings is None:
@@ -198,10 +206,27 @@ def configure(config: pytest.Config) -> list[tuple[object, str]]:
             message = baseline.version_mismatch(settings.baseline, Versions.current())
             if message:
                 config.issue_config_time_warning(BaselineVersionWarning(message), stacklevel=2)
+    if not _is_worker(config):
+        _check_outputs(settings)
     return [
         (DeterminismPlugin(config, settings, baseline), "backends-determinism"),
         (subtests.SubtestCounter(), "backends-subtests"),
     ]
+
+
+def _check_outputs(settings: DeterminismSettings) -> None:
+    """Refuse, before any test runs, output paths that would be refused at the end."""
+    from pytest_backends import _files
+
+    outputs = [("--backends-census", settings.census, _files.CENSUS)]
+    if settings.baseline_update:
+        outputs.append(("--backends-baseline-update", settings.baseline, _files.BASELINE))
+    for flag, path, kind in outputs:
+        if path is not None:
+            try:
+                _files.check_output(path, kind)
+            except _files.OutputFileError as exc:
+                raise pytest.UsageError(f"{flag}: {exc}") from None
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -234,6 +259,7 @@ class DeterminismPlugin:
         self._checked = 0
         self._unchecked: dict[str, str] = {}
         self._boundary: dict[str, list[str]] = {}
+        self._written: set[Path] = set()
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         from pytest_backends import selection
@@ -447,6 +473,8 @@ class DeterminismPlugin:
                 )
             except CensusFileError as exc:
                 self._errors.append(f"--backends-census: {exc}")
+            else:
+                self._written.add(settings.census)
         if settings.baseline is not None and versions is not None:
             if settings.baseline_update:
                 updated = self.baseline.updated(self.census)
@@ -454,9 +482,13 @@ class DeterminismPlugin:
                     updated.write(settings.baseline, versions)
                 except CensusFileError as exc:
                     self._errors.append(f"--backends-baseline-update: {exc}")
+                else:
+                    self._written.add(settings.baseline)
             elif self._unaccepted() and session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        if self._errors and session.exitstatus == pytest.ExitCode.OK:
+        if self._errors and session.exitstatus in (
+            pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED
+        ):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def _unaccepted(self) -> dict[Key, list[str]]:
@@ -496,15 +528,16 @@ class DeterminismPlugin:
                 status = "NEW, not in the baseline"
             shown = ", ".join(tests[:3]) + (f" (+{len(tests) - 3} more)" if len(tests) > 3 else "")
             write(f"{_format_key(key)}: {status}; in {shown}")
-        if settings.census is not None:
+        if settings.census is not None and settings.census in self._written:
             write(f"census written to {settings.census}")
         if settings.baseline is not None:
             if settings.baseline_update:
-                write(
-                    f"baseline updated: {settings.baseline} (a run only adds ops; remove fixed "
-                    "ones with: pytest-backends baseline --census WHOLE_SUITE_CENSUS "
-                    f"{settings.baseline})"
-                )
+                if settings.baseline in self._written:
+                    write(
+                        f"baseline updated: {settings.baseline} (a run only adds ops; remove "
+                        "fixed ones with: pytest-backends baseline --census WHOLE_SUITE_CENSUS "
+                        f"{settings.baseline})"
+                    )
             else:
                 unaccepted = self._unaccepted()
                 if unaccepted:

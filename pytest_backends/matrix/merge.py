@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_backends._files import atomic_write_text
+from pytest_backends import _files
 from pytest_backends._sources import MergeInputError, load_json, unique_label, version_warning
 from pytest_backends.matrix.configs import ConfigError, builtin_registry
 from pytest_backends.matrix.report import (
@@ -251,12 +251,12 @@ class MergedReport:
         return lines
 
     def write_json(self, path: Path) -> None:
-        """Write the merged JSON report atomically."""
-        atomic_write_text(Path(path), self.to_json())
+        """Write the merged JSON report atomically (never over a file the plugin did not write)."""
+        _files.write_output(Path(path), self.to_json(), _files.JSON_REPORT)
 
     def write_html(self, path: Path) -> None:
-        """Write the merged HTML grid atomically."""
-        atomic_write_text(Path(path), self.to_html())
+        """Write the merged HTML grid atomically (never over a file the plugin did not write)."""
+        _files.write_output(Path(path), self.to_html(), _files.HTML_REPORT)
 
 
 def merge_reports(paths: Sequence[Path]) -> MergedReport:

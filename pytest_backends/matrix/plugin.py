@@ -866,9 +866,26 @@ def use_config(
 # --- registration -------------------------------------------------------------------------
 
 
+def _check_outputs(settings: MatrixSettings) -> None:
+    """Refuse, before any test runs, report paths that would be refused at the end."""
+    from pytest_backends import _files
+
+    for flag, path, kind in (
+        ("--backends-report", settings.report_json, _files.JSON_REPORT),
+        ("--backends-html", settings.report_html, _files.HTML_REPORT),
+    ):
+        if path is not None:
+            try:
+                _files.check_output(path, kind)
+            except _files.OutputFileError as exc:
+                raise pytest.UsageError(f"{flag}: {exc}") from None
+
+
 def configure(config: pytest.Config, settings: MatrixSettings) -> list[tuple[object, str]]:
     """The matrix, verification, report and xdist plugins ``settings`` need (not registered)."""
     plugins: list[tuple[object, str]] = []
+    if not hasattr(config, "workerinput"):
+        _check_outputs(settings)
     plugin = MatrixPlugin(config, settings)
     plugins.append((plugin, "backends-matrix"))
     is_worker = hasattr(config, "workerinput")

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_backends._files import atomic_write_text
+from pytest_backends import _files
 from pytest_backends._keys import PROPERTY_CONFIG as PROPERTY
 from pytest_backends._keys import PROPERTY_VERIFY_DETAIL as DETAIL_PROPERTY
 from pytest_backends._keys import PROPERTY_VERIFY_STATUS as STATUS_PROPERTY
@@ -43,7 +43,7 @@ __all__ = [
 #: Outcome columns, in display order. ``conflict``: sources of a merged report disagree.
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "conflict")
 #: The ``format`` name of a matrix report file.
-REPORT_FORMAT = "pytest-backends-report"
+REPORT_FORMAT = _files.REPORT_FORMAT
 #: Outcomes listed under the grid as failures.
 FAILING = ("failed", "error", "xpassed", "conflict")
 NOT_EXERCISED = "not exercised"
@@ -64,6 +64,7 @@ class Result:
     duration: float = 0.0
     #: The labels of the runs that reported this item (one, unless merged).
     sources: list[str] = field(default_factory=list)
+    crashed: bool = False
 
 
 @dataclass
@@ -121,11 +122,50 @@ def _skip_reason(report: pytest.TestReport) -> str:
     return _short(str(longrepr or ""))
 
 
+def is_crash(report: pytest.TestReport) -> bool:
+    """Whether ``report`` stands for a test whose process died (pytest-xdist's crash report).
+
+    xdist reports an item whose worker died with a failed report of no
+    phase (``when`` is ``"???"``) and without the item's user properties.
+    """
+    return bool(report.failed) and report.when not in ("setup", "call", "teardown")
+
+
+def config_in_nodeid(nodeid: str, parse: Callable[[str], object]) -> str | None:
+    """The longest run of ``-``-separated parameter-id parts that ``parse`` accepts.
+
+    For a crash report, which carries no properties: ``t.py::test_x[3-mkldnn-off]``
+    -> ``mkldnn-off`` when ``parse`` (a registry's ``parse_id``) accepts it.
+    """
+    start = nodeid.find("[", nodeid.rfind("::") + 1)
+    if start < 0 or not nodeid.endswith("]"):
+        return None
+    parts = nodeid[start + 1 : -1].split("-")
+    best: str | None = None
+    for i in range(len(parts)):
+        for j in range(len(parts), i, -1):
+            candidate = "-".join(parts[i:j])
+            if best is not None and len(candidate) <= len(best):
+                break
+            if candidate == DEFAULT_ID:
+                continue
+            try:
+                parse(candidate)
+            except ConfigError:
+                continue
+            best = candidate
+            break
+    return best
+
+
 def update(result: Result, report: pytest.TestReport) -> None:
     """Fold one phase's report into ``result`` (reruns start over at setup)."""
     result.duration += report.duration
     xfail = hasattr(report, "wasxfail")
-    if report.when == "setup":
+    if is_crash(report):
+        result.outcome, result.crashed = "failed", True
+        result.message = "crashed: " + _failure_message(report)
+    elif report.when == "setup":
         result.verify, result.verify_detail, result.message = None, "", ""
         if report.failed:
             result.outcome, result.message = "error", _failure_message(report)
@@ -228,7 +268,7 @@ def render_json(
     the results, ``extra`` (a merged report's conflicts) after them.
     """
     data = {
-        "format": REPORT_FORMAT,
+        "format": _files.REPORT_FORMAT,
         "version": 1,
         **(header or {}),
         "environment": list(environment),
@@ -287,6 +327,7 @@ def render_html(
     esc = html.escape
     columns = _columns(rows, verify)
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           f'<meta name="generator" content="{_files.HTML_GENERATOR}">',
            "<title>pytest-backends matrix</title>", f"<style>{_CSS}</style></head><body>",
            "<h1>Backend matrix</h1>"]
     out += [f'<p class="env">{esc(line)}</p>' for line in environment]
@@ -322,7 +363,7 @@ def render_html(
                 cells.append('<td class="absent"></td>')
                 continue
             classes = cell.outcome + (" unexercised" if cell.verify == NOT_EXERCISED else "")
-            title = f"{cell.nodeid}\n{cell.outcome}"
+            title = f"{cell.nodeid}\n{cell.outcome}" + (" (crashed)" if cell.crashed else "")
             for extra in (cell.message, cell.verify_detail):
                 if extra:
                     title += f"\n{extra}"
@@ -416,6 +457,12 @@ class ReportPlugin:
         if str(report.outcome) == "rerun":  # pytest-rerunfailures: a later attempt follows
             return
         config_id = dict(report.user_properties).get(PROPERTY)
+        if config_id is None and is_crash(report):
+            known = self.results.get(report.nodeid)
+            config_id = known.config if known is not None else (
+                config_in_nodeid(report.nodeid, self.matrix.registry.parse_id)
+                if self.settings.enabled else None
+            )
         if config_id is None:
             return
         if report.nodeid not in self.results:
@@ -472,17 +519,22 @@ class ReportPlugin:
                 "select": [",".join(g) for g in self.settings.select],
             }
             self._write(self.settings.report_json, render_json(
-                rows, results, environment=environment, settings=settings, header=header))
+                rows, results, environment=environment, settings=settings, header=header),
+                _files.JSON_REPORT)
         if self.settings.report_html is not None:
             self._write(self.settings.report_html, render_html(
                 rows, results, environment=[f"label: {header['label']}", *environment],
-                verify=verify))
+                verify=verify), _files.HTML_REPORT)
+        if self.write_errors and session.exitstatus in (
+            pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED
+        ):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
-    def _write(self, path: Any, text: str) -> None:
+    def _write(self, path: Any, text: str, kind: _files.OutputKind) -> None:
         try:
-            atomic_write_text(path, text)
+            _files.write_output(path, text, kind)
         except OSError as exc:
-            self.write_errors.append(f"could not write {path}: {exc}")
+            self.write_errors.append(f"ERROR: the matrix report was not written: {exc}")
         else:
             self.written.append(str(path))
 

@@ -17,8 +17,18 @@ def test_conv(backend_config):
     x = torch.randn(2, 3, 8, 8)
     assert torch.nn.functional.conv2d(x, torch.randn(4, 3, 3, 3)).shape == (2, 4, 6, 6)
 
-def test_exits():
+@pytest.mark.backends("mkldnn")
+def test_matrix_exits(backend_config):
     os._exit(1)
+
+@pytest.fixture
+def exits_in_setup():
+    os._exit(1)
+
+@pytest.mark.backends(mkldnn=["off"])
+@pytest.mark.parametrize("n", [7])
+def test_matrix_setup_exits(n, exits_in_setup, backend_config):
+    pass
 
 def test_segfaults():
     ctypes.string_at(0)
@@ -29,24 +39,47 @@ def test_others(i):
 """
 
 
-def test_worker_crashes_keep_other_results_and_the_report(pytester: pytest.Pytester) -> None:
+def test_worker_crashes_keep_other_results_and_the_report(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # this run uses no determinism harness, so it must never build (or create) its cache
+    cache = pytester.path / "native-cache"
+    monkeypatch.setenv("PYTEST_BACKENDS_CACHE_DIR", str(cache))
     pytester.makepyfile(test_crash=CRASHING_SUITE)
     report = pytester.path / "report.json"
+    page = pytester.path / "report.html"
     result = pytester.runpytest_subprocess(
         "-p", "no:randomly", "-n", "2", "--backends-matrix", f"--backends-report={report}",
-        "--junitxml=junit.xml",
+        f"--backends-html={page}", "--junitxml=junit.xml",
     )
     out = result.stdout.str()
     assert "INTERNALERROR" not in out
     outcomes = result.parseoutcomes()
-    assert outcomes["failed"] == 2, out[-3000:]  # both crashes are reported as failures
+    # every crash is a failure: 2 + 1 matrix items and the unmarked segfault
+    assert outcomes["failed"] == 4, out[-3000:]
     assert outcomes["passed"] == 6
-    assert out.count("crashed while running") >= 2 or "crashed" in out
+    assert out.count("crashed while running") >= 4
+    failed_matrix = {line.split()[1] for line in result.outlines
+                     if line.startswith("FAILED") and "mkldnn-" in line}
+    assert len(failed_matrix) == 3, failed_matrix
+    # the grid, the JSON and the HTML count the crashed items as failed, as pytest does
     data = json.loads(report.read_text())
-    assert data  # the matrix report survived and is valid JSON
-    text = report.read_text()
-    assert "mkldnn-on" in text and "mkldnn-off" in text
+    assert data["totals"]["failed"] == 3 and data["totals"]["passed"] == 2, data["totals"]
+    counts = {c["id"]: c["counts"] for c in data["configs"]}
+    assert counts["mkldnn-on"]["failed"] == 1 and counts["mkldnn-on"]["passed"] == 1
+    assert counts["mkldnn-off"]["failed"] == 2 and counts["mkldnn-off"]["passed"] == 1
+    crashed = {t["nodeid"] for t in data["tests"] if t["crashed"]}
+    assert crashed == failed_matrix
+    assert all(t["outcome"] == "failed" and t["message"].startswith("crashed")
+               for t in data["tests"] if t["crashed"])
+    grid = out[out.index("backends matrix"):]
+    total = next(line for line in grid.splitlines() if line.startswith("total"))
+    assert total.split()[1:3] == ["2", "3"], grid  # passed, failed
+    html_text = page.read_text()
+    assert html_text.count('<td class="failed"') == 3
+    assert html_text.count("(crashed)") == 3
     assert (pytester.path / "junit.xml").exists()
+    assert not cache.exists()
 
 
 def test_keyboard_interrupt_leaves_report_complete_or_absent(pytester: pytest.Pytester) -> None:
@@ -68,7 +101,7 @@ def test_keyboard_interrupt_leaves_report_complete_or_absent(pytester: pytest.Py
     )
     report = pytester.path / "report.json"
     html = pytester.path / "report.html"
-    previous = '{"previous": true}\n'
+    previous = '{"format": "pytest-backends-report", "version": 1, "previous": true}\n'
     report.write_text(previous)
     result = pytester.runpytest_subprocess(
         "-p", "no:randomly", "--backends-matrix", f"--backends-report={report}",
@@ -163,3 +196,29 @@ def test_crash_under_determinism_mode_keeps_results_and_census(pytester: pytest.
     assert "crashed" in out
     data = json.loads(census.read_text())
     assert "aten::mm" in json.dumps(data)
+
+
+def test_crash_reports_are_recognised_and_their_config_found_in_the_id() -> None:
+    from pytest_backends.matrix import report as matrix_report
+    from pytest_backends.matrix.configs import builtin_registry
+
+    parse = builtin_registry().parse_id
+    find = matrix_report.config_in_nodeid
+    assert find("t.py::test_x[mkldnn-off]", parse) == "mkldnn-off"
+    assert find("t.py::test_x[3-mkldnn-on]", parse) == "mkldnn-on"
+    assert find("t.py::T::test_x[mkldnn-off,sdpa-math-7]", parse) == "mkldnn-off,sdpa-math"
+    assert find("t.py::test_x[default]", parse) is None
+    assert find("t.py::test_x[on-off]", parse) is None
+    assert find("t.py::test_x", parse) is None
+    crash = pytest.TestReport("t.py::test_x[mkldnn-on]", ("t.py", None, "t.py"), {},
+                              "failed", "worker 'gw0' crashed while running it", "???")
+    setup = pytest.TestReport("t.py::test_x[mkldnn-on]", ("t.py", None, "t.py"), {},
+                              "passed", None, "setup",
+                              user_properties=[("backend_config", "mkldnn-on")])
+    assert matrix_report.is_crash(crash) and not matrix_report.is_crash(setup)
+    result = matrix_report.Result("t.py::test_x[mkldnn-on]", "t.py::test_x", "mkldnn-on")
+    matrix_report.update(result, setup)
+    assert result.outcome == "passed"
+    matrix_report.update(result, crash)
+    assert (result.outcome, result.crashed) == ("failed", True)
+    assert result.message.startswith("crashed: worker 'gw0' crashed")

@@ -200,3 +200,14 @@ def test_bad_options_are_usage_errors(pytester: pytest.Pytester, option: str) ->
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     err = result.stderr.str()
     assert option.split("=")[0] in err and "INTERNALERROR" not in err + result.stdout.str()
+
+
+def test_bad_bool_ini_values_are_usage_errors_naming_the_key(pytester: pytest.Pytester) -> None:
+    # found by benchmarks/fuzz_inputs.py: pytest's "invalid truth value 'mps'" named no key
+    pytester.makeini("[pytest]\nbackends_determinism_all = mps\nbackends_baseline_update = no\n")
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "backends_determinism_all" in err and "'mps'" in err, err
+    assert "INTERNALERROR" not in err + result.stdout.str()

@@ -1,0 +1,132 @@
+"""When the native harness gets built during a pytest run, and who is told.
+
+The first JIT build of the native extension takes a minute or more on a
+fresh cache. It must not be charged silently to whichever test first asks
+for a digest, so:
+
+* when a determinism option is on, the controller builds it at session start,
+  once, before any xdist worker starts, with a progress line;
+* when a test triggers the build anyway (``assert_reproducible`` without a
+  determinism option), a line on the terminal, outside output capture, names
+  the test and points to ``python -m pytest_backends build-native``. Under
+  xdist the worker attaches the line to the test's report and the controller
+  prints it;
+* a run that never uses the harness never builds: nothing here loads it
+  unless a determinism option is on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import pytest
+
+from pytest_backends import _native
+
+__all__ = ["NativeBuildPlugin", "configure"]
+
+#: Report attribute carrying the build notices raised while the test ran.
+REPORT_ATTR = "backends_native_build"
+_PREFIX = "pytest-backends: "
+
+
+class NativeBuildPlugin:
+    """Builds at session start when asked to, and announces builds that tests trigger."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.worker = hasattr(config, "workerinput")
+        self._item: pytest.Item | None = None
+        self._notices: list[str] = []
+        # An in-process pytester run configures a second session: give the
+        # listener back to the outer one when this one ends.
+        self.previous_listener = _native.build_listener()
+
+    # -- session start: build ahead of the tests -------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        if self.worker or not self._determinism_on():
+            return
+        _native.prepare(self._progress)
+
+    def _determinism_on(self) -> bool:
+        from pytest_backends.determinism.plugin import SETTINGS_KEY
+
+        return SETTINGS_KEY in self.config.stash
+
+    def _progress(self, line: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(_PREFIX + line)
+
+    # -- a test triggers the build ---------------------------------------------------------
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, object, object]:
+        self._item = item
+        try:
+            return (yield)
+        finally:
+            self._item = None
+
+    def notice(self, why: str) -> None:
+        """Build listener: the extension is about to be compiled in this process."""
+        item = self._item
+        if item is None:
+            return  # a build at session start has its own progress lines
+        line = (
+            f"{item.nodeid} triggered a build of the native determinism harness "
+            f"({why}); it can take minutes and counts in this test's duration. Run "
+            "`python -m pytest_backends build-native` before the tests (e.g. in CI)"
+        )
+        self._notices.append(line)
+        if not self.worker:
+            self._write_now(line)
+
+    def _write_now(self, line: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            return
+        capman = self.config.pluginmanager.get_plugin("capturemanager")
+        if capman is None:
+            reporter.ensure_newline()
+            reporter.write_line(_PREFIX + line)
+            return
+        with capman.global_and_fixture_disabled():
+            reporter.ensure_newline()
+            reporter.write_line(_PREFIX + line)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        if self._notices and self.worker:
+            setattr(report, REPORT_ATTR, list(self._notices))
+        self._notices.clear()
+        return report
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        notices = getattr(report, REPORT_ATTR, None)
+        if self.worker or not isinstance(notices, list):
+            return
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            return
+        node = getattr(report, "node", None)
+        worker = getattr(node, "gateway", None)
+        where = f"[{worker.id}] " if worker is not None else ""
+        for line in notices:
+            reporter.ensure_newline()
+            reporter.write_line(f"{_PREFIX}{where}{line}")
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        _native.set_build_listener(self.previous_listener)
+
+
+def configure(config: pytest.Config) -> list[tuple[object, str]]:
+    """The plugin to register, made the process's build listener."""
+    plugin = NativeBuildPlugin(config)
+    _native.set_build_listener(plugin.notice)
+    return [(plugin, "backends-native")]

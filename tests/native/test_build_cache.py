@@ -1,0 +1,311 @@
+"""The build cache is checked before loading; builds happen at session start, or are announced.
+
+The pytester runs use a private copy of the session's build (see
+``conftest.native_build``): the cached library is truncated, replaced or
+removed there, so the only compiling they do is relinking its objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from pytest_backends import _native
+
+pytest_plugins = ["pytester"]
+
+NativeBuild = Any
+
+HARNESS_TEST = """
+import torch
+from pytest_backends import assert_reproducible
+from pytest_backends.determinism import digest
+
+def test_uses_the_harness():
+    assert_reproducible(lambda: torch.arange(6.0).cumsum(0), runs=2)
+    print("BACKEND", digest.backend())
+
+def test_plain():
+    assert torch.ones(1).item() == 1
+"""
+
+
+@pytest.fixture
+def cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "cache" / "pytest_backends"
+    monkeypatch.setenv("PYTEST_BACKENDS_CACHE_DIR", str(root))
+    return root
+
+
+@pytest.fixture
+def copied_cache(
+    native_build: NativeBuild, native_module: ModuleType, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Path:
+    """A private copy of the session build's cache directory; returns the copy's variant dir."""
+    source = Path(str(native_module.__file__)).parent
+    root = tmp_path / "copy" / "pytest_backends"
+    root.mkdir(parents=True, mode=0o700)
+    root.chmod(0o700)
+    target = root / source.name
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.lock", "lock"))
+    target.chmod(0o700)
+    monkeypatch.setenv("PYTEST_BACKENDS_CACHE_DIR", str(root))
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "jit")  # an AOT build must not hide the cache
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    return target
+
+
+def _record(directory: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((directory / "build-ok").read_text())
+    return data
+
+
+def _assert_record_matches(directory: Path) -> None:
+    record = _record(directory)
+    library = directory / f"{_native.EXTENSION_NAME}.so"
+    assert _native._file_digest(library) == (record["size"], record["sha256"])
+
+
+# --- the build record ---------------------------------------------------------------------
+
+
+def test_build_records_the_library_size_and_hash(copied_cache: Path) -> None:
+    _assert_record_matches(copied_cache)
+    key = _native._build_key(_native.sources())
+    assert _record(copied_cache)["key"] == key
+    library = copied_cache / f"{_native.EXTENSION_NAME}.so"
+    assert _native._record_mismatch(copied_cache / "build-ok", key, library) is None
+    size = library.stat().st_size
+    with open(library, "r+b") as f:
+        f.truncate(size // 2)
+    assert "truncated" in str(_native._record_mismatch(copied_cache / "build-ok", key, library))
+    library.write_bytes(b"\0" * size)
+    assert "does not match the hash" in str(
+        _native._record_mismatch(copied_cache / "build-ok", key, library)
+    )
+    (copied_cache / "build-ok").write_text(key)  # a record from before hashes existed
+    assert "older version" in str(
+        _native._record_mismatch(copied_cache / "build-ok", key, library)
+    )
+
+
+def test_compiler_is_part_of_the_build_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = _native.sources(with_cuda=False)
+    monkeypatch.setenv("CXX", "c++")
+    default = _native._build_key(files)
+    fake = tmp_path / "g++-fake"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    assert _native._build_key(files) != default
+    assert str(fake) in _native._compiler()
+    monkeypatch.setenv("CXX", str(tmp_path / "missing-c++"))
+    assert _native._compiler().endswith("=absent")
+
+
+def test_failed_build_is_retried_when_the_toolchain_changes(
+    cache_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    attempts: list[str] = []
+
+    def failing(directory: Path, files: list[Path], verbose: bool) -> ModuleType:
+        attempts.append(os.environ["CXX"])
+        raise RuntimeError("compiler missing")
+
+    monkeypatch.setattr(_native, "_jit_build", failing)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    with pytest.raises(_native.NativeBuildError, match="compiler missing"):
+        _native.build()
+    with pytest.raises(_native.NativeBuildError, match=r"earlier build .* failed"):
+        _native.build()
+    assert len(attempts) == 1
+    # the compiler gets installed: the next build tries again without --force
+    compiler = tmp_path / "no-such-c++"
+    compiler.write_text("#!/bin/sh\n")
+    compiler.chmod(0o755)
+    with pytest.raises(_native.NativeBuildError, match="compiler missing"):
+        _native.build()
+    assert len(attempts) == 2
+    # ... and installing ninja counts too, although it is not part of the build key
+    ninja_dir = tmp_path / "bin"
+    ninja_dir.mkdir()
+    (ninja_dir / "ninja").write_text("#!/bin/sh\n")
+    (ninja_dir / "ninja").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{ninja_dir}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(_native.NativeBuildError, match="compiler missing"):
+        _native.build()
+    assert len(attempts) == 3
+
+
+def test_broken_libraries_never_raise_from_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> ModuleType:
+        raise ImportError("invalid ELF header")
+
+    monkeypatch.setattr(_native, "_load_aot", broken)
+    monkeypatch.setattr(_native, "build", broken)
+    saved = (_native._state.tried, _native._state.module, _native._state.reason)
+    try:
+        _native._reset_for_tests()
+        assert _native.load() is None
+        assert "invalid ELF header" in str(_native.unavailable_reason())
+    finally:
+        _native._state.tried, _native._state.module, _native._state.reason = saved
+
+
+# --- end to end ---------------------------------------------------------------------------
+
+
+def _run(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, str]:
+    pytester.makepyfile(test_harness=HARNESS_TEST)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", *args)
+    out = result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in out and "Fatal Python error" not in out, out[-3000:]
+    return result, out
+
+
+@pytest.mark.parametrize("extra", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_truncated_library_is_rebuilt_and_the_test_that_triggered_it_is_named(
+    pytester: pytest.Pytester, copied_cache: Path, extra: list[str]
+) -> None:
+    library = copied_cache / f"{_native.EXTENSION_NAME}.so"
+    with open(library, "r+b") as f:
+        f.truncate(library.stat().st_size // 3)  # used to kill the session with SIGBUS
+    result, out = _run(pytester, *extra)
+    assert result.ret == 0, out[-3000:]
+    result.assert_outcomes(passed=2)
+    notices = [line for line in result.outlines if "triggered a build" in line]
+    assert len(notices) == 1, out[-3000:]
+    assert "test_harness.py::test_uses_the_harness" in notices[0]
+    assert "python -m pytest_backends build-native" in notices[0]
+    assert "truncated" in notices[0]
+    if extra:
+        assert "[gw" in notices[0]
+    _assert_record_matches(copied_cache)
+
+
+def test_garbage_library_without_a_compiler_falls_back_with_one_warning(
+    pytester: pytest.Pytester, copied_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    library = copied_cache / f"{_native.EXTENSION_NAME}.so"
+    library.write_bytes(b"\x7fELF garbage" * (library.stat().st_size // 12))
+    monkeypatch.setenv("CXX", str(copied_cache / "no-compiler-here"))
+    # the warning is shown, never raised, even where warnings are errors
+    result, out = _run(pytester, "-rw", "-s", "-W", "error::UserWarning")
+    assert result.ret == 0, out[-3000:]
+    result.assert_outcomes(passed=2, warnings=1)
+    assert "BACKEND python" in out
+    assert "native digest extension is unavailable" in out
+    assert "ImportError" not in out
+    assert (copied_cache / "build-failed").is_file()
+
+
+def test_determinism_option_builds_once_in_the_controller_before_workers_start(
+    pytester: pytest.Pytester, copied_cache: Path
+) -> None:
+    (copied_cache / f"{_native.EXTENSION_NAME}.so").unlink()
+    (copied_cache / "build-ok").unlink()
+    pytester.makepyfile(test_harness=HARNESS_TEST)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-n", "2",
+                                           "--backends-determinism=2")
+    out = result.stdout.str()
+    assert result.ret == 0, out[-3000:]
+    lines = result.outlines
+    start = [i for i, line in enumerate(lines) if "building the native determinism harness" in line]
+    done = [i for i, line in enumerate(lines) if "native determinism harness built in" in line]
+    assert len(start) == 1 and len(done) == 1, out[-3000:]
+    workers = next(i for i, line in enumerate(lines) if "workers" in line and "created" in line)
+    assert start[0] < done[0] < workers
+    assert "triggered a build" not in out
+    _assert_record_matches(copied_cache)
+    # the next session finds the cache up to date: nothing to build, no progress line
+    key = _native._build_key(_native.sources())
+    library = copied_cache / f"{_native.EXTENSION_NAME}.so"
+    assert _native._record_mismatch(copied_cache / "build-ok", key, library) is None
+
+
+def test_an_inline_session_gives_the_build_listener_back(pytester: pytest.Pytester) -> None:
+    outer = _native.build_listener()
+    assert outer is not None  # this session's plugin listens for builds
+    pytester.makepyfile("def test_x():\n    pass\n")
+    pytester.runpytest_inprocess("-p", "no:randomly").assert_outcomes(passed=1)
+    assert _native.build_listener() is outer
+
+
+@pytest.fixture
+def fresh_state() -> Any:
+    """Let this test decide afresh (the suite's own process already loaded the extension)."""
+    saved = (_native._state.tried, _native._state.module, _native._state.reason)
+    _native._reset_for_tests()
+    yield
+    _native._state.tried, _native._state.module, _native._state.reason = saved
+
+
+def test_needs_build_follows_the_policy_and_the_cache(
+    cache_root: Path, monkeypatch: pytest.MonkeyPatch, fresh_state: None
+) -> None:
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "jit")
+    assert _native.needs_build()  # empty cache
+    assert not cache_root.exists()  # asking creates nothing
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "off")
+    assert not _native.needs_build()
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "aot")
+    assert not _native.needs_build()
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "jit")
+    _native._state.tried = True  # this process has decided already
+    assert not _native.needs_build()
+
+
+@pytest.mark.parametrize("works", [True, False], ids=["built", "failed"])
+def test_prepare_reports_progress_and_the_outcome(
+    cache_root: Path, monkeypatch: pytest.MonkeyPatch, fresh_state: None, works: bool
+) -> None:
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "jit")
+
+    def fake_build(**kwargs: object) -> ModuleType:
+        if not works:
+            raise _native.NativeBuildError("c++: not found")
+        return ModuleType("fake_native")
+
+    monkeypatch.setattr(_native, "build", fake_build)
+    lines: list[str] = []
+    _native.prepare(lines.append)
+    assert len(lines) == 2, lines
+    assert "building the native determinism harness" in lines[0]
+    assert "python -m pytest_backends build-native" in lines[0]
+    if works:
+        assert "built in" in lines[1]
+    else:
+        assert "unavailable" in lines[1] and "c++: not found" in lines[1]
+        assert "pure-Python fallback" in lines[1]
+    lines.clear()
+    _native.prepare(lines.append)  # decided: nothing more to do, nothing printed
+    assert lines == []
+
+
+def test_a_listener_that_raises_never_breaks_a_build(
+    cache_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def rude(why: str) -> None:
+        raise RuntimeError("terminal gone")
+
+    def failing(directory: Path, files: list[Path], verbose: bool) -> ModuleType:
+        raise RuntimeError("compiler missing")
+
+    outer = _native.build_listener()
+    monkeypatch.setattr(_native, "_jit_build", failing)
+    _native.set_build_listener(rude)
+    try:
+        with pytest.raises(_native.NativeBuildError, match="compiler missing"):
+            _native.build()
+    finally:
+        _native.set_build_listener(outer)
