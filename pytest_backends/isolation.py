@@ -340,11 +340,10 @@ class TorchStateWatch:
 WATCH = TorchStateWatch()
 
 
-def watch_torch(config: pytest.Config) -> None:
-    """Install the import hook and register the watch (idempotent)."""
+def watch_torch(config: pytest.Config) -> TorchStateWatch:
+    """Install the import hook (idempotent); the watch, for ``plugin.py`` to register."""
     WATCH.install(getattr(config, "rootpath", None))
-    if not config.pluginmanager.is_registered(WATCH):
-        config.pluginmanager.register(WATCH, "backends-torch-watch")
+    return WATCH
 
 
 @dataclass

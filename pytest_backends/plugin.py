@@ -58,7 +58,13 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     """Watch for torch's import before any conftest can import it (imports nothing)."""
-    isolation.watch_torch(early_config)
+    _register_watch(early_config)
+
+
+def _register_watch(config: pytest.Config) -> None:
+    watch = isolation.watch_torch(config)
+    if not config.pluginmanager.is_registered(watch):
+        config.pluginmanager.register(watch, "backends-torch-watch")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -69,7 +75,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line("markers", markers.marker_line())
     resolve(config)
-    isolation.watch_torch(config)
+    _register_watch(config)
     plugins: list[tuple[object, str]] = [
         (isolation.IsolationPlugin(config.stash[_keys.LEAK_KEY]), "backends-isolation")
     ]

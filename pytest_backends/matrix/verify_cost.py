@@ -62,7 +62,7 @@ class TimedVerifyPlugin(VerifyPlugin):
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
-        from pytest_backends.matrix.plugin import CONFIG_KEY
+        from pytest_backends._keys import CONFIG_KEY
 
         config = item.stash.get(CONFIG_KEY, None)
         if config is None or not promises_for(config, self.table):
