@@ -60,7 +60,9 @@ def _drive(
 class TimedVerifyPlugin(VerifyPlugin):
     """:class:`~pytest_backends.matrix.verify.VerifyPlugin` with its own time measured."""
 
-    @pytest.hookimpl(wrapper=True)
+    # trylast like the verifier it times: inside pytest's capture wrapper, so that the
+    # oneDNN primitive log can redirect file descriptor 1 after pytest has.
+    @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
         from pytest_backends._keys import CONFIG_KEY
 
