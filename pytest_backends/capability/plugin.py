@@ -435,11 +435,12 @@ class WorkerPlugin:
     def pytest_deselected(self, items: Sequence[pytest.Item]) -> None:
         self._deselected += len(items)
 
-    @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        # After collection_modifyitems has finished, wrappers included: the matrix
+        # gives items their configs there, after every other implementation.
         if not self.warn or self.level is None:
             return
-        for item in items:
+        for item in session.items:
             if item.stash.get(_keys.CONFIG_KEY, None) is None:
                 self._homeless.append(item.nodeid)
                 item.warn(CapabilityWarning(self._why_once(item)))
