@@ -61,7 +61,10 @@ def _pytest(args: list[str], cwd: Path) -> tuple[float, float | None, str]:
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider", *args],
-        cwd=cwd, capture_output=True, text=True, check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     wall = time.perf_counter() - start
     out = proc.stdout + proc.stderr
@@ -92,7 +95,8 @@ def bench_collection(repeat: int) -> list[str]:
             "plain parametrize (16 ids)": (base / "plain", ["--co", "-q"]),
             "marked, no --backends-matrix": (base / "marked", ["--co", "-q"]),
             "marked, --backends-matrix (16 configs)": (
-                base / "marked", ["--co", "-q", "--backends-matrix"]
+                base / "marked",
+                ["--co", "-q", "--backends-matrix"],
             ),
         }
         results: dict[str, tuple[float, float, int]] = {}
@@ -111,14 +115,17 @@ def bench_collection(repeat: int) -> list[str]:
             lines.append(f"{name:42} {count:>6} {wall:>8.2f} {own:>9.2f} {per_item:>8.0f}")
         plain = results["plain parametrize (16 ids)"][1]
         matrix = results["marked, --backends-matrix (16 configs)"][1]
-        lines.append(f"# matrix collection overhead vs plain parametrize: {matrix - plain:+.2f} s "
-                     f"({matrix / plain:.2f}x)")
+        lines.append(
+            f"# matrix collection overhead vs plain parametrize: {matrix - plain:+.2f} s "
+            f"({matrix / plain:.2f}x)"
+        )
     return lines
 
 
 def bench_examples(repeat: int) -> list[str]:
-    lines = [f"# examples/: pytest examples --backends-matrix --backends-verify, median of "
-             f"{repeat} runs"]
+    lines = [
+        f"# examples/: pytest examples --backends-matrix --backends-verify, median of {repeat} runs"
+    ]
     results = {}
     for workers in ("0", "2"):
         walls = []
@@ -138,14 +145,17 @@ def bench_examples(repeat: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" /
-                        "collection-cpu.txt")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks" / "results" / "collection-cpu.txt"
+    )
     args = parser.parse_args()
     import torch
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    header = (f"# backends matrix collection: torch {torch.__version__}, {platform.machine()}, "
-              f"cpus={os.cpu_count()}, load={load:.1f}")
+    header = (
+        f"# backends matrix collection: torch {torch.__version__}, {platform.machine()}, "
+        f"cpus={os.cpu_count()}, load={load:.1f}"
+    )
     lines = [header, *bench_collection(args.repeat), "", *bench_examples(args.repeat)]
     text = "\n".join(lines) + "\n"
     print(text, end="")

@@ -109,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, body in bodies.items():
         ms = _medians_ms(body, args.repeat)
         lines.append(
-            f"{name:<26}" + "".join(f"{ms[v]:>10.2f}" for v in VARIANTS)
+            f"{name:<26}"
+            + "".join(f"{ms[v]:>10.2f}" for v in VARIANTS)
             + f"{ms['+ log'] - ms['+ shapes']:>11.2f}"
         )
     lines += [

@@ -75,8 +75,10 @@ def main() -> int:
         "bare": (bare, n),
         "native loop": (lambda: repeat(op, (a, b), runs=n, backend="native"), n),
         "python+native digest": (python_native_digest, n),
-        "python+fallback": (lambda: repeat(op, (a, b), runs=n_fallback, backend="python"),
-                            n_fallback),
+        "python+fallback": (
+            lambda: repeat(op, (a, b), runs=n_fallback, backend="python"),
+            n_fallback,
+        ),
     }
     assert len(set(repeat(op, (a, b), runs=3, backend="native"))) == 1
     for fn, _ in fns.values():  # warm-up

@@ -63,7 +63,11 @@ def discover(python: str = sys.executable) -> Surface:
     """Read the ``--backends-*`` options and ``backends_*`` ini keys from ``pytest --help``."""
     text = subprocess.run(
         [python, "-m", "pytest", "--help", "-p", "no:randomly"],
-        capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        cwd=tempfile.gettempdir(),
+        timeout=300,
+        check=False,
     ).stdout
     options: dict[str, str | None] = {}
     for match in re.finditer(r"^  (--backends-[a-z0-9-]+)(?:=\[?([A-Z]+)\]?)?", text, re.M):
@@ -85,33 +89,75 @@ def _registry_words() -> tuple[list[str], list[str]]:
 
 AXES, VALUES = _registry_words()
 TOKENS = [f"{a}-{v}" for a in AXES for v in VALUES][:40]
-WORDS = [*AXES, *VALUES, "fail", "warn", "off", "on", "all", "strict", "deterministic",
-         "default", "", " ", "0", "-1", "2", "1e9", "mkldnn,,", "cap-avx2", "avx512"]
-PATH_WORDS = ["r.json", "out.html", "census.json", "baseline.json", "fifo", "link", "dir",
-              "foreign.json", "test_gen.py", "test_sentinel.py", "sub/r.json", "", " "]
+WORDS = [
+    *AXES,
+    *VALUES,
+    "fail",
+    "warn",
+    "off",
+    "on",
+    "all",
+    "strict",
+    "deterministic",
+    "default",
+    "",
+    " ",
+    "0",
+    "-1",
+    "2",
+    "1e9",
+    "mkldnn,,",
+    "cap-avx2",
+    "avx512",
+]
+PATH_WORDS = [
+    "r.json",
+    "out.html",
+    "census.json",
+    "baseline.json",
+    "fifo",
+    "link",
+    "dir",
+    "foreign.json",
+    "test_gen.py",
+    "test_sentinel.py",
+    "sub/r.json",
+    "",
+    " ",
+]
 
 # --- generation -------------------------------------------------------------------------------
 
-_safe_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
-                     max_size=12)
+_safe_text = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12
+)
 scalar = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(), st.binary(max_size=4),
-    st.text(max_size=10), st.sampled_from(WORDS), st.sampled_from(TOKENS),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.binary(max_size=4),
+    st.text(max_size=10),
+    st.sampled_from(WORDS),
+    st.sampled_from(TOKENS),
 )
 junk = st.recursive(
     scalar,
     lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.tuples(inner, inner),
-        st.dictionaries(st.one_of(st.sampled_from(WORDS), st.text(max_size=4)), inner,
-                        max_size=2),
+        st.lists(inner, max_size=3),
+        st.tuples(inner, inner),
+        st.dictionaries(st.one_of(st.sampled_from(WORDS), st.text(max_size=4)), inner, max_size=2),
     ),
     max_leaves=6,
 )
 marker = st.tuples(
     st.sampled_from(["backends", "backends_leaks"]),
     st.lists(junk, max_size=3),
-    st.dictionaries(st.one_of(st.sampled_from([*AXES, "deterministic", "mode"]),
-                              st.text(max_size=6)), junk, max_size=3),
+    st.dictionaries(
+        st.one_of(st.sampled_from([*AXES, "deterministic", "mode"]), st.text(max_size=6)),
+        junk,
+        max_size=3,
+    ),
 )
 ACTIONS = ["pass", "fail", "skip", "leak", "config"]
 test_case = st.tuples(st.lists(marker, min_size=1, max_size=2), st.sampled_from(ACTIONS))
@@ -119,10 +165,13 @@ test_case = st.tuples(st.lists(marker, min_size=1, max_size=2), st.sampled_from(
 
 def option_value(metavar: str | None) -> st.SearchStrategy[str]:
     if metavar == "PATH":
-        return st.one_of(st.sampled_from(PATH_WORDS),
-                         st.text("abcxyz._-", min_size=1, max_size=8))
-    return st.one_of(st.sampled_from(WORDS), st.sampled_from(TOKENS), _safe_text,
-                     st.integers(-5, 10**12).map(str))
+        return st.one_of(st.sampled_from(PATH_WORDS), st.text("abcxyz._-", min_size=1, max_size=8))
+    return st.one_of(
+        st.sampled_from(WORDS),
+        st.sampled_from(TOKENS),
+        _safe_text,
+        st.integers(-5, 10**12).map(str),
+    )
 
 
 @dataclass
@@ -136,8 +185,9 @@ class Session:
     @property
     def marker_values(self) -> int:
         """How many generated marker arguments the session holds (an empty call counts 1)."""
-        return sum(len(args) + len(kwargs) or 1 for marks, _ in self.tests
-                   for _, args, kwargs in marks)
+        return sum(
+            len(args) + len(kwargs) or 1 for marks, _ in self.tests for _, args, kwargs in marks
+        )
 
     @property
     def values(self) -> int:
@@ -150,8 +200,13 @@ def _examples(strategy: st.SearchStrategy[Any], count: int, seed: int) -> list[A
     found: list[Any] = []
 
     @hypothesis_seed(seed)
-    @settings(max_examples=count, database=None, phases=[Phase.generate], deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=count,
+        database=None,
+        phases=[Phase.generate],
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(value=strategy)
     def collect(value: Any) -> None:
         found.append(value)
@@ -168,8 +223,11 @@ def sessions(surface: Surface, count: int, per_session: int, seed: int) -> list[
     the option sets as another, so both get hypothesis's full variety.
     """
     option_names = sorted(surface.options)
-    ini_values = st.one_of(st.sampled_from(WORDS), st.sampled_from(PATH_WORDS),
-                           st.text("abcdefmkldn,-_ 0123456789.", max_size=12))
+    ini_values = st.one_of(
+        st.sampled_from(WORDS),
+        st.sampled_from(PATH_WORDS),
+        st.text("abcdefmkldn,-_ 0123456789.", max_size=12),
+    )
 
     @st.composite
     def option_set(draw: st.DrawFn) -> tuple[bool, list[tuple[str, str]], list[str]]:
@@ -177,8 +235,7 @@ def sessions(surface: Surface, count: int, per_session: int, seed: int) -> list[
         # Most sessions get no hostile option, so that their markers run; a bad
         # option value ends a session with a usage error before any test runs.
         hostile = draw(st.sampled_from([0, 0, 0, 0, 0, 0, 0, 1, 2, 3]))
-        values = [(draw(option_value("PATH")), draw(option_value(None)))
-                  for _ in range(hostile)]
+        values = [(draw(option_value("PATH")), draw(option_value(None))) for _ in range(hostile)]
         keys = draw(st.sampled_from([0, 0, 0, 1, 2, 2]))
         return matrix, values, [draw(ini_values) for _ in range(keys)]
 
@@ -198,7 +255,7 @@ def sessions(surface: Surface, count: int, per_session: int, seed: int) -> list[
             else:
                 options.append(f"{name}={path_value if metavar == 'PATH' else other_value}")
         ini = {next(next_key): text for text in ini_texts}
-        result.append(Session(tests[i * per_session:(i + 1) * per_session], options, ini))
+        result.append(Session(tests[i * per_session : (i + 1) * per_session], options, ini))
     return result
 
 
@@ -223,11 +280,11 @@ _BODIES = {
     "fail": "    assert False, 'planned failure'\n",
     "skip": "    pytest.skip('planned skip')\n",
     "leak": "    import torch\n"
-            "    torch.backends.mkldnn.enabled = not torch.backends.mkldnn.enabled\n",
+    "    torch.backends.mkldnn.enabled = not torch.backends.mkldnn.enabled\n",
     "config": "    assert backend_config.id\n",
 }
 
-SENTINELS = '''
+SENTINELS = """
 import pytest, torch
 
 def test_sentinel_plain():
@@ -240,7 +297,7 @@ def test_sentinel_matrix(backend_config):
 class TestSentinel:
     def test_method(self):
         assert True
-'''
+"""
 SENTINEL_NAMES = ("test_sentinel_plain", "test_sentinel_matrix", "test_method")
 
 
@@ -323,14 +380,33 @@ def run_session(
         directory = Path(tmp)
         before = prepare_dir(directory, session)
         junit = directory / "junit.xml"
-        argv = [python, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider",
-                f"--junitxml={junit}", "-q", "--tb=short",
-                "-W", "ignore::pytest.PytestUnknownMarkWarning",
-                *extra, *session.options]
+        argv = [
+            python,
+            "-m",
+            "pytest",
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={junit}",
+            "-q",
+            "--tb=short",
+            "-W",
+            "ignore::pytest.PytestUnknownMarkWarning",
+            *extra,
+            *session.options,
+        ]
         start = time.perf_counter()
         try:
-            proc = subprocess.run(argv, cwd=directory, capture_output=True, text=True,
-                                  timeout=timeout, check=False, errors="replace")
+            proc = subprocess.run(
+                argv,
+                cwd=directory,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+                errors="replace",
+            )
         except subprocess.TimeoutExpired:
             return Verdict(False, [f"timed out after {timeout:.0f} s"], -1, timeout)
         seconds = time.perf_counter() - start
@@ -354,8 +430,7 @@ def run_session(
             missing = [n for n in SENTINEL_NAMES if reported.get(n) != "passed"]
             if missing:
                 problems.append(f"sentinel tests did not pass: {missing}")
-            lost = [f"test_g{i}" for i in range(len(session.tests))
-                    if f"test_g{i}" not in reported]
+            lost = [f"test_g{i}" for i in range(len(session.tests)) if f"test_g{i}" not in reported]
             if lost:
                 problems.append(f"generated tests without an outcome: {lost[:5]}")
         after = fingerprint(directory)
@@ -374,8 +449,16 @@ def cpu_features() -> str:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
-                wanted = ["sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni",
-                          "amx_tile"]
+                wanted = [
+                    "sse4_2",
+                    "avx",
+                    "avx2",
+                    "fma",
+                    "avx512f",
+                    "avx512bw",
+                    "avx512_vnni",
+                    "amx_tile",
+                ]
                 return " ".join(f for f in wanted if f in flags) or "none of note"
     except OSError:
         pass
@@ -420,8 +503,15 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     values = sum(s.values for s in generated)
     for mode in [m for m in args.modes.split(",") if m]:
-        totals = {"runs": 0, "ok": 0, "usage": 0, "internalerror": 0, "seconds": 0.0,
-                  "markers_run": 0, "tests_run": 0}
+        totals = {
+            "runs": 0,
+            "ok": 0,
+            "usage": 0,
+            "internalerror": 0,
+            "seconds": 0.0,
+            "markers_run": 0,
+            "tests_run": 0,
+        }
         for index, session in enumerate(generated):
             verdict = run_session(session, modes[mode])
             if not verdict.usage_error:
@@ -433,8 +523,11 @@ def main(argv: list[str] | None = None) -> int:
             totals["internalerror"] += any("INTERNALERROR" in p for p in verdict.problems)
             totals["seconds"] += verdict.seconds
             status = "ok" if verdict.ok else "FAIL"
-            print(f"[{mode} {index + 1}/{len(generated)}] {status} exit {verdict.ret} "
-                  f"{verdict.seconds:.1f} s", flush=True)
+            print(
+                f"[{mode} {index + 1}/{len(generated)}] {status} exit {verdict.ret} "
+                f"{verdict.seconds:.1f} s",
+                flush=True,
+            )
             if not verdict.ok:
                 failures.append(f"{mode} session {index}:\n  " + "\n  ".join(verdict.problems))
         lines.append(

@@ -209,26 +209,29 @@ FILES = {
 
             torch.set_default_dtype(torch.float64)
     """)
-    + "".join(
-        f"\n\ndef test_clean_{i}():\n    import torch\n{CLEAN_CHECKS}" for i in range(12)
-    ),
+    + "".join(f"\n\ndef test_clean_{i}():\n    import torch\n{CLEAN_CHECKS}" for i in range(12)),
 }
 
 # fn_leak is function-scoped, part of each test that uses it: one report per test
-EXPECTED: list[Report] = sorted([
-    ("import", "test_c_import_time.py", ("default_dtype",)),
-    ("test", "test_a_lazy.py::test_lazy_leak", ("mkldnn.enabled",)),
-    ("test", "test_d_leaky.py::test_leak_autocast",
-     ("autocast.cpu.dtype", "autocast.cpu.enabled")),
-    ("test", "test_d_leaky.py::test_leak_freeze", ("flags_frozen",)),
-    ("test", "test_d_leaky.py::test_leak_dtype", ("default_dtype",)),
-    ("fixture", "sess_leak", ("nnpack.enabled",)),
-    ("fixture", "pkg_leak", ("sdp.math",)),
-    ("fixture", "mod_leak", ("mkldnn.deterministic",)),
-    ("fixture", "cls_leak", ("warn_always",)),
-    ("fixture", "fn_leak", ("cudnn.benchmark",)),
-    ("fixture", "fn_leak", ("cudnn.benchmark",)),
-])
+EXPECTED: list[Report] = sorted(
+    [
+        ("import", "test_c_import_time.py", ("default_dtype",)),
+        ("test", "test_a_lazy.py::test_lazy_leak", ("mkldnn.enabled",)),
+        (
+            "test",
+            "test_d_leaky.py::test_leak_autocast",
+            ("autocast.cpu.dtype", "autocast.cpu.enabled"),
+        ),
+        ("test", "test_d_leaky.py::test_leak_freeze", ("flags_frozen",)),
+        ("test", "test_d_leaky.py::test_leak_dtype", ("default_dtype",)),
+        ("fixture", "sess_leak", ("nnpack.enabled",)),
+        ("fixture", "pkg_leak", ("sdp.math",)),
+        ("fixture", "mod_leak", ("mkldnn.deterministic",)),
+        ("fixture", "cls_leak", ("warn_always",)),
+        ("fixture", "fn_leak", ("cudnn.benchmark",)),
+        ("fixture", "fn_leak", ("cudnn.benchmark",)),
+    ]
+)
 
 HEADERS = (
     ("test", re.compile(r"^(?:\[gw\d+\] )?(\S+::\S+) left torch backend flags changed:$")),
@@ -287,10 +290,25 @@ def cpu_description() -> str:
 def run(suite: Path, seed: int, ignore: list[str]) -> tuple[list[Report], dict[str, str], str]:
     junit = suite / f"junit-{seed}.xml"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "randomly", f"--randomly-seed={seed}",
-         "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-rN", f"--junitxml={junit}",
-         *[f"--ignore={path}" for path in ignore]],
-        cwd=suite, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "randomly",
+            f"--randomly-seed={seed}",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-q",
+            "-rN",
+            f"--junitxml={junit}",
+            *[f"--ignore={path}" for path in ignore],
+        ],
+        cwd=suite,
+        capture_output=True,
+        text=True,
     )
     output = proc.stdout + proc.stderr
     summary = output.strip().splitlines()[-1] if output.strip() else ""
@@ -316,7 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         variants = {
             "whole suite": ([], EXPECTED),
             "torch imported lazily": (
-                ["test_c_import_time.py"], [r for r in EXPECTED if r[0] != "import"]),
+                ["test_c_import_time.py"],
+                [r for r in EXPECTED if r[0] != "import"],
+            ),
         }
         reference: dict[str, dict[str, str]] = {}
         for seed in range(args.first_seed, args.first_seed + args.seeds):
@@ -329,16 +349,25 @@ def main(argv: list[str] | None = None) -> int:
                     problems += [f"unexpected {r}" for r in reports if r not in expected]
                     if not problems:
                         problems.append(f"reported a different number of times: {sorted(reports)}")
-                changed = sorted(k for k in found.keys() | reference[variant].keys()
-                                 if found.get(k) != reference[variant].get(k))
+                changed = sorted(
+                    k
+                    for k in found.keys() | reference[variant].keys()
+                    if found.get(k) != reference[variant].get(k)
+                )
                 if changed:
                     problems.append("outcomes differ: " + ", ".join(changed))
                 failures += bool(problems)
-                lines.append(f"seed {seed:>3} {variant}: {len(reports)} reports, "
-                             f"{len(set(reports))} culprits | {summary}")
+                lines.append(
+                    f"seed {seed:>3} {variant}: {len(reports)} reports, "
+                    f"{len(set(reports))} culprits | {summary}"
+                )
                 lines.extend(f"    {p}" for p in problems)
-                print(lines[-1 - len(problems)], *lines[len(lines) - len(problems):],
-                      sep="\n", flush=True)
+                print(
+                    lines[-1 - len(problems)],
+                    *lines[len(lines) - len(problems) :],
+                    sep="\n",
+                    flush=True,
+                )
     runs = args.seeds * len(variants)
     verdict = (
         f"{args.seeds} seeds x {len(variants)} variants = {runs} runs in "

@@ -28,7 +28,9 @@ def _run(root: Path, extra: list[str]) -> float:
     start = time.perf_counter()
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", *extra],
-        cwd=root, capture_output=True, text=True,
+        cwd=root,
+        capture_output=True,
+        text=True,
     )
     elapsed = time.perf_counter() - start
     if out.returncode != 0:

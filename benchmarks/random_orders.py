@@ -42,9 +42,22 @@ def run_seed(seed: int, paths: list[str], extra: list[str]) -> tuple[dict[str, s
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "randomly", f"--randomly-seed={seed}",
-             "-p", "no:cacheprovider", "-q", f"--junitxml={junit}", *extra, *paths],
-            capture_output=True, text=True,
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "randomly",
+                f"--randomly-seed={seed}",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                f"--junitxml={junit}",
+                *extra,
+                *paths,
+            ],
+            capture_output=True,
+            text=True,
         )
         output = proc.stdout + proc.stderr
         leaks = sum(output.count(marker) for marker in LEAK_MARKERS)
@@ -61,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
     if "--" in argv:  # everything after "--" goes to pytest
-        extra = argv[argv.index("--") + 1:]
+        extra = argv[argv.index("--") + 1 :]
         argv = argv[: argv.index("--")]
     args = parser.parse_args(argv)
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
@@ -76,15 +89,21 @@ def main(argv: list[str] | None = None) -> int:
         if reference is None:
             reference = outcomes
         else:
-            differing |= {k for k in reference.keys() | outcomes.keys()
-                          if reference.get(k) != outcomes.get(k)}
+            differing |= {
+                k for k in reference.keys() | outcomes.keys() if reference.get(k) != outcomes.get(k)
+            }
         lines.append(f"seed {seed:>3}: {len(outcomes)} tests, {leaks} leak reports | {summary}")
         lines.extend(
-            f"    {outcome}: {name}" for name, outcome in sorted(outcomes.items())
+            f"    {outcome}: {name}"
+            for name, outcome in sorted(outcomes.items())
             if outcome not in ("passed", "skipped")
         )
-        print("\n".join(line for line in lines if line.startswith(("seed", "    "))
-                        and line not in printed), flush=True)
+        print(
+            "\n".join(
+                line for line in lines if line.startswith(("seed", "    ")) and line not in printed
+            ),
+            flush=True,
+        )
         printed.update(lines)
     verdict = (
         f"{len(seeds)} seeds ({seeds[0]}..{seeds[-1]}) over {' '.join(args.paths)}: "

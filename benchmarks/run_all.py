@@ -21,23 +21,70 @@ def benchmarks(quick: bool) -> list[tuple[str, list[str]]]:
     """(name, argv) for each benchmark, writing into ``benchmarks/results``."""
     trials = "200" if quick else "1000"
     return [
-        ("overhead", ["overhead.py", "--repeats", "2" if quick else "5",
-                      "--out", str(RESULTS / "overhead-cpu.txt")]),
-        ("collection", ["bench_collection.py", "--repeat", "1" if quick else "3",
-                        "--out", str(RESULTS / "collection-cpu.txt")]),
+        (
+            "overhead",
+            [
+                "overhead.py",
+                "--repeats",
+                "2" if quick else "5",
+                "--out",
+                str(RESULTS / "overhead-cpu.txt"),
+            ],
+        ),
+        (
+            "collection",
+            [
+                "bench_collection.py",
+                "--repeat",
+                "1" if quick else "3",
+                "--out",
+                str(RESULTS / "collection-cpu.txt"),
+            ],
+        ),
         ("digest", ["bench_digest.py", "--out", str(RESULTS / "digest-cpu.txt")]),
         ("repeat", ["bench_repeat.py", "--out", str(RESULTS / "repeat-cpu.txt")]),
-        ("reproducible", ["bench_reproducible.py", "--out",
-                          str(RESULTS / "reproducible-cpu.txt")]),
-        ("suite-determinism", ["bench_suite_determinism.py", "--repeat", "1" if quick else "3",
-                               "--out", str(RESULTS / "suite-determinism-cpu.txt")]),
+        ("reproducible", ["bench_reproducible.py", "--out", str(RESULTS / "reproducible-cpu.txt")]),
+        (
+            "suite-determinism",
+            [
+                "bench_suite_determinism.py",
+                "--repeat",
+                "1" if quick else "3",
+                "--out",
+                str(RESULTS / "suite-determinism-cpu.txt"),
+            ],
+        ),
         ("capability", ["bench_capability.py"]),
-        ("calibration", ["calibrate_tolerance.py", "--trials", trials,
-                         "--out", str(RESULTS / "calibration-cpu.txt")]),
-        ("leak-soak", ["leak_soak.py", "--seeds", "3" if quick else "20",
-                       "--out", str(RESULTS / "leak-soak.txt")]),
-        ("fuzz", ["fuzz_inputs.py", "--sessions", "6" if quick else "45",
-                  "--out", str(RESULTS / "fuzz-cpu.txt")]),
+        (
+            "calibration",
+            [
+                "calibrate_tolerance.py",
+                "--trials",
+                trials,
+                "--out",
+                str(RESULTS / "calibration-cpu.txt"),
+            ],
+        ),
+        (
+            "leak-soak",
+            [
+                "leak_soak.py",
+                "--seeds",
+                "3" if quick else "20",
+                "--out",
+                str(RESULTS / "leak-soak.txt"),
+            ],
+        ),
+        (
+            "fuzz",
+            [
+                "fuzz_inputs.py",
+                "--sessions",
+                "6" if quick else "45",
+                "--out",
+                str(RESULTS / "fuzz-cpu.txt"),
+            ],
+        ),
     ]
 
 

@@ -90,8 +90,10 @@ def _inputs(args: argparse.Namespace) -> dict[str, list[Path]]:
             )
         found[kind].append(path)
     wanted = {"report": args.report or args.html, "census": args.census}
-    for kind, option in (("report", "--report OUT.json or --html OUT.html"),
-                         ("census", "--census OUT.json")):
+    for kind, option in (
+        ("report", "--report OUT.json or --html OUT.html"),
+        ("census", "--census OUT.json"),
+    ):
         if found[kind] and not wanted[kind]:
             raise MergeInputError(
                 f"{found[kind][0]} is a {'matrix report' if kind == 'report' else 'census'}; "
@@ -108,8 +110,10 @@ def _merge(args: argparse.Namespace) -> int:
     from pytest_backends.determinism.census import CensusFileError
 
     if not (args.report or args.html or args.census):
-        print("pytest-backends merge: name an output with --report, --html or --census",
-              file=sys.stderr)
+        print(
+            "pytest-backends merge: name an output with --report, --html or --census",
+            file=sys.stderr,
+        )
         return 2
     try:
         inputs = _inputs(args)
@@ -160,15 +164,18 @@ def _baseline(args: argparse.Namespace) -> int:
         new = unaccepted(baseline, census)
         for key, tests in new.items():
             shown = ", ".join(tests[:3]) + (f" (+{len(tests) - 3} more)" if len(tests) > 3 else "")
-            print(f"NEW nondeterministic op, not in {baseline_path}: {describe_key(key)}; "
-                  f"in {shown}")
+            print(
+                f"NEW nondeterministic op, not in {baseline_path}: {describe_key(key)}; in {shown}"
+            )
         stale = refresh(baseline, census).removed
         for change in stale:
             print(f"could be removed: {change.entry.op} ({change.entry.device}): {change.reason}")
         if new:
-            print(f"FAILED: {len(new)} nondeterministic op(s) not in the baseline "
-                  f"{baseline_path}; accept them with: pytest-backends baseline --census "
-                  f"{args.census} {baseline_path}")
+            print(
+                f"FAILED: {len(new)} nondeterministic op(s) not in the baseline "
+                f"{baseline_path}; accept them with: pytest-backends baseline --census "
+                f"{args.census} {baseline_path}"
+            )
             return 1
         print(f"every nondeterministic op of {args.census} is in the baseline {baseline_path}")
         return 0
@@ -206,10 +213,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "job): add its nondeterministic ops, remove entries whose ops all came out "
         "deterministic, and say why. With --check, change nothing and fail on new ops.",
     )
-    base.add_argument("--census", required=True, metavar="CENSUS.json",
-                      help="the whole suite's census (pytest-backends merge --census)")
-    base.add_argument("--check", action="store_true",
-                      help="do not write; exit 1 when the census has ops the baseline lacks")
+    base.add_argument(
+        "--census",
+        required=True,
+        metavar="CENSUS.json",
+        help="the whole suite's census (pytest-backends merge --census)",
+    )
+    base.add_argument(
+        "--check",
+        action="store_true",
+        help="do not write; exit 1 when the census has ops the baseline lacks",
+    )
     base.add_argument("baseline", metavar="BASELINE.json", help="the baseline file")
     build = commands.add_parser(
         "build-native", help="build the native digest/repeat extension for this torch"

@@ -215,9 +215,7 @@ def check_output(path: Path, kind: OutputKind) -> os.stat_result | None:
 
 
 def _umask() -> int:
-    with contextlib.suppress(OSError, ValueError), open(
-        "/proc/self/status", encoding="ascii"
-    ) as f:
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status", encoding="ascii") as f:
         for line in f:
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)

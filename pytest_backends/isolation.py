@@ -127,7 +127,7 @@ def marker_mode(node: pytest.Item | pytest.Collector, default: str) -> tuple[str
     )
     return default, (
         f"@pytest.mark.backends_leaks takes one mode, one of {', '.join(map(repr, LEAK_MODES))} "
-        f"(for example @pytest.mark.backends_leaks(\"warn\")); got backends_leaks({given})"
+        f'(for example @pytest.mark.backends_leaks("warn")); got backends_leaks({given})'
     )
 
 
@@ -442,15 +442,13 @@ class IsolationPlugin:
         return suspects
 
     def _suite_origin(self, thread: threading.Thread) -> str | None:
-        """"outside any test (running <code>)" for a thread running the suite's code."""
+        """ "outside any test (running <code>)" for a thread running the suite's code."""
         if thread not in self._suite_threads:
             func = getattr(thread, "_target", None) or type(thread).run
             code = getattr(func, "__code__", None)
             name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', '?')}"
             in_suite = code is not None and self._in_rootdir(code.co_filename)
-            self._suite_threads[thread] = (
-                f"outside any test (running {name})" if in_suite else None
-            )
+            self._suite_threads[thread] = f"outside any test (running {name})" if in_suite else None
         return self._suite_threads[thread]
 
     def _in_rootdir(self, file: str) -> bool:
@@ -467,8 +465,7 @@ class IsolationPlugin:
         if not threads:
             return ""
         lines = "".join(
-            f"\n  thread {name!r}, started {origin}, was running {when}"
-            for name, origin in threads
+            f"\n  thread {name!r}, started {origin}, was running {when}" for name, origin in threads
         )
         return f"\nFlags are process-global, so another thread may have made this change:{lines}"
 
@@ -485,8 +482,11 @@ class IsolationPlugin:
         try:
             self._check_import(collector)
         except Exception as exc:  # never break collection
-            self._add("torch backend flags that could not be checked", f"{collector.nodeid}: "
-                      f"{type(exc).__name__}: {exc}", fails=False)
+            self._add(
+                "torch backend flags that could not be checked",
+                f"{collector.nodeid}: {type(exc).__name__}: {exc}",
+                fails=False,
+            )
         return report
 
     def _check_import(self, collector: pytest.Collector) -> None:
@@ -650,8 +650,11 @@ class IsolationPlugin:
         try:
             self._own(fixturedef, state, before_fp)
         except Exception as exc:  # never break the fixture
-            self._add("torch backend flags that could not be checked",
-                      f"{_fixture_label(fixturedef)}: {type(exc).__name__}: {exc}", fails=False)
+            self._add(
+                "torch backend flags that could not be checked",
+                f"{_fixture_label(fixturedef)}: {type(exc).__name__}: {exc}",
+                fails=False,
+            )
         return result
 
     def _own(
@@ -694,8 +697,11 @@ class IsolationPlugin:
         try:
             self._finalized(owned)
         except Exception as exc:  # never break teardown
-            self._add("torch backend flags that could not be checked",
-                      f"{owned.label}: {type(exc).__name__}: {exc}", fails=False)
+            self._add(
+                "torch backend flags that could not be checked",
+                f"{owned.label}: {type(exc).__name__}: {exc}",
+                fails=False,
+            )
 
     def _finalized(self, owned: _Owned) -> None:
         reg = _registry()
@@ -719,8 +725,9 @@ class IsolationPlugin:
                 # Not an error of whichever test happened to finalise the scope
                 # (that depends on the order): once per fixture and change, in the
                 # summary, and the run fails under "fail".
-                self._add("torch backend flags leaked by fixtures", message,
-                          fails=owned.mode == "fail")
+                self._add(
+                    "torch backend flags leaked by fixtures", message, fails=owned.mode == "fail"
+                )
         if owned.scope != "function":
             self._ensure_ambient().update(owned.before)
             self._ambient_fp = None
@@ -749,8 +756,9 @@ class IsolationPlugin:
             fail, warn = [], fail + warn
         if fail:
             if warn:
-                item.add_report_section("teardown", "torch backend flags leaked (warn)",
-                                        "\n\n".join(warn))
+                item.add_report_section(
+                    "teardown", "torch backend flags leaked (warn)", "\n\n".join(warn)
+                )
             pytest.fail("\n\n".join(fail), pytrace=False)
         for message in warn:
             _warn(message)
@@ -767,8 +775,9 @@ class IsolationPlugin:
         try:
             self._check_test(item, state, found)
         except Exception as exc:  # report, never crash the run
-            found["fail"].append(f"pytest-backends could not check torch backend flags: "
-                                 f"{type(exc).__name__}: {exc}")
+            found["fail"].append(
+                f"pytest-backends could not check torch backend flags: {type(exc).__name__}: {exc}"
+            )
         with contextlib.suppress(Exception):
             state.checked_fp = _registry().fingerprint()
         return found
@@ -804,8 +813,11 @@ class IsolationPlugin:
         try:
             self._finish(session)
         except Exception as exc:  # never an INTERNALERROR at the end of a good run
-            self._add("torch backend flags that could not be checked",
-                      f"at session end: {type(exc).__name__}: {exc}", fails=False)
+            self._add(
+                "torch backend flags that could not be checked",
+                f"at session end: {type(exc).__name__}: {exc}",
+                fails=False,
+            )
         config = session.config
         workeroutput = getattr(config, "workeroutput", None)
         if isinstance(workeroutput, dict):
@@ -865,9 +877,12 @@ class IsolationPlugin:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """Everything found outside a test's own report."""
         if self.watch.error is not None and self.settings.mode != "off":
-            self._add("torch backend flags were not checked",
-                      f"pytest-backends could not read torch's flags when torch was imported "
-                      f"({self.watch.error}); the leak guard was off for this run.", fails=False)
+            self._add(
+                "torch backend flags were not checked",
+                f"pytest-backends could not read torch's flags when torch was imported "
+                f"({self.watch.error}); the leak guard was off for this run.",
+                fails=False,
+            )
         for title, messages in self._sections.items():
             terminalreporter.section(title, sep="=")
             for message in messages:

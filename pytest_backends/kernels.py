@@ -398,19 +398,37 @@ class OpEvent:
 #: Ops whose kernels a oneDNN primitive of that family computes.
 FAMILY_OPS = {
     "matmul": (
-        "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm",
-        "aten::_addmm_activation", "aten::mv", "aten::addmv", "aten::mkldnn_linear",
-        "mkldnn::_linear_pointwise", "aten::_scaled_mm", "aten::linear",
-        "aten::matmul", "aten::mkldnn_matmul",
+        "aten::mm",
+        "aten::addmm",
+        "aten::bmm",
+        "aten::baddbmm",
+        "aten::addbmm",
+        "aten::_addmm_activation",
+        "aten::mv",
+        "aten::addmv",
+        "aten::mkldnn_linear",
+        "mkldnn::_linear_pointwise",
+        "aten::_scaled_mm",
+        "aten::linear",
+        "aten::matmul",
+        "aten::mkldnn_matmul",
     ),
     "conv": (
-        "aten::convolution", "aten::_convolution", "aten::mkldnn_convolution",
-        "mkldnn::_convolution_pointwise", "aten::convolution_backward",
-        "aten::mkldnn_convolution_transpose", "aten::convolution_overrideable",
+        "aten::convolution",
+        "aten::_convolution",
+        "aten::mkldnn_convolution",
+        "mkldnn::_convolution_pointwise",
+        "aten::convolution_backward",
+        "aten::mkldnn_convolution_transpose",
+        "aten::convolution_overrideable",
     ),
     "rnn": (
-        "aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu",
-        "aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward",
+        "aten::lstm",
+        "aten::gru",
+        "aten::rnn_tanh",
+        "aten::rnn_relu",
+        "aten::mkldnn_rnn_layer",
+        "aten::mkldnn_rnn_layer_backward",
     ),
 }
 
@@ -465,18 +483,25 @@ def attribute(primitives: Sequence[Primitive], events: Sequence[OpEvent]) -> lis
         names = FAMILY_OPS[family]
         shapes = _problem_shapes(primitive)
 
-        def found(start: int, check: bool, names: tuple[str, ...] = names,
-                  shapes: list[tuple[int, ...]] = shapes) -> list[int]:
+        def found(
+            start: int,
+            check: bool,
+            names: tuple[str, ...] = names,
+            shapes: list[tuple[int, ...]] = shapes,
+        ) -> list[int]:
             return [
-                i for i in range(max(start, 0), len(events))
+                i
+                for i in range(max(start, 0), len(events))
                 if events[i].name in names and (not check or _fits(shapes, events[i]))
             ]
 
         # a later op first (each op usually runs one computing primitive), then
         # the previous one again (an op that runs several), then any shape
         candidates = (
-            found(cursor + 1, True) or found(cursor, True)
-            or found(cursor + 1, False) or found(cursor, False)
+            found(cursor + 1, True)
+            or found(cursor, True)
+            or found(cursor + 1, False)
+            or found(cursor, False)
         )
         if not candidates:
             continue
@@ -498,7 +523,7 @@ def attribute(primitives: Sequence[Primitive], events: Sequence[OpEvent]) -> lis
     for index, primitive in enumerate(out):
         if primitive.op is not None:
             continue
-        later = next((p for p in out[index + 1:] if p.op is not None and p.family), None)
+        later = next((p for p in out[index + 1 :] if p.op is not None and p.family), None)
         earlier = next((p for p in reversed(out[:index]) if p.op is not None and p.family), None)
         dims = _dims(primitive.problem)
         if later is not None and dims is not None and dims in later.op_shapes:
@@ -526,7 +551,6 @@ def _ancestor(events: Sequence[OpEvent], ancestor: int, index: int) -> bool:
             return True
         parent = events[parent].parent
     return False
-
 
 
 # ------------------------------------------------------------------- CUDA
@@ -562,21 +586,41 @@ class CudaKernel:
 _LIBRARY_RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
     ("cudnn_attention", "sdpa", re.compile(r"cudnn.*(sdpa|fmha|flash_[fb]prop)", re.I)),
     ("flash", "sdpa", re.compile(r"pytorch_flash::|flash_fwd|flash_bwd|flash_attn", re.I)),
-    ("mem_efficient", "sdpa", re.compile(
-        r"fmha_cutlass[FB]|PyTorchMemEffAttention|AttentionKernel<|AttentionBackwardKernel<|"
-        r"mem_efficient|efficient_attention", re.I)),
+    (
+        "mem_efficient",
+        "sdpa",
+        re.compile(
+            r"fmha_cutlass[FB]|PyTorchMemEffAttention|AttentionKernel<|AttentionBackwardKernel<|"
+            r"mem_efficient|efficient_attention",
+            re.I,
+        ),
+    ),
     ("triton", "other", re.compile(r"^triton_|triton", re.I)),
-    ("cudnn", "rnn", re.compile(r"RNN_|rnn::|elemWiseRNNcell|LSTM_|GRU_|persist.*(lstm|gru)",
-                                re.I)),
-    ("cudnn", "conv", re.compile(
-        r"cudnn|_xmma_(fprop|dgrad|wgrad)|implicit_convolve|implicit_gemm|winograd|"
-        r"precomputed_convolve|fft2d|conv2d_grouped|convolve_", re.I)),
+    (
+        "cudnn",
+        "rnn",
+        re.compile(r"RNN_|rnn::|elemWiseRNNcell|LSTM_|GRU_|persist.*(lstm|gru)", re.I),
+    ),
+    (
+        "cudnn",
+        "conv",
+        re.compile(
+            r"cudnn|_xmma_(fprop|dgrad|wgrad)|implicit_convolve|implicit_gemm|winograd|"
+            r"precomputed_convolve|fft2d|conv2d_grouped|convolve_",
+            re.I,
+        ),
+    ),
     ("cublasLt", "gemm", re.compile(r"^nvjet|cublasLt|splitKreduce|_cublaslt", re.I)),
-    ("cutlass", "gemm", re.compile(r"cutlass.*gemm|cutlass3x_|cutlass_\d+_(tensorop|simt)",
-                                   re.I)),
-    ("cublas", "gemm", re.compile(
-        r"xmma_gemm|_cublas$|[a-z]gemm|gemm[A-Z_]|gemv|gemmk1|gemmSN|dot_kernel|"
-        r"(volta|turing|ampere|ada|hopper|maxwell|sm\d+)_.*gemm", re.I)),
+    ("cutlass", "gemm", re.compile(r"cutlass.*gemm|cutlass3x_|cutlass_\d+_(tensorop|simt)", re.I)),
+    (
+        "cublas",
+        "gemm",
+        re.compile(
+            r"xmma_gemm|_cublas$|[a-z]gemm|gemm[A-Z_]|gemv|gemmk1|gemmSN|dot_kernel|"
+            r"(volta|turing|ampere|ada|hopper|maxwell|sm\d+)_.*gemm",
+            re.I,
+        ),
+    ),
 )
 _PRECISION_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("tf32", re.compile(r"tf32|tensorop_s1688gemm_\d|tensorop_s1688gemm_(nn|nt|tn|tt)", re.I)),
@@ -585,8 +629,14 @@ _PRECISION_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("f8", re.compile(r"e4m3|e5m2|fp8|f8f8", re.I)),
     ("int8", re.compile(r"int8|i8816|i8832|imma|_s8_|s8s8", re.I)),
     ("f64", re.compile(r"dgemm|double|f64|d884|dmma|dgrad2d_alg\d_\d<double", re.I)),
-    ("f32", re.compile(r"sgemm|scudnn|<float|float,|f32f32_f32|simt_s|_f32_|gemv2T_kernel_val"
-                       r"<int, int, float", re.I)),
+    (
+        "f32",
+        re.compile(
+            r"sgemm|scudnn|<float|float,|f32f32_f32|simt_s|_f32_|gemv2T_kernel_val"
+            r"<int, int, float",
+            re.I,
+        ),
+    ),
 )
 
 

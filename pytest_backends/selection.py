@@ -26,7 +26,7 @@ __all__ = [
     "SELECTION_KEY",
     "Selection",
     "SelectionPlugin",
-        "configure",
+    "configure",
     "record",
     "strict",
 ]
@@ -61,8 +61,6 @@ class Selection:
             self.add(str(option), int(n), str(hint))
 
 
-
-
 def strict(config: pytest.Config) -> bool:
     """Whether ``--backends-strict`` (or ``backends_strict = true``) is on."""
     if STRICT_KEY not in config.stash:
@@ -91,8 +89,10 @@ class SelectionPlugin:
         if workeroutput is not None:
             workeroutput[WORKEROUTPUT_KEY] = self.selection.to_plain()
             return
-        if strict(self.config) and self.selection.empty() and (
-            session.exitstatus == pytest.ExitCode.OK
+        if (
+            strict(self.config)
+            and self.selection.empty()
+            and (session.exitstatus == pytest.ExitCode.OK)
         ):
             session.exitstatus = pytest.ExitCode.USAGE_ERROR
 

@@ -296,9 +296,7 @@ def _precision_u(value: object) -> tuple[float, str] | None:
     return None
 
 
-def _fp32_path(
-    view: _FlagView, device: str, op: str | None, path: _Path, kernel: bool
-) -> None:
+def _fp32_path(view: _FlagView, device: str, op: str | None, path: _Path, kernel: bool) -> None:
     rows = _PRECISION_ROWS.get(device, {}).get(op, ())
     worst: tuple[float, str, str] | None = None
     for name in rows:
@@ -389,8 +387,10 @@ def kernel_precision(
     moved, effect = result
     if moved:
         return True, "probe", f"probe: a {family} on this machine moved by {effect:.2g} relative"
-    return False, "probe", (
-        f"probe: a {family} on this machine moved by {effect:.2g} relative, not {mode}-sized"
+    return (
+        False,
+        "probe",
+        (f"probe: a {family} on this machine moved by {effect:.2g} relative, not {mode}-sized"),
     )
 
 

@@ -150,9 +150,7 @@ _NUMBERS = (bool, int, float, complex)
 _PLAIN_VALUES = (str, bytes, type(None))
 
 
-def _flatten(
-    value: object, label: str, out: list[tuple[str, object]], strict: bool = True
-) -> None:
+def _flatten(value: object, label: str, out: list[tuple[str, object]], strict: bool = True) -> None:
     """Collect ``(label, leaf)`` for every comparable leaf of nested containers.
 
     Leaves are tensors, NumPy arrays and scalars, Python numbers, strings and

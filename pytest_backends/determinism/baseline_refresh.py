@@ -78,16 +78,21 @@ def refresh(baseline: Baseline, census: Census) -> Refresh:
             continue
         settled = {k: v for k, v in verdicts.items() if v != "inconclusive"}
         if not settled:
-            why = ("no test in the census hit it" if not keys
-                   else "the census has only inconclusive verdicts for it")
+            why = (
+                "no test in the census hit it"
+                if not keys
+                else "the census has only inconclusive verdicts for it"
+            )
             result.unsettled.append(Change(entry, why))
             kept.append(entry)
             continue
-        shown = "; ".join(f"{describe_key(k)} {(v or '').replace('_', ' ')}"
-                          for k, v in list(settled.items())[:3])
+        shown = "; ".join(
+            f"{describe_key(k)} {(v or '').replace('_', ' ')}" for k, v in list(settled.items())[:3]
+        )
         more = f" (+{len(settled) - 3} more)" if len(settled) > 3 else ""
-        result.removed.append(Change(
-            entry, f"every key it accepts came out without nondeterminism: {shown}{more}"))
+        result.removed.append(
+            Change(entry, f"every key it accepts came out without nondeterminism: {shown}{more}")
+        )
     added: list[BaselineEntry] = []
     for key, tests in census.nondeterministic().items():
         if any(e.matches(key) for e in (*kept, *added)):

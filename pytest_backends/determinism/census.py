@@ -121,8 +121,11 @@ def _load(path: Path, what: str, expected_format: str) -> dict[str, Any]:
         )
     fmt = data.get("format")
     if fmt != expected_format:
-        other = {CENSUS_FORMAT: "a census", BASELINE_FORMAT: "a baseline",
-                 "pytest-backends-report": "a matrix report"}.get(str(fmt))
+        other = {
+            CENSUS_FORMAT: "a census",
+            BASELINE_FORMAT: "a baseline",
+            "pytest-backends-report": "a matrix report",
+        }.get(str(fmt))
         hint = f" (it is {other} file)" if other else ""
         raise CensusFileError(
             f"{what} file {path}: 'format' must be {expected_format!r}, got {fmt!r}{hint}"

@@ -47,7 +47,10 @@ class MergedCensus:
     def write(self, path: Path) -> None:
         """Write the merged census file atomically."""
         self.census.write(
-            Path(path), runs=self.runs, versions=self.versions, label="merged",
+            Path(path),
+            runs=self.runs,
+            versions=self.versions,
+            label="merged",
             sources=self.sources,
         )
 
@@ -77,20 +80,24 @@ def merge_censuses(paths: Sequence[Path]) -> MergedCensus:
     for path in map(Path, paths):
         data, versions, one = read_census_file(path)
         nested = data.get("sources")
-        if isinstance(nested, list) and nested and all(
-            isinstance(s, dict) and isinstance(s.get("label"), str) for s in nested
+        if (
+            isinstance(nested, list)
+            and nested
+            and all(isinstance(s, dict) and isinstance(s.get("label"), str) for s in nested)
         ):
             found = [dict(s) for s in nested]
         else:
             label = data.get("label")
-            found = [{
-                "file": str(path),
-                "label": label if isinstance(label, str) and label else path.stem,
-                "torch": versions.torch,
-                "cuda": versions.cuda,
-                "runs": data.get("runs"),
-                "entries": len(one),
-            }]
+            found = [
+                {
+                    "file": str(path),
+                    "label": label if isinstance(label, str) and label else path.stem,
+                    "torch": versions.torch,
+                    "cuda": versions.cuda,
+                    "runs": data.get("runs"),
+                    "entries": len(one),
+                }
+            ]
         for src in found:
             src["label"] = unique_label(str(src["label"]), taken, str(src.get("file", path)))
             sources.append(src)

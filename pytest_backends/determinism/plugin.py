@@ -266,13 +266,21 @@ class DeterminismPlugin:
 
         option = "--backends-determinism"
         if self.config.getoption("backends_determinism", None) is None:
-            option = "--backends-census" if self.settings.census else (
-                "--backends-baseline" if self.settings.baseline else option)
+            option = (
+                "--backends-census"
+                if self.settings.census
+                else ("--backends-baseline" if self.settings.baseline else option)
+            )
         selected = sum(1 for item in session.items if _selected(item, self.settings.select_all))
-        selection.record(self.config, option, selected, (
-            "no collected test is marked @pytest.mark.backends(deterministic=...); mark the "
-            "tests to check, or check every test with --backends-determinism-all"
-        ))
+        selection.record(
+            self.config,
+            option,
+            selected,
+            (
+                "no collected test is marked @pytest.mark.backends(deterministic=...); mark the "
+                "tests to check, or check every test with --backends-determinism-all"
+            ),
+        )
 
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
@@ -487,7 +495,8 @@ class DeterminismPlugin:
             elif self._unaccepted() and session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self._errors and session.exitstatus in (
-            pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED
+            pytest.ExitCode.OK,
+            pytest.ExitCode.NO_TESTS_COLLECTED,
         ):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

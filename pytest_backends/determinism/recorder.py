@@ -580,7 +580,6 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _first_use(self, t: torch.Tensor) -> None:
         """Called for an input no recorded op of this run produced or last wrote."""
 
-
     def finish(self) -> RunLog:
         """The run's log, with every digest copied to the host."""
         by_device: dict[torch.device, list[int]] = {}

@@ -62,8 +62,7 @@ class Availability:
             build = f"torch {self.torch_version} is a CPU-only build"
         else:
             build = (
-                f"torch {self.torch_version} was built for CUDA {self.cuda_built} "
-                "but sees no GPU"
+                f"torch {self.torch_version} was built for CUDA {self.cuda_built} but sees no GPU"
             )
         return f"needs CUDA: torch.cuda.is_available() is False ({build})"
 
@@ -91,22 +90,32 @@ class Availability:
         if check == "cudnn":
             if not self.cuda:
                 return self._cuda_reason()
-            return None if self.cudnn else (
-                "needs cuDNN: torch.backends.cudnn.is_available() is False"
+            return (
+                None
+                if self.cudnn
+                else ("needs cuDNN: torch.backends.cudnn.is_available() is False")
             )
         if check == "mkldnn":
-            return None if self.mkldnn else (
-                "needs oneDNN: torch.backends.mkldnn.is_available() is False"
+            return (
+                None
+                if self.mkldnn
+                else ("needs oneDNN: torch.backends.mkldnn.is_available() is False")
             )
         if check == "nnpack":
-            return None if self.nnpack else (
-                "needs NNPACK: torch.backends.nnpack.is_available() is False"
+            return (
+                None
+                if self.nnpack
+                else ("needs NNPACK: torch.backends.nnpack.is_available() is False")
             )
         if check == "mkldnn_bf16":
-            return None if self._mkldnn_bf16() else (
-                "needs a CPU with bf16 support in oneDNN (x86: AVX512BW+VL+DQ or "
-                "AVX-NE-CONVERT; Arm: BF16); "
-                f"this {self.arch} CPU has neither, so the flag would change nothing"
+            return (
+                None
+                if self._mkldnn_bf16()
+                else (
+                    "needs a CPU with bf16 support in oneDNN (x86: AVX512BW+VL+DQ or "
+                    "AVX-NE-CONVERT; Arm: BF16); "
+                    f"this {self.arch} CPU has neither, so the flag would change nothing"
+                )
             )
         if check == "mkldnn_tf32":
             if self.arch == "x86_64" and "amxfp16" in self.cpu_features:
@@ -209,8 +218,11 @@ def unavailable_reason(
         check = avail.missing(device)
         if check is not None:
             cause = next(
-                (axis.token(value.name) for axis, value in values
-                 if axis.name == "device" or value.devices == frozenset({device})),
+                (
+                    axis.token(value.name)
+                    for axis, value in values
+                    if axis.name == "device" or value.devices == frozenset({device})
+                ),
                 f"device-{device}",
             )
             return f"{cause} {check}"
@@ -219,15 +231,17 @@ def unavailable_reason(
         token = axis.token(value.name)
         if value.devices is not None and device not in value.devices:
             where = " and ".join(_DEVICE_NAMES[d] for d in sorted(value.devices))
-            reasons.append(f"{token} only acts on {where} kernels; this config runs on "
-                           f"device-{device}")
+            reasons.append(
+                f"{token} only acts on {where} kernels; this config runs on device-{device}"
+            )
             continue
         for other_axis, wanted in value.requires:
             got = config.axes.get(other_axis)
             if got is not None and got != wanted:
                 other = registry.axis(other_axis)
-                reasons.append(f"{token} needs {other.token(wanted)}; this config has "
-                               f"{other.token(got)}")
+                reasons.append(
+                    f"{token} needs {other.token(wanted)}; this config has {other.token(got)}"
+                )
         for need in value.needs:
             why = need(avail)
             if why is not None:

@@ -255,7 +255,11 @@ class AxisRegistry:
             if clash:
                 raise ConfigError(f"axis {add.name!r} already has values {clash}")
             axes[add.name] = Axis(
-                old.name, old.values + add.values, old.doc, old.id_prefix, old.home,
+                old.name,
+                old.values + add.values,
+                old.doc,
+                old.id_prefix,
+                old.home,
                 old.process_level,
             )
         return AxisRegistry(axes.values())
@@ -270,9 +274,7 @@ class AxisRegistry:
                 raise ConfigError(f"axis {name!r} has no value {value!r}")
         return tuple(sorted(choices.items(), key=lambda kv: self._order[kv[0]]))
 
-    def product(
-        self, selection: Mapping[str, Sequence[str]]
-    ) -> list[tuple[tuple[str, str], ...]]:
+    def product(self, selection: Mapping[str, Sequence[str]]) -> list[tuple[tuple[str, str], ...]]:
         """Every combination of the selected values, in stable id order.
 
         Axes are taken in registry order and values in their axis's order,
@@ -383,11 +385,14 @@ def _tf32(on: bool) -> Callable[[frozenset[str]], Mapping[str, object]]:
         # after them makes torch raise on the mix (DESIGN A.2.1).
         if "cuda.matmul.fp32_precision" in available:
             mode = "tf32" if on else "ieee"
-            return _present(available, {
-                "cuda.matmul.fp32_precision": mode,
-                "cudnn.conv.fp32_precision": mode,
-                "cudnn.rnn.fp32_precision": mode,
-            })
+            return _present(
+                available,
+                {
+                    "cuda.matmul.fp32_precision": mode,
+                    "cudnn.conv.fp32_precision": mode,
+                    "cudnn.rnn.fp32_precision": mode,
+                },
+            )
         return _present(available, {"cuda.matmul.allow_tf32": on, "cudnn.allow_tf32": on})
 
     return flags
@@ -397,9 +402,9 @@ def _mkldnn_precision(mode: str) -> Callable[[frozenset[str]], Mapping[str, obje
     def flags(available: frozenset[str]) -> Mapping[str, object]:
         # Per-op strings, not mkldnn.fp32_precision: that one writes the
         # generic precision too (DESIGN A.2.3).
-        return _present(available, {
-            f"mkldnn.{op}.fp32_precision": mode for op in ("matmul", "conv", "rnn")
-        })
+        return _present(
+            available, {f"mkldnn.{op}.fp32_precision": mode for op in ("matmul", "conv", "rnn")}
+        )
 
     return flags
 
@@ -451,10 +456,17 @@ def _on_off(
     return Axis(
         name,
         (
-            AxisValue("on", on_doc, on_flags or fixed(True), devices=on_devices,
-                      needs=on_needs, needs_flags=(flag,) if flag else ()),
-            AxisValue("off", off_doc, off_flags or fixed(False),
-                      needs_flags=(flag,) if flag else ()),
+            AxisValue(
+                "on",
+                on_doc,
+                on_flags or fixed(True),
+                devices=on_devices,
+                needs=on_needs,
+                needs_flags=(flag,) if flag else (),
+            ),
+            AxisValue(
+                "off", off_doc, off_flags or fixed(False), needs_flags=(flag,) if flag else ()
+            ),
         ),
         doc,
         home=home,
@@ -467,103 +479,164 @@ def _cap_value(level: str, doc: str) -> AxisValue:
 
 BUILTIN_AXES: tuple[Axis, ...] = (
     _on_off(
-        "cudnn", "cuDNN kernels for GPU convolutions, RNNs and batch norm", "cudnn.enabled",
+        "cudnn",
+        "cuDNN kernels for GPU convolutions, RNNs and batch norm",
+        "cudnn.enabled",
         on_doc="cuDNN may run (torch's default); needs CUDA with cuDNN",
         off_doc="cuDNN is disabled: torch's native CUDA kernels run instead",
-        on_devices=_CUDA, on_needs=(_needs("cudnn"),), home="cuda",
+        on_devices=_CUDA,
+        on_needs=(_needs("cudnn"),),
+        home="cuda",
     ),
     _on_off(
-        "cudnn_benchmark", "cuDNN autotuning of convolution algorithms", "cudnn.benchmark",
+        "cudnn_benchmark",
+        "cuDNN autotuning of convolution algorithms",
+        "cudnn.benchmark",
         on_doc="cuDNN benchmarks algorithms per input shape and picks the fastest",
         off_doc="cuDNN uses its heuristics (torch's default)",
-        on_devices=_CUDA, on_needs=(_needs("cudnn"),), home="cuda",
+        on_devices=_CUDA,
+        on_needs=(_needs("cudnn"),),
+        home="cuda",
     ),
     _on_off(
-        "mkldnn", "oneDNN (MKL-DNN) kernels for CPU convolutions, RNNs and reduced-precision "
-        "GEMMs", "mkldnn.enabled",
+        "mkldnn",
+        "oneDNN (MKL-DNN) kernels for CPU convolutions, RNNs and reduced-precision GEMMs",
+        "mkldnn.enabled",
         on_doc="oneDNN may run (torch's default; torch still picks kernels per shape)",
         off_doc="oneDNN is disabled: native CPU kernels (or NNPACK) run instead",
-        on_devices=_CPU, on_needs=(_needs("mkldnn"),), home="cpu",
+        on_devices=_CPU,
+        on_needs=(_needs("mkldnn"),),
+        home="cpu",
     ),
     _on_off(
-        "nnpack", "NNPACK convolutions on the CPU", "nnpack.enabled",
+        "nnpack",
+        "NNPACK convolutions on the CPU",
+        "nnpack.enabled",
         on_doc="NNPACK may run (torch's default; used for batch >= 16 when oneDNN does not "
         "take the conv)",
         off_doc="NNPACK is disabled",
-        on_devices=_CPU, on_needs=(_needs("nnpack"),), home="cpu",
+        on_devices=_CPU,
+        on_needs=(_needs("nnpack"),),
+        home="cpu",
     ),
     _on_off(
-        "tf32", "TF32 in cuBLAS matmuls and cuDNN convolutions/RNNs", None,
-        on_doc="fp32 matmuls and convolutions may use TF32 tensor cores (10-bit mantissa "
-        "inputs)",
+        "tf32",
+        "TF32 in cuBLAS matmuls and cuDNN convolutions/RNNs",
+        None,
+        on_doc="fp32 matmuls and convolutions may use TF32 tensor cores (10-bit mantissa inputs)",
         off_doc="full IEEE fp32 (torch's default for matmuls)",
-        on_devices=_CUDA, on_flags=_tf32(True), off_flags=_tf32(False), home="cuda",
+        on_devices=_CUDA,
+        on_flags=_tf32(True),
+        off_flags=_tf32(False),
+        home="cuda",
     ),
     Axis(
         "mkldnn_precision",
         (
-            AxisValue("ieee", "full fp32 in oneDNN (torch's default)",
-                      _mkldnn_precision("ieee")),
-            AxisValue("bf16", "oneDNN may compute fp32 matmuls, convolutions and RNNs in bf16",
-                      _mkldnn_precision("bf16"), devices=_CPU,
-                      needs=(_needs("mkldnn"), _needs("mkldnn_bf16")),
-                      needs_flags=("mkldnn.matmul.fp32_precision",),
-                      requires=(("mkldnn", "on"),)),
-            AxisValue("tf32", "oneDNN may compute fp32 matmuls, convolutions and RNNs in TF32",
-                      _mkldnn_precision("tf32"), devices=_CPU,
-                      needs=(_needs("mkldnn"), _needs("mkldnn_tf32")),
-                      needs_flags=("mkldnn.matmul.fp32_precision",),
-                      requires=(("mkldnn", "on"),)),
+            AxisValue("ieee", "full fp32 in oneDNN (torch's default)", _mkldnn_precision("ieee")),
+            AxisValue(
+                "bf16",
+                "oneDNN may compute fp32 matmuls, convolutions and RNNs in bf16",
+                _mkldnn_precision("bf16"),
+                devices=_CPU,
+                needs=(_needs("mkldnn"), _needs("mkldnn_bf16")),
+                needs_flags=("mkldnn.matmul.fp32_precision",),
+                requires=(("mkldnn", "on"),),
+            ),
+            AxisValue(
+                "tf32",
+                "oneDNN may compute fp32 matmuls, convolutions and RNNs in TF32",
+                _mkldnn_precision("tf32"),
+                devices=_CPU,
+                needs=(_needs("mkldnn"), _needs("mkldnn_tf32")),
+                needs_flags=("mkldnn.matmul.fp32_precision",),
+                requires=(("mkldnn", "on"),),
+            ),
         ),
         "reduced-precision fp32 in oneDNN CPU kernels (mkldnn.{matmul,conv,rnn}.fp32_precision)",
         home="cpu",
     ),
     _on_off(
-        "rpr", "fp16/bf16 reduced-precision reductions in cuBLAS GEMMs", None,
+        "rpr",
+        "fp16/bf16 reduced-precision reductions in cuBLAS GEMMs",
+        None,
         on_doc="cuBLAS may reduce fp16/bf16 GEMMs in reduced precision (torch's default)",
         off_doc="cuBLAS reduces fp16/bf16 GEMMs in fp32",
-        on_devices=_CUDA, home="cuda",
-        on_flags=lambda available: _present(available, {
-            "cuda.matmul.allow_fp16_reduced_precision_reduction": True,
-            "cuda.matmul.allow_bf16_reduced_precision_reduction": True,
-        }),
-        off_flags=lambda available: _present(available, {
-            "cuda.matmul.allow_fp16_reduced_precision_reduction": False,
-            "cuda.matmul.allow_bf16_reduced_precision_reduction": False,
-        }),
+        on_devices=_CUDA,
+        home="cuda",
+        on_flags=lambda available: _present(
+            available,
+            {
+                "cuda.matmul.allow_fp16_reduced_precision_reduction": True,
+                "cuda.matmul.allow_bf16_reduced_precision_reduction": True,
+            },
+        ),
+        off_flags=lambda available: _present(
+            available,
+            {
+                "cuda.matmul.allow_fp16_reduced_precision_reduction": False,
+                "cuda.matmul.allow_bf16_reduced_precision_reduction": False,
+            },
+        ),
     ),
     Axis(
         "sdpa",
         (
-            AxisValue("math", "only the math (reference) SDPA kernel", _sdpa("math"),
-                      needs_flags=("sdp.math",)),
-            AxisValue("flash", "only the flash-attention SDPA kernel (CUDA, and a CPU kernel)",
-                      _sdpa("flash"), devices=frozenset({"cpu", "cuda"}),
-                      needs_flags=("sdp.flash",)),
-            AxisValue("efficient", "only the memory-efficient SDPA kernel (CUDA only)",
-                      _sdpa("mem_efficient"), devices=_CUDA,
-                      needs_flags=("sdp.mem_efficient",)),
-            AxisValue("cudnn", "only the cuDNN SDPA kernel (CUDA with cuDNN)", _sdpa("cudnn"),
-                      devices=_CUDA, needs=(_needs("cudnn"),), needs_flags=("sdp.cudnn",)),
+            AxisValue(
+                "math",
+                "only the math (reference) SDPA kernel",
+                _sdpa("math"),
+                needs_flags=("sdp.math",),
+            ),
+            AxisValue(
+                "flash",
+                "only the flash-attention SDPA kernel (CUDA, and a CPU kernel)",
+                _sdpa("flash"),
+                devices=frozenset({"cpu", "cuda"}),
+                needs_flags=("sdp.flash",),
+            ),
+            AxisValue(
+                "efficient",
+                "only the memory-efficient SDPA kernel (CUDA only)",
+                _sdpa("mem_efficient"),
+                devices=_CUDA,
+                needs_flags=("sdp.mem_efficient",),
+            ),
+            AxisValue(
+                "cudnn",
+                "only the cuDNN SDPA kernel (CUDA with cuDNN)",
+                _sdpa("cudnn"),
+                devices=_CUDA,
+                needs=(_needs("cudnn"),),
+                needs_flags=("sdp.cudnn",),
+            ),
         ),
         "which scaled_dot_product_attention kernel may run (exactly one is enabled)",
         home="cuda",
     ),
     _on_off(
-        "deterministic", "deterministic algorithms", None,
+        "deterministic",
+        "deterministic algorithms",
+        None,
         on_doc="torch.use_deterministic_algorithms(True) plus cudnn.deterministic and "
         "mkldnn.deterministic; nondeterministic ops raise",
         off_doc="deterministic mode off (torch's default)",
-        on_flags=_deterministic(True), off_flags=_deterministic(False),
+        on_flags=_deterministic(True),
+        off_flags=_deterministic(False),
     ),
     Axis(
         "device",
         (
             AxisValue("cpu", "tensors on the CPU", devices=_CPU),
-            AxisValue("cuda", "tensors on the current CUDA device", devices=_CUDA,
-                      needs=(_needs("cuda"),)),
-            AxisValue("mps", "tensors on Apple's Metal (MPS) device",
-                      devices=frozenset({"mps"}), needs=(_needs("mps"),)),
+            AxisValue(
+                "cuda", "tensors on the current CUDA device", devices=_CUDA, needs=(_needs("cuda"),)
+            ),
+            AxisValue(
+                "mps",
+                "tensors on Apple's Metal (MPS) device",
+                devices=frozenset({"mps"}),
+                needs=(_needs("mps"),),
+            ),
         ),
         "the device the test runs on (the backend_device fixture); sets no flags",
     ),

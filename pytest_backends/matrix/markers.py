@@ -20,7 +20,12 @@ from pytest_backends.matrix.configs import AxisRegistry
 __all__ = [
     "MARKER",
     "BackendsMarkerWarning",
-    "MarkerError", "MarkerSpec", "backends", "marker_line", "resolve"]
+    "MarkerError",
+    "MarkerSpec",
+    "backends",
+    "marker_line",
+    "resolve",
+]
 
 #: The marker's name.
 MARKER = "backends"
@@ -60,9 +65,7 @@ def backends(*axes: str, **values: str | Sequence[str]) -> MarkerSpec:
         elif isinstance(chosen, Sequence) and all(isinstance(v, str) for v in chosen):
             picked = tuple(chosen)
         else:
-            raise MarkerError(
-                f"{axis}={chosen!r}: values are a string or a list of strings"
-            )
+            raise MarkerError(f"{axis}={chosen!r}: values are a string or a list of strings")
         if not picked:
             raise MarkerError(f"{axis}=[] selects no value")
         pairs.append((axis, picked))
@@ -77,8 +80,7 @@ def marker_line() -> str:
     """The ``markers`` ini line, built from :func:`backends`'s signature."""
     params = inspect.signature(backends).parameters.values()
     shown = ", ".join(
-        ("*" if p.kind is p.VAR_POSITIONAL else "**" if p.kind is p.VAR_KEYWORD else "")
-        + p.name
+        ("*" if p.kind is p.VAR_POSITIONAL else "**" if p.kind is p.VAR_KEYWORD else "") + p.name
         for p in params
     )
     return (

@@ -68,14 +68,20 @@ def _check_header(path: Path, data: Mapping[str, Any]) -> None:
         kind = _KNOWN_FORMATS.get(str(fmt))
         if kind:
             raise MergeInputError(f"{path} is {kind}, not a matrix report")
-        raise _fail(path, f"'format' must be {REPORT_FORMAT!r}, got {fmt!r}; is it a report "
-                    "written by --backends-report?")
+        raise _fail(
+            path,
+            f"'format' must be {REPORT_FORMAT!r}, got {fmt!r}; is it a report "
+            "written by --backends-report?",
+        )
     version = data.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise _fail(path, f"'version' must be a positive integer, got {version!r}")
     if version > 1:
-        raise _fail(path, f"format version {version} is newer than this pytest-backends reads "
-                    "(1); upgrade pytest-backends")
+        raise _fail(
+            path,
+            f"format version {version} is newer than this pytest-backends reads "
+            "(1); upgrade pytest-backends",
+        )
 
 
 _RESULT_FIELDS = {f.name: f for f in dataclasses.fields(Result)}
@@ -93,8 +99,9 @@ def _result(path: Path, i: int, row: object) -> Result:
         if not row.get(name):
             raise _fail(path, f"{where}: {name!r} is missing")
     if row["outcome"] not in OUTCOMES:
-        raise _fail(path, f"{where}: 'outcome' must be one of {', '.join(OUTCOMES)}, "
-                    f"got {row['outcome']!r}")
+        raise _fail(
+            path, f"{where}: 'outcome' must be one of {', '.join(OUTCOMES)}, got {row['outcome']!r}"
+        )
     verify = row.get("verify")
     if verify is not None and not isinstance(verify, str):
         raise _fail(path, f"{where}: 'verify' must be a string or null, got {verify!r}")
@@ -147,13 +154,29 @@ def read_report(path: Path) -> ReportInput:
     pairs: list[tuple[str, Result]] = []
     for result in results:
         for label, outcome, message in skips.get(result.nodeid, ()):
-            pairs.append((label, dataclasses.replace(
-                result, outcome=outcome, message=message, verify=None, verify_detail="",
-                sources=[label])))
+            pairs.append(
+                (
+                    label,
+                    dataclasses.replace(
+                        result,
+                        outcome=outcome,
+                        message=message,
+                        verify=None,
+                        verify_detail="",
+                        sources=[label],
+                    ),
+                )
+            )
         if result.outcome == "conflict" and result.nodeid in details:
             for label, outcome, message in details[result.nodeid]:
-                pairs.append((label, dataclasses.replace(
-                    result, outcome=outcome, message=message, sources=[label])))
+                pairs.append(
+                    (
+                        label,
+                        dataclasses.replace(
+                            result, outcome=outcome, message=message, sources=[label]
+                        ),
+                    )
+                )
             continue
         for label in result.sources or [default]:
             pairs.append((label, dataclasses.replace(result, sources=[label])))
@@ -169,19 +192,27 @@ def _conflict_details(
     if not isinstance(value, list):
         raise _fail(path, f"{name!r} must be a list")
     for i, entry in enumerate(value):
-        ok = isinstance(entry, dict) and isinstance(entry.get("nodeid"), str) and isinstance(
-            entry.get("outcomes"), list)
+        ok = (
+            isinstance(entry, dict)
+            and isinstance(entry.get("nodeid"), str)
+            and isinstance(entry.get("outcomes"), list)
+        )
         outcomes = entry.get("outcomes") if isinstance(entry, dict) else None
         if not ok or not all(
-            isinstance(o, dict) and isinstance(o.get("source"), str)
-            and o.get("outcome") in OUTCOMES and isinstance(o.get("message", ""), str)
+            isinstance(o, dict)
+            and isinstance(o.get("source"), str)
+            and o.get("outcome") in OUTCOMES
+            and isinstance(o.get("message", ""), str)
             for o in outcomes or ()
         ):
-            raise _fail(path, f"{name}[{i}] must name a 'nodeid' and list 'outcomes' "
-                        "(source, outcome, message)")
+            raise _fail(
+                path,
+                f"{name}[{i}] must name a 'nodeid' and list 'outcomes' (source, outcome, message)",
+            )
         assert isinstance(entry, dict) and isinstance(outcomes, list)
         details[entry["nodeid"]] = [
-            (o["source"], o["outcome"], o.get("message", "")) for o in outcomes]
+            (o["source"], o["outcome"], o.get("message", "")) for o in outcomes
+        ]
     return details
 
 
@@ -216,14 +247,24 @@ class MergedReport:
     def to_json(self) -> str:
         """The merged report as JSON text (the same schema as a run's report)."""
         header = {"label": "merged", "sources": self.sources}
-        return render_json(self.rows(), self.results, environment=self.environment(),
-                           settings={}, header=header, extra={"conflicts": self.conflicts,
-                                  "skipped_elsewhere": self.skipped_elsewhere})
+        return render_json(
+            self.rows(),
+            self.results,
+            environment=self.environment(),
+            settings={},
+            header=header,
+            extra={"conflicts": self.conflicts, "skipped_elsewhere": self.skipped_elsewhere},
+        )
 
     def to_html(self) -> str:
         """The merged HTML grid, with a badge per source on every cell."""
-        return render_html(self.rows(), self.results, environment=self.environment(),
-                           verify=self.verify, sources=self.sources)
+        return render_html(
+            self.rows(),
+            self.results,
+            environment=self.environment(),
+            verify=self.verify,
+            sources=self.sources,
+        )
 
     def terminal_lines(self) -> list[str]:
         """The sources, the grid as after a run, and the conflicts."""
@@ -232,22 +273,32 @@ class MergedReport:
             versions = f"torch {src.get('torch') or 'unknown'}"
             if src.get("cuda"):
                 versions += f", CUDA {src['cuda']}"
-            lines.append(f"  [{i}] {src['label']}: {src.get('tests', '?')} tests from "
-                         f"{src.get('file')} ({versions})")
+            lines.append(
+                f"  [{i}] {src['label']}: {src.get('tests', '?')} tests from "
+                f"{src.get('file')} ({versions})"
+            )
         lines.append("")
         lines += render_terminal(self.rows(), self.verify)
         if self.conflicts:
-            lines += ["", f"{len(self.conflicts)} conflict(s): the same test and config "
-                          "gave different outcomes in different sources:"]
+            lines += [
+                "",
+                f"{len(self.conflicts)} conflict(s): the same test and config "
+                "gave different outcomes in different sources:",
+            ]
             for entry in self.conflicts:
                 lines.append(f"  {entry['nodeid']}")
-                lines += [f"    {o['source']}: {o['outcome']}"
-                          + (f" - {o['message']}" if o["message"] else "")
-                          for o in entry["outcomes"]]
+                lines += [
+                    f"    {o['source']}: {o['outcome']}"
+                    + (f" - {o['message']}" if o["message"] else "")
+                    for o in entry["outcomes"]
+                ]
         if self.skipped_elsewhere:
-            lines += ["", f"{len(self.skipped_elsewhere)} item(s) ran in some sources and were "
-                          "skipped in others; the grid shows where they ran "
-                          "(skipped_elsewhere in the JSON report)"]
+            lines += [
+                "",
+                f"{len(self.skipped_elsewhere)} item(s) ran in some sources and were "
+                "skipped in others; the grid shows where they ran "
+                "(skipped_elsewhere in the JSON report)",
+            ]
         return lines
 
     def write_json(self, path: Path) -> None:
@@ -284,9 +335,17 @@ def merge_reports(paths: Sequence[Path]) -> MergedReport:
         reports = by_nodeid[nodeid]
         ran = [(label, r) for label, r in reports if r.outcome != "skipped"]
         if ran and len(ran) < len(reports):
-            skipped.append({"nodeid": nodeid, "config": reports[0][1].config, "outcomes": [
-                {"source": label, "outcome": r.outcome, "message": r.message}
-                for label, r in reports if r.outcome == "skipped"]})
+            skipped.append(
+                {
+                    "nodeid": nodeid,
+                    "config": reports[0][1].config,
+                    "outcomes": [
+                        {"source": label, "outcome": r.outcome, "message": r.message}
+                        for label, r in reports
+                        if r.outcome == "skipped"
+                    ],
+                }
+            )
             reports = ran
         labels = list(dict.fromkeys(label for label, _ in reports))
         outcomes = {r.outcome for _, r in reports}
@@ -294,14 +353,25 @@ def merge_reports(paths: Sequence[Path]) -> MergedReport:
         if len(outcomes) == 1:
             results.append(dataclasses.replace(first, sources=labels))
             continue
-        entries = [{"source": label, "outcome": r.outcome, "message": r.message}
-                   for label, r in reports]
+        entries = [
+            {"source": label, "outcome": r.outcome, "message": r.message} for label, r in reports
+        ]
         conflicts.append({"nodeid": nodeid, "config": first.config, "outcomes": entries})
-        message = "; ".join(f"{e['outcome']} on {e['source']}"
-                            + (f" ({e['message']})" if e["message"] else "") for e in entries)
-        results.append(dataclasses.replace(
-            first, outcome="conflict", message=message, verify=None, verify_detail="",
-            sources=labels, duration=sum(r.duration for _, r in reports)))
+        message = "; ".join(
+            f"{e['outcome']} on {e['source']}" + (f" ({e['message']})" if e["message"] else "")
+            for e in entries
+        )
+        results.append(
+            dataclasses.replace(
+                first,
+                outcome="conflict",
+                message=message,
+                verify=None,
+                verify_detail="",
+                sources=labels,
+                duration=sum(r.duration for _, r in reports),
+            )
+        )
     order = _config_order([item.configs for item in inputs] + [[r.config for r in results]])
     warnings = [w for w in [version_warning(sources, "reports")] if w]
     return MergedReport(sources, results, order, conflicts, warnings, skipped)

@@ -229,9 +229,10 @@ class MatrixSettings:
         """One header line summarising the matrix settings."""
         parts = ["axes: " + (", ".join(self.axes) if self.axes else "all marked axes")]
         if self.sample:
-            parts.append(f"sample {self.sample} per test, seed {self.seed}"
-                         + ("" if self.seed_given else f" (--backends-seed={self.seed} "
-                                                       "reproduces it)"))
+            parts.append(
+                f"sample {self.sample} per test, seed {self.seed}"
+                + ("" if self.seed_given else f" (--backends-seed={self.seed} reproduces it)")
+            )
         if self.select:
             parts.append("only " + " | ".join(",".join(g) for g in self.select))
         if self.verify != "off":
@@ -406,8 +407,7 @@ def _same_params(old: pytest.Item, new: pytest.Item) -> bool:
     """Whether ``new`` has ``old``'s parameters (besides the config)."""
     before = getattr(getattr(old, "callspec", None), "params", {})
     after = {
-        k: v for k, v in getattr(getattr(new, "callspec", None), "params", {}).items()
-        if k != PARAM
+        k: v for k, v in getattr(getattr(new, "callspec", None), "params", {}).items() if k != PARAM
     }
     return before.keys() == after.keys() and all(_same(before[k], after[k]) for k in before)
 
@@ -499,9 +499,7 @@ class MatrixPlugin:
         registry = self.registry
         if self.settings.axes:
             check_axes(self.settings.axes, registry, self.settings.axes_source)
-        self._select = check_config_ids(
-            self.settings.select, registry, self.settings.select_source
-        )
+        self._select = check_config_ids(self.settings.select, registry, self.settings.select_source)
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         lines: list[str] = []
@@ -543,12 +541,14 @@ class MatrixPlugin:
         yield
         before = self._definition_marks.pop(defid, [])
         if _marks(metafunc.definition) != before:
-            metafunc.definition.warn(markers.BackendsMarkerWarning(
-                f"@pytest.mark.backends on {defid} is not expanded: a pytest_generate_tests "
-                "hook added it after the matrix had expanded the test. Give that hook "
-                "@pytest.hookimpl(tryfirst=True), or add the marker in "
-                "pytest_collection_modifyitems"
-            ))
+            metafunc.definition.warn(
+                markers.BackendsMarkerWarning(
+                    f"@pytest.mark.backends on {defid} is not expanded: a pytest_generate_tests "
+                    "hook added it after the matrix had expanded the test. Give that hook "
+                    "@pytest.hookimpl(tryfirst=True), or add the marker in "
+                    "pytest_collection_modifyitems"
+                )
+            )
 
     @pytest.hookimpl(specname="pytest_generate_tests")
     def pytest_generate_tests_matrix(self, metafunc: pytest.Metafunc) -> None:
@@ -632,19 +632,25 @@ class MatrixPlugin:
                     # Fewer markers than at expansion (a plugin added one to the
                     # definition only): nothing was added after the matrix ran.
                     continue
-                self._late_warning(item, (
-                    "its markers changed after the matrix expanded it, so the added ones "
-                    "are ignored. Put every backends marker on the test (decorator, class "
-                    "or module pytestmark), or add them all in the same hook"
-                ))
+                self._late_warning(
+                    item,
+                    (
+                        "its markers changed after the matrix expanded it, so the added ones "
+                        "are ignored. Put every backends marker on the test (decorator, class "
+                        "or module pytestmark), or add them all in the same hook"
+                    ),
+                )
                 continue
             if not isinstance(item, pytest.Function) or not isinstance(
                 item.parent, (pytest.Module, pytest.Class)
             ):
-                self._late_warning(item, (
-                    "only Python test functions and unittest.TestCase methods can be "
-                    "expanded; mark a Python test instead"
-                ))
+                self._late_warning(
+                    item,
+                    (
+                        "only Python test functions and unittest.TestCase methods can be "
+                        "expanded; mark a Python test instead"
+                    ),
+                )
                 continue
             if not self._resolve(defid, marks):
                 continue  # invalid, matrix off, or no axis left: runs once, as marked
@@ -657,9 +663,9 @@ class MatrixPlugin:
         for key, pending in groups.items():
             self._pending.update(pending)
             try:
-                made[key] = self._collect_again(next(
-                    i for i in items if i.nodeid in late and late[i.nodeid][0] in pending
-                ))
+                made[key] = self._collect_again(
+                    next(i for i in items if i.nodeid in late and late[i.nodeid][0] in pending)
+                )
             finally:
                 for defid in pending:
                     self._pending.pop(defid, None)
@@ -671,8 +677,7 @@ class MatrixPlugin:
             defid, marks = late[item.nodeid]
             key = self._group(item, defid, marks)
             fresh = [
-                new for new in made[key]
-                if self._defid(new) == defid and _same_params(item, new)
+                new for new in made[key] if self._defid(new) == defid and _same_params(item, new)
             ]
             if not fresh:
                 self._late_warning(item, "collecting the test again gave no item for it")
@@ -715,8 +720,7 @@ class MatrixPlugin:
             above = parent.parent
             assert isinstance(above, (pytest.Module, pytest.Class))
             cls = self._bases.get(parent.obj, parent.obj)
-            made = above.ihook.pytest_pycollect_makeitem(collector=above, name=parent.name,
-                                                         obj=cls)
+            made = above.ihook.pytest_pycollect_makeitem(collector=above, name=parent.name, obj=cls)
             if not isinstance(made, pytest.Class):
                 return []
             return [new for new in made.collect() if isinstance(new, pytest.Item)]
@@ -789,8 +793,7 @@ class MatrixPlugin:
     def _record_selection(self, session: pytest.Session) -> None:
         """How many items the matrix and the verifier act on (for the empty-selection check)."""
         configs = [
-            c for item in session.items
-            if (c := item.stash.get(CONFIG_KEY, DEFAULT_CONFIG)).choices
+            c for item in session.items if (c := item.stash.get(CONFIG_KEY, DEFAULT_CONFIG)).choices
         ]
         if self.settings.enabled:
             if self.settings.select:
@@ -801,19 +804,25 @@ class MatrixPlugin:
                 )
             else:
                 option = self.settings.axes_source
-                axes = f"axes {', '.join(self.settings.axes)}" if self.settings.axes else (
-                    "any axis")
+                axes = (
+                    f"axes {', '.join(self.settings.axes)}" if self.settings.axes else ("any axis")
+                )
                 hint = f"no collected test is marked @pytest.mark.backends with {axes}"
             selection.record(self.config, option, len(configs), hint)
         if self.settings.verify != "off":
             from pytest_backends.matrix.verify import promises_for
 
             checked = sum(1 for c in configs if promises_for(c))
-            selection.record(self.config, "--backends-verify", checked, (
-                "no item runs a configuration whose kernel path can be checked; verification "
-                "needs --backends-matrix and tests marked with the mkldnn, nnpack, cudnn or "
-                "sdpa axis"
-            ))
+            selection.record(
+                self.config,
+                "--backends-verify",
+                checked,
+                (
+                    "no item runs a configuration whose kernel path can be checked; verification "
+                    "needs --backends-matrix and tests marked with the mkldnn, nnpack, cudnn or "
+                    "sdpa axis"
+                ),
+            )
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:

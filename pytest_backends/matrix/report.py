@@ -225,22 +225,30 @@ def render_terminal(rows: Sequence[ConfigRow], verify: bool) -> list[str]:
     width = max(len("config"), *(len(r.config) for r in rows), len("total"))
     lines = ["config".ljust(width) + "".join(f"  {c:>{max(len(c), 6)}}" for c in columns)]
     for row in rows:
-        lines.append(row.config.ljust(width) + "".join(
-            f"  {_cell(row, c):>{max(len(c), 6)}}" for c in columns))
+        lines.append(
+            row.config.ljust(width)
+            + "".join(f"  {_cell(row, c):>{max(len(c), 6)}}" for c in columns)
+        )
     totals = [sum(_cell(r, c) for r in rows) for c in columns]
-    lines.append("total".ljust(width) + "".join(
-        f"  {t:>{max(len(c), 6)}}" for c, t in zip(columns, totals)))
+    lines.append(
+        "total".ljust(width) + "".join(f"  {t:>{max(len(c), 6)}}" for c, t in zip(columns, totals))
+    )
     failing = [r for r in rows if r.failures]
     if failing:
         lines += ["", "failing tests per config:"]
         for row in failing:
             lines.append(f"  {row.config}")
-            lines += [f"    {nodeid} - {message}" if message else f"    {nodeid}"
-                      for nodeid, message in row.failures]
+            lines += [
+                f"    {nodeid} - {message}" if message else f"    {nodeid}"
+                for nodeid, message in row.failures
+            ]
     unexercised = [r for r in rows if r.unexercised]
     if unexercised:
-        lines += ["", "not exercised (the config's kernel path never ran; "
-                      "--backends-verify=strict fails these):"]
+        lines += [
+            "",
+            "not exercised (the config's kernel path never ran; "
+            "--backends-verify=strict fails these):",
+        ]
         for row in unexercised:
             lines.append(f"  {row.config}")
             lines += [f"    {nodeid}: {detail}" for nodeid, detail in row.unexercised]
@@ -248,8 +256,9 @@ def render_terminal(rows: Sequence[ConfigRow], verify: bool) -> list[str]:
     if skipped:
         lines += ["", "skip reasons per config:"]
         for row in skipped:
-            lines += [f"  {row.config} ({row.counts['skipped']}): {reason}"
-                      for reason in row.skip_reasons]
+            lines += [
+                f"  {row.config} ({row.counts['skipped']}): {reason}" for reason in row.skip_reasons
+            ]
     return lines
 
 
@@ -311,13 +320,24 @@ th,td{border:1px solid #ddd;padding:4px 8px} th{background:#f6f6f6;font-weight:6
 .absent{background:#fff} .unexercised{box-shadow:inset 0 0 0 3px #f0a020}
 .legend span{display:inline-block;padding:2px 8px;margin-right:6px;border:1px solid #ddd}
 """
-_SYMBOL = {"passed": "✓", "failed": "✗", "error": "E", "skipped": "–", "xfailed": "x",
-           "xpassed": "X", "conflict": "≠"}
+_SYMBOL = {
+    "passed": "✓",
+    "failed": "✗",
+    "error": "E",
+    "skipped": "–",
+    "xfailed": "x",
+    "xpassed": "X",
+    "conflict": "≠",
+}
 
 
 def render_html(
-    rows: Sequence[ConfigRow], results: Sequence[Result], *, environment: Sequence[str],
-    verify: bool, sources: Sequence[Mapping[str, Any]] = (),
+    rows: Sequence[ConfigRow],
+    results: Sequence[Result],
+    *,
+    environment: Sequence[str],
+    verify: bool,
+    sources: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """A self-contained HTML page: the summary, a tests x configs grid, failures and skips.
 
@@ -326,10 +346,14 @@ def render_html(
     """
     esc = html.escape
     columns = _columns(rows, verify)
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f'<meta name="generator" content="{_files.HTML_GENERATOR}">',
-           "<title>pytest-backends matrix</title>", f"<style>{_CSS}</style></head><body>",
-           "<h1>Backend matrix</h1>"]
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f'<meta name="generator" content="{_files.HTML_GENERATOR}">',
+        "<title>pytest-backends matrix</title>",
+        f"<style>{_CSS}</style></head><body>",
+        "<h1>Backend matrix</h1>",
+    ]
     out += [f'<p class="env">{esc(line)}</p>' for line in environment]
     badges = {str(src.get("label")): str(i) for i, src in enumerate(sources, 1)}
     if len(sources) > 1:
@@ -338,8 +362,11 @@ def render_html(
     out += [f"<th>{esc(c)}</th>" for c in columns]
     out.append("</tr></thead><tbody>")
     for row in rows:
-        out.append(f"<tr><td>{esc(row.config)}</td>"
-                   + "".join(f"<td>{_cell(row, c)}</td>" for c in columns) + "</tr>")
+        out.append(
+            f"<tr><td>{esc(row.config)}</td>"
+            + "".join(f"<td>{_cell(row, c)}</td>" for c in columns)
+            + "</tr>"
+        )
     totals = "".join(f"<td>{sum(_cell(r, c) for r in rows)}</td>" for c in columns)
     out.append(f"<tr><th>total</th>{totals}</tr></tbody></table>")
 
@@ -348,10 +375,13 @@ def render_html(
     for result in sorted(results, key=lambda r: r.nodeid):
         by_test.setdefault(result.test, {})[result.config] = result
     out.append("<h2>Tests &times; configurations</h2>")
-    out.append('<p class="legend">' + "".join(
-        f'<span class="{o}">{_SYMBOL[o]} {o}</span>'
-        for o in OUTCOMES) + '<span class="unexercised">orange frame: not exercised</span>'
-        + (" small numbers: the source (above)" if len(sources) > 1 else "") + "</p>")
+    out.append(
+        '<p class="legend">'
+        + "".join(f'<span class="{o}">{_SYMBOL[o]} {o}</span>' for o in OUTCOMES)
+        + '<span class="unexercised">orange frame: not exercised</span>'
+        + (" small numbers: the source (above)" if len(sources) > 1 else "")
+        + "</p>"
+    )
     out.append('<table class="grid"><thead><tr><th>test</th>')
     out += ["<th>" + "<br>".join(esc(t) for t in c.split(",")) + "</th>" for c in configs]
     out.append("</tr></thead><tbody>")
@@ -372,8 +402,10 @@ def render_html(
                 title += "\nfrom " + ", ".join(cell.sources)
                 marks = ",".join(badges.get(label, "?") for label in cell.sources)
                 badge = f'<span class="src">{esc(marks)}</span>'
-            cells.append(f'<td class="{esc(classes)}" title="{esc(title)}">'
-                         f"{_SYMBOL.get(cell.outcome, '?')}{badge}</td>")
+            cells.append(
+                f'<td class="{esc(classes)}" title="{esc(title)}">'
+                f"{_SYMBOL.get(cell.outcome, '?')}{badge}</td>"
+            )
         out.append(f'<tr><th class="test">{esc(test)}</th>{"".join(cells)}</tr>')
     out.append("</tbody></table>")
     out += _html_failures(results, merged=len(sources) > 1)
@@ -384,32 +416,40 @@ def render_html(
 
 def _html_sources(sources: Sequence[Mapping[str, Any]]) -> list[str]:
     esc = html.escape
-    out = ['<h2>Sources</h2><table class="list"><thead><tr><th>#</th><th>label</th>'
-           "<th>file</th><th>tests</th><th>environment</th></tr></thead><tbody>"]
+    out = [
+        '<h2>Sources</h2><table class="list"><thead><tr><th>#</th><th>label</th>'
+        "<th>file</th><th>tests</th><th>environment</th></tr></thead><tbody>"
+    ]
     for i, src in enumerate(sources, 1):
         env = "<br>".join(esc(str(line)) for line in src.get("environment") or ())
-        out.append(f"<tr><td>{i}</td><td>{esc(str(src.get('label')))}</td>"
-                   f'<td class="id">{esc(str(src.get("file")))}</td>'
-                   f"<td>{esc(str(src.get('tests', '')))}</td><td>{env}</td></tr>")
+        out.append(
+            f"<tr><td>{i}</td><td>{esc(str(src.get('label')))}</td>"
+            f'<td class="id">{esc(str(src.get("file")))}</td>'
+            f"<td>{esc(str(src.get('tests', '')))}</td><td>{env}</td></tr>"
+        )
     out.append("</tbody></table>")
     return out
 
 
 def _html_failures(results: Sequence[Result], merged: bool) -> list[str]:
     esc = html.escape
-    failing = sorted((r for r in results if r.outcome in FAILING),
-                     key=lambda r: (r.test, r.config))
+    failing = sorted((r for r in results if r.outcome in FAILING), key=lambda r: (r.test, r.config))
     out = [f'<h2 id="failures">Failures ({len(failing)})</h2>']
     if not failing:
         return [*out, "<p>none</p>"]
-    out.append('<table class="list failures"><thead><tr><th>test</th><th>config</th>'
-               "<th>outcome</th><th>message</th>" + ("<th>source</th>" if merged else "")
-               + "</tr></thead><tbody>")
+    out.append(
+        '<table class="list failures"><thead><tr><th>test</th><th>config</th>'
+        "<th>outcome</th><th>message</th>"
+        + ("<th>source</th>" if merged else "")
+        + "</tr></thead><tbody>"
+    )
     for r in failing:
         source = f"<td>{esc(', '.join(r.sources))}</td>" if merged else ""
-        out.append(f'<tr><td class="id">{esc(r.test)}</td><td class="id">{esc(r.config)}</td>'
-                   f'<td class="{esc(r.outcome)}">{esc(r.outcome)}</td>'
-                   f'<td class="msg">{esc(r.message)}</td>{source}</tr>')
+        out.append(
+            f'<tr><td class="id">{esc(r.test)}</td><td class="id">{esc(r.config)}</td>'
+            f'<td class="{esc(r.outcome)}">{esc(r.outcome)}</td>'
+            f'<td class="msg">{esc(r.message)}</td>{source}</tr>'
+        )
     out.append("</tbody></table>")
     return out
 
@@ -423,13 +463,18 @@ def _html_skips(rows: Sequence[ConfigRow], results: Sequence[Result]) -> list[st
     out = ['<h2 id="skips">Skip reasons per configuration</h2>']
     if not counts:
         return [*out, "<p>none</p>"]
-    out.append('<table class="list skips"><thead><tr><th>config</th><th>tests</th>'
-               "<th>reason</th></tr></thead><tbody>")
+    out.append(
+        '<table class="list skips"><thead><tr><th>config</th><th>tests</th>'
+        "<th>reason</th></tr></thead><tbody>"
+    )
     order = {row.config: i for i, row in enumerate(rows)}
-    for (config, reason), n in sorted(counts.items(),
-                                      key=lambda kv: (order.get(kv[0][0], 1 << 30), kv[0])):
-        out.append(f'<tr><td class="id">{esc(config)}</td><td>{n}</td>'
-                   f'<td class="msg">{esc(reason)}</td></tr>')
+    for (config, reason), n in sorted(
+        counts.items(), key=lambda kv: (order.get(kv[0][0], 1 << 30), kv[0])
+    ):
+        out.append(
+            f'<tr><td class="id">{esc(config)}</td><td>{n}</td>'
+            f'<td class="msg">{esc(reason)}</td></tr>'
+        )
     out.append("</tbody></table>")
     return out
 
@@ -459,9 +504,14 @@ class ReportPlugin:
         config_id = dict(report.user_properties).get(PROPERTY)
         if config_id is None and is_crash(report):
             known = self.results.get(report.nodeid)
-            config_id = known.config if known is not None else (
-                config_in_nodeid(report.nodeid, self.matrix.registry.parse_id)
-                if self.settings.enabled else None
+            config_id = (
+                known.config
+                if known is not None
+                else (
+                    config_in_nodeid(report.nodeid, self.matrix.registry.parse_id)
+                    if self.settings.enabled
+                    else None
+                )
             )
         if config_id is None:
             return
@@ -496,8 +546,11 @@ class ReportPlugin:
         from pytest_backends.matrix.availability import probe
 
         avail = probe()
-        return {"label": resolve(self.config), "torch": avail.torch_version,
-                "cuda": avail.cuda_built}
+        return {
+            "label": resolve(self.config),
+            "torch": avail.torch_version,
+            "cuda": avail.cuda_built,
+        }
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -518,15 +571,27 @@ class ReportPlugin:
                 "verify": self.settings.verify,
                 "select": [",".join(g) for g in self.settings.select],
             }
-            self._write(self.settings.report_json, render_json(
-                rows, results, environment=environment, settings=settings, header=header),
-                _files.JSON_REPORT)
+            self._write(
+                self.settings.report_json,
+                render_json(
+                    rows, results, environment=environment, settings=settings, header=header
+                ),
+                _files.JSON_REPORT,
+            )
         if self.settings.report_html is not None:
-            self._write(self.settings.report_html, render_html(
-                rows, results, environment=[f"label: {header['label']}", *environment],
-                verify=verify), _files.HTML_REPORT)
+            self._write(
+                self.settings.report_html,
+                render_html(
+                    rows,
+                    results,
+                    environment=[f"label: {header['label']}", *environment],
+                    verify=verify,
+                ),
+                _files.HTML_REPORT,
+            )
         if self.write_errors and session.exitstatus in (
-            pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED
+            pytest.ExitCode.OK,
+            pytest.ExitCode.NO_TESTS_COLLECTED,
         ):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

@@ -53,7 +53,8 @@ def unittest_names(cls: type) -> list[str]:
     import unittest
 
     return [
-        name for name in unittest.TestLoader().getTestCaseNames(cls)
+        name
+        for name in unittest.TestLoader().getTestCaseNames(cls)
         if getattr(getattr(cls, name), "__test__", True)
     ]
 

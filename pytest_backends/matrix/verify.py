@@ -73,15 +73,22 @@ DETAIL_PROPERTY = _keys.PROPERTY_VERIFY_DETAIL
 
 # Ops that *implement* a convolution, i.e. that show which path ran.
 CONV_IMPLS = (
-    "aten::mkldnn_convolution", "aten::_slow_conv2d_forward", "aten::slow_conv3d_forward",
-    "aten::slow_conv_dilated2d", "aten::slow_conv_dilated3d", "aten::slow_conv_transpose2d",
-    "aten::slow_conv_transpose3d", "aten::_nnpack_spatial_convolution",
-    "aten::_conv_depthwise2d", "aten::conv_depthwise3d", "aten::cudnn_convolution*",
-    "aten::miopen_convolution*", "mkldnn::_convolution_pointwise*",
+    "aten::mkldnn_convolution",
+    "aten::_slow_conv2d_forward",
+    "aten::slow_conv3d_forward",
+    "aten::slow_conv_dilated2d",
+    "aten::slow_conv_dilated3d",
+    "aten::slow_conv_transpose2d",
+    "aten::slow_conv_transpose3d",
+    "aten::_nnpack_spatial_convolution",
+    "aten::_conv_depthwise2d",
+    "aten::conv_depthwise3d",
+    "aten::cudnn_convolution*",
+    "aten::miopen_convolution*",
+    "mkldnn::_convolution_pointwise*",
 )
 _SDPA_FLASH = ("aten::_scaled_dot_product_flash_attention*", "aten::_flash_attention_*")
-_SDPA_EFFICIENT = ("aten::_scaled_dot_product_efficient_attention*",
-                   "aten::_efficient_attention_*")
+_SDPA_EFFICIENT = ("aten::_scaled_dot_product_efficient_attention*", "aten::_efficient_attention_*")
 _SDPA_CUDNN = ("aten::_scaled_dot_product_cudnn_attention*", "aten::_cudnn_attention_*")
 _SDPA_MATH = ("aten::_scaled_dot_product_attention_math*",)
 _SDPA_OTHER = ("aten::_scaled_dot_product_fused_attention_overrideable*",)
@@ -143,16 +150,24 @@ PROMISES: dict[str, Promise] = {
         primitives="computes",
     ),
     "mkldnn_precision-bf16": Promise(
-        "bf16 computation in oneDNN", devices=frozenset({"cpu"}), primitives="precision:bf16",
+        "bf16 computation in oneDNN",
+        devices=frozenset({"cpu"}),
+        primitives="precision:bf16",
     ),
     "mkldnn_precision-tf32": Promise(
-        "tf32 computation in oneDNN", devices=frozenset({"cpu"}), primitives="precision:tf32",
+        "tf32 computation in oneDNN",
+        devices=frozenset({"cpu"}),
+        primitives="precision:tf32",
     ),
     "tf32-on": Promise(
-        "TF32 kernels", devices=frozenset({"cuda"}), cuda_kernels="precision:tf32",
+        "TF32 kernels",
+        devices=frozenset({"cuda"}),
+        cuda_kernels="precision:tf32",
     ),
     "tf32-off": Promise(
-        "no TF32 kernels", devices=frozenset({"cuda"}), cuda_kernels="no-precision:tf32",
+        "no TF32 kernels",
+        devices=frozenset({"cuda"}),
+        cuda_kernels="no-precision:tf32",
     ),
     "nnpack-off": Promise("no NNPACK kernels", forbid=("aten::_nnpack_spatial_convolution*",)),
     "nnpack-on": Promise(
@@ -328,8 +343,14 @@ def _described(primitives: Sequence[Primitive], limit: int = 3) -> str:
 
 
 def _check_primitives(
-    token: str, promise: Promise, config: BackendConfig, trace: KernelTrace,
-    broken: list[str], missing: list[str], exercised: list[str], ops: Collection[str],
+    token: str,
+    promise: Promise,
+    config: BackendConfig,
+    trace: KernelTrace,
+    broken: list[str],
+    missing: list[str],
+    exercised: list[str],
+    ops: Collection[str],
 ) -> None:
     rule = promise.primitives or ""
     prims = trace.primitives
@@ -360,24 +381,31 @@ def _check_primitives(
         flagged = [p for p in f32 if p.fpmath == mode]
         done = [p for p in flagged if p.precision == mode]
         if done:
-            exercised.append(
-                f"{token} exercised: {_described(done)} computed in {mode}"
-            )
+            exercised.append(f"{token} exercised: {_described(done)} computed in {mode}")
         elif flagged:
             kernels = ", ".join(dict.fromkeys(p.impl for p in flagged))
             missing.append(
                 f"{token} not exercised: the flag allowed {mode}, {kernels} computed in f32"
             )
         else:
-            ran = f"oneDNN computed {_described(computing)}" if computing else \
-                "no oneDNN primitive computed an op"
-            missing.append(f"{token} not exercised: no fp32 oneDNN matmul, convolution or "
-                           f"RNN ran; {ran}")
+            ran = (
+                f"oneDNN computed {_described(computing)}"
+                if computing
+                else "no oneDNN primitive computed an op"
+            )
+            missing.append(
+                f"{token} not exercised: no fp32 oneDNN matmul, convolution or RNN ran; {ran}"
+            )
 
 
 def _check_cuda(
-    token: str, promise: Promise, config: BackendConfig, names: Sequence[str],
-    broken: list[str], missing: list[str], exercised: list[str],
+    token: str,
+    promise: Promise,
+    config: BackendConfig,
+    names: Sequence[str],
+    broken: list[str],
+    missing: list[str],
+    exercised: list[str],
 ) -> None:
     kernels = [classify_cuda_kernel(n) for n in dict.fromkeys(names)]
     rule, _, what = (promise.cuda_kernels or "").partition(":")
@@ -602,10 +630,15 @@ class VerifyPlugin:
             # A torch.profiler started inside the test takes the session over and
             # leaves this one empty; a test that runs no op at all looks the same.
             item.user_properties.append((STATUS_PROPERTY, "unverified"))
-            item.user_properties.append((DETAIL_PROPERTY, (
-                "no op was recorded: the test ran no torch op, or started its own "
-                "torch.profiler, which takes the profiling session over"
-            )))
+            item.user_properties.append(
+                (
+                    DETAIL_PROPERTY,
+                    (
+                        "no op was recorded: the test ran no torch op, or started its own "
+                        "torch.profiler, which takes the profiling session over"
+                    ),
+                )
+            )
             return result
         trace = None if primitives is None else KernelTrace.build(primitives, recorder.events)
         kernels = recorder.kernels if recorder.cuda else None

@@ -268,6 +268,7 @@ def test_compiled_fullgraph_under_recorder_is_compiled() -> None:
 
 def test_recorder_failure_keeps_the_op_result() -> None:
     recorder = BoundaryRecorder()
+
     def broken(t: torch.Tensor) -> torch.Tensor:
         raise ZeroDivisionError("injected fault")
 

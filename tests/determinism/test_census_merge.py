@@ -29,8 +29,13 @@ MM: Key = ("aten::mm", "cpu", "float32")
 SCATTER: Key = ("aten::scatter_add_", "cuda", "float32")
 
 
-def _write(path: Path, label: str | None, tests: dict[str, dict[Key, str]],
-           versions: Versions = CPU, runs: int = 5) -> Path:
+def _write(
+    path: Path,
+    label: str | None,
+    tests: dict[str, dict[Key, str]],
+    versions: Versions = CPU,
+    runs: int = 5,
+) -> Path:
     census = Census()
     for nodeid, verdicts in tests.items():
         census.add_test(nodeid, verdicts)
@@ -39,15 +44,31 @@ def _write(path: Path, label: str | None, tests: dict[str, dict[Key, str]],
 
 
 def test_merge_follows_the_strongest_verdict_and_joins_tests(tmp_path: Path) -> None:
-    a = _write(tmp_path / "a.json", "cpu", {
-        "t.py::a": {NOISY: "deterministic", ADD: "inconclusive",
-                    PUT: "raises_under_deterministic_mode"},
-        "t.py::b": {MM: "inconclusive"},
-    })
-    b = _write(tmp_path / "b.json", "gpu", {
-        "t.py::c": {NOISY: "nondeterministic", ADD: "deterministic", PUT: "deterministic",
-                    MM: "inconclusive"},
-    }, runs=3)
+    a = _write(
+        tmp_path / "a.json",
+        "cpu",
+        {
+            "t.py::a": {
+                NOISY: "deterministic",
+                ADD: "inconclusive",
+                PUT: "raises_under_deterministic_mode",
+            },
+            "t.py::b": {MM: "inconclusive"},
+        },
+    )
+    b = _write(
+        tmp_path / "b.json",
+        "gpu",
+        {
+            "t.py::c": {
+                NOISY: "nondeterministic",
+                ADD: "deterministic",
+                PUT: "deterministic",
+                MM: "inconclusive",
+            },
+        },
+        runs=3,
+    )
     merged = merge_censuses([a, b])
     census = merged.census
     assert census.verdict(NOISY) == "nondeterministic"  # nondeterministic anywhere wins
@@ -58,7 +79,9 @@ def test_merge_follows_the_strongest_verdict_and_joins_tests(tmp_path: Path) -> 
     assert rows["plant::noisy"]["tests"] == ["t.py::a", "t.py::c"]
     assert rows["plant::noisy"]["nondeterministic_in"] == ["t.py::c"]
     assert rows["aten::put_"]["observations"] == {
-        "raises_under_deterministic_mode": 1, "deterministic": 1}
+        "raises_under_deterministic_mode": 1,
+        "deterministic": 1,
+    }
     assert merged.warnings == [] and merged.runs == 3
 
     out = tmp_path / "merged.json"
@@ -66,7 +89,9 @@ def test_merge_follows_the_strongest_verdict_and_joins_tests(tmp_path: Path) -> 
     data = json.loads(out.read_text())
     assert data["label"] == "merged" and data["runs"] == 3
     assert [(s["label"], s["file"], s["entries"]) for s in data["sources"]] == [
-        ("cpu", str(a), 4), ("gpu", str(b), 4)]
+        ("cpu", str(a), 4),
+        ("gpu", str(b), 4),
+    ]
     # A merged census merges again to itself, with the same sources.
     again = merge_censuses([out])
     assert again.census.to_data() == census.to_data()
@@ -78,36 +103,51 @@ def test_merge_follows_the_strongest_verdict_and_joins_tests(tmp_path: Path) -> 
 
 def test_versions_warn_and_wrong_files_name_themselves(tmp_path: Path) -> None:
     a = _write(tmp_path / "a.json", "x", {"t::a": {NOISY: "deterministic"}})
-    b = _write(tmp_path / "b.json", "x", {"t::b": {SCATTER: "nondeterministic"}},
-               versions=Versions("2.11.0+cu130", "13.0"))
+    b = _write(
+        tmp_path / "b.json",
+        "x",
+        {"t::b": {SCATTER: "nondeterministic"}},
+        versions=Versions("2.11.0+cu130", "13.0"),
+    )
     merged = merge_censuses([a, b])
     (warning,) = merged.warnings
-    assert "torch 2.13.0+cpu (CUDA none): x (" in warning and "torch 2.11.0+cu130 (CUDA 13.0)" \
-        in warning
+    assert (
+        "torch 2.13.0+cpu (CUDA none): x (" in warning
+        and "torch 2.11.0+cu130 (CUDA 13.0)" in warning
+    )
     assert [s["label"] for s in merged.sources] == ["x", "x (b.json)"]
     assert merged.versions == Versions("2.13.0+cpu, 2.11.0+cu130", "13.0")
 
     report = tmp_path / "report.json"
     report.write_text('{"format": "pytest-backends-report", "version": 1, "tests": []}')
-    with pytest.raises(CensusFileError, match=r"report\.json: 'format' must be "
-                       r"'pytest-backends-census'.*\(it is a matrix report file\)"):
+    with pytest.raises(
+        CensusFileError,
+        match=r"report\.json: 'format' must be "
+        r"'pytest-backends-census'.*\(it is a matrix report file\)",
+    ):
         merge_censuses([a, report])
 
 
 def test_refresh_removes_only_what_the_census_shows_fixed() -> None:
-    baseline = Baseline((
-        BaselineEntry("plant::noisy", "cpu", None, "planted"),
-        BaselineEntry("aten::add", "cpu", "float32", "fixed upstream"),
-        BaselineEntry("aten::scatter_add_", "cuda", None, "GPU job"),
-        BaselineEntry("aten::mm", "cpu", None),
-    ), CPU)
+    baseline = Baseline(
+        (
+            BaselineEntry("plant::noisy", "cpu", None, "planted"),
+            BaselineEntry("aten::add", "cpu", "float32", "fixed upstream"),
+            BaselineEntry("aten::scatter_add_", "cuda", None, "GPU job"),
+            BaselineEntry("aten::mm", "cpu", None),
+        ),
+        CPU,
+    )
     census = Census()
     census.add_test("t::a", {NOISY: "nondeterministic", ADD: "deterministic", MM: "inconclusive"})
     census.add_test("t::b", {NOISY: "deterministic", PUT: "nondeterministic"})
     result = refresh(baseline, census)
     assert [(e.op, e.note) for e in result.baseline.entries] == [
-        ("aten::mm", None), ("aten::put_", None), ("aten::scatter_add_", "GPU job"),
-        ("plant::noisy", "planted")]
+        ("aten::mm", None),
+        ("aten::put_", None),
+        ("aten::scatter_add_", "GPU job"),
+        ("plant::noisy", "planted"),
+    ]
     assert result.lines() == [
         "added aten::put_ (cpu, float32): nondeterministic in t::b",
         "removed aten::add (cpu, float32): every key it accepts came out without "
@@ -118,16 +158,20 @@ def test_refresh_removes_only_what_the_census_shows_fixed() -> None:
 
 
 def test_baseline_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    census = _write(tmp_path / "c.json", "all", {"t::a": {NOISY: "nondeterministic",
-                                                          ADD: "deterministic"}})
+    census = _write(
+        tmp_path / "c.json", "all", {"t::a": {NOISY: "nondeterministic", ADD: "deterministic"}}
+    )
     path = tmp_path / "baseline.json"
     # --check on a new baseline: the op is new, nothing is written.
-    path.write_text('{"format": "pytest-backends-baseline", "version": 1, "accepted": '
-                    '[{"op": "aten::add", "device": "cpu"}]}')
+    path.write_text(
+        '{"format": "pytest-backends-baseline", "version": 1, "accepted": '
+        '[{"op": "aten::add", "device": "cpu"}]}'
+    )
     assert main(["baseline", "--check", "--census", str(census), str(path)]) == 1
     out = capsys.readouterr().out
-    assert "NEW nondeterministic op, not in" in out and "plant::noisy (cpu, float32); in t::a" \
-        in out
+    assert (
+        "NEW nondeterministic op, not in" in out and "plant::noisy (cpu, float32); in t::a" in out
+    )
     assert "could be removed: aten::add (cpu): every key it accepts" in out
     assert Baseline.load(path).entries == (BaselineEntry("aten::add", "cpu"),)
     # The refresh writes it, stamped with the census's versions.
@@ -148,8 +192,11 @@ def test_baseline_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
 @pytest.mark.parametrize(
     ("value", "message"),
-    [("  ", "got an empty value"), ("a\nb", "one line of printable characters"),
-     ("x" * 201, "use at most 200")],
+    [
+        ("  ", "got an empty value"),
+        ("a\nb", "one line of printable characters"),
+        ("x" * 201, "use at most 200"),
+    ],
 )
 def test_bad_labels_are_usage_errors(value: str, message: str) -> None:
     with pytest.raises(pytest.UsageError, match=message):
@@ -192,8 +239,7 @@ def test_default_label_names_host_cpu_level_and_gpu() -> None:
 def test_bad_census_inputs_name_the_file(tmp_path: Path, entries: str, message: str) -> None:
     good = _write(tmp_path / "good.json", "a", {"t::a": {ADD: "deterministic"}})
     bad = tmp_path / "bad.json"
-    bad.write_text('{"format": "pytest-backends-census", "version": 1, "entries": '
-                   + entries + "}")
+    bad.write_text('{"format": "pytest-backends-census", "version": 1, "entries": ' + entries + "}")
     with pytest.raises(CensusFileError) as info:
         merge_censuses([good, bad])
     assert str(bad) in str(info.value) and message in str(info.value)
@@ -203,8 +249,12 @@ def test_merge_command_writes_both_merges_and_warns(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     a = _write(tmp_path / "a.json", "cpu", {"t::a": {NOISY: "nondeterministic"}})
-    b = _write(tmp_path / "b.json", "gpu", {"t::b": {SCATTER: "deterministic"}},
-               versions=Versions("2.11.0+cu130", "13.0"))
+    b = _write(
+        tmp_path / "b.json",
+        "gpu",
+        {"t::b": {SCATTER: "deterministic"}},
+        versions=Versions("2.11.0+cu130", "13.0"),
+    )
     out = tmp_path / "merged.json"
     assert main(["merge", "--census", str(out), str(a), str(b)]) == 0
     captured = capsys.readouterr()
@@ -214,16 +264,18 @@ def test_merge_command_writes_both_merges_and_warns(
     assert "torch 2.11.0+cu130 (CUDA 13.0): gpu (" in captured.err
     versions, census = read_census(out)
     assert versions == Versions("2.13.0+cpu, 2.11.0+cu130", "13.0")
-    assert census.verdict(NOISY) == "nondeterministic" and census.verdict(SCATTER) == \
-        "deterministic"
+    assert (
+        census.verdict(NOISY) == "nondeterministic" and census.verdict(SCATTER) == "deterministic"
+    )
     # A census given where a report is wanted, and a missing input, name the file.
-    assert main(["merge", "--report", str(tmp_path / "r.json"), "--census", str(out),
-                 str(a)]) == 1
+    assert main(["merge", "--report", str(tmp_path / "r.json"), "--census", str(out), str(a)]) == 1
     assert "error: no report among the inputs" in capsys.readouterr().err
     assert main(["merge", "--census", str(out), str(tmp_path / "nope.json")]) == 1
     assert f"input file {tmp_path / 'nope.json'} does not exist" in capsys.readouterr().err
     baseline = tmp_path / "baseline.json"
     baseline.write_text('{"format": "pytest-backends-baseline", "version": 1, "accepted": []}')
     assert main(["merge", "--census", str(out), str(baseline)]) == 1
-    assert "is neither a matrix report (--backends-report) nor a census (--backends-census): " \
-           "it is a baseline" in capsys.readouterr().err
+    assert (
+        "is neither a matrix report (--backends-report) nor a census (--backends-census): "
+        "it is a baseline" in capsys.readouterr().err
+    )

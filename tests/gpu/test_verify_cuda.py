@@ -67,8 +67,10 @@ def test_conv_and_sdpa_kernels_classify() -> None:
     q = torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.float16)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    for backend, library in ((SDPBackend.FLASH_ATTENTION, "flash"),
-                             (SDPBackend.EFFICIENT_ATTENTION, "mem_efficient")):
+    for backend, library in (
+        (SDPBackend.FLASH_ATTENTION, "flash"),
+        (SDPBackend.EFFICIENT_ATTENTION, "mem_efficient"),
+    ):
         with sdpa_kernel(backend):
             try:
                 kernels = _kernels(lambda: F.scaled_dot_product_attention(q, q, q))
@@ -110,8 +112,9 @@ def test_verify_reads_cuda_kernel_names(pytester: pytest.Pytester) -> None:
         "-p", "no:randomly", "--backends-matrix", "--backends-verify", "--backends-report=r.json"
     )
     data = json.loads((pytester.path / "r.json").read_text())
-    verdicts = {t["nodeid"].split("::")[1]: (t["verify"], t["verify_detail"])
-                for t in data["tests"]}
+    verdicts = {
+        t["nodeid"].split("::")[1]: (t["verify"], t["verify_detail"]) for t in data["tests"]
+    }
     assert verdicts, result.stdout.str()
     off = [v for k, v in verdicts.items() if "tf32-off" in k]
     assert off and all(status == "ok" for status, _ in off), verdicts
@@ -119,5 +122,6 @@ def test_verify_reads_cuda_kernel_names(pytester: pytest.Pytester) -> None:
     if _ampere_or_newer():
         assert on and all(status == "ok" for status, _ in on), verdicts
     conv = [v for k, v in verdicts.items() if "cudnn-on" in k]
-    assert conv and all(status == "ok" and "cudnn kernels" in detail
-                        for status, detail in conv), verdicts
+    assert conv and all(status == "ok" and "cudnn kernels" in detail for status, detail in conv), (
+        verdicts
+    )

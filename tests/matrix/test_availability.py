@@ -15,8 +15,14 @@ from pytest_backends.matrix.configs import builtin_registry
 
 REG = builtin_registry()
 CPU_ONLY = machine()
-GPU = machine(torch_version="2.13.0+cu130", cuda_built="13.0", cuda=True,
-              cuda_devices=("NVIDIA H100",), cudnn=True, cudnn_version=91000)
+GPU = machine(
+    torch_version="2.13.0+cu130",
+    cuda_built="13.0",
+    cuda=True,
+    cuda_devices=("NVIDIA H100",),
+    cudnn=True,
+    cudnn_version=91000,
+)
 
 
 def reason(choices: dict[str, str], avail: Availability = CPU_ONLY) -> str | None:
@@ -27,14 +33,20 @@ def reason(choices: dict[str, str], avail: Availability = CPU_ONLY) -> str | Non
 @pytest.mark.parametrize(
     ("choices", "expected"),
     [
-        ({"cudnn": "on"}, "cudnn-on needs CUDA: torch.cuda.is_available() is False "
-                          "(torch 2.13.0+cpu is a CPU-only build)"),
+        (
+            {"cudnn": "on"},
+            "cudnn-on needs CUDA: torch.cuda.is_available() is False "
+            "(torch 2.13.0+cpu is a CPU-only build)",
+        ),
         ({"tf32": "on"}, "tf32-on needs CUDA: "),
         ({"sdpa": "efficient"}, "sdpa-efficient needs CUDA: "),
         ({"device": "cuda", "mkldnn": "off"}, "device-cuda needs CUDA: "),
         ({"cudnn": "on", "sdpa": "math"}, "cudnn-on needs CUDA: "),
-        ({"device": "mps"}, "device-mps needs MPS: torch.backends.mps.is_available() is False "
-                            "(torch 2.13.0+cpu was built without MPS)"),
+        (
+            {"device": "mps"},
+            "device-mps needs MPS: torch.backends.mps.is_available() is False "
+            "(torch 2.13.0+cpu was built without MPS)",
+        ),
     ],
 )
 def test_gpu_configs_on_a_cpu_machine_name_what_is_missing(
@@ -46,9 +58,19 @@ def test_gpu_configs_on_a_cpu_machine_name_what_is_missing(
 
 @pytest.mark.parametrize(
     "choices",
-    [{"cudnn": "off"}, {"sdpa": "math"}, {"sdpa": "flash"}, {"mkldnn": "on"}, {"nnpack": "on"},
-     {"tf32": "off"}, {"rpr": "off"}, {"deterministic": "on"}, {"device": "cpu"},
-     {"mkldnn_precision": "bf16"}, {"cpu_capability": "avx512"}],
+    [
+        {"cudnn": "off"},
+        {"sdpa": "math"},
+        {"sdpa": "flash"},
+        {"mkldnn": "on"},
+        {"nnpack": "on"},
+        {"tf32": "off"},
+        {"rpr": "off"},
+        {"deterministic": "on"},
+        {"device": "cpu"},
+        {"mkldnn_precision": "bf16"},
+        {"cpu_capability": "avx512"},
+    ],
 )
 def test_cpu_configs_run_on_a_cpu_machine(choices: dict[str, str]) -> None:
     assert reason(choices) is None
@@ -86,21 +108,24 @@ def test_mkldnn_precision_needs_cpu_support() -> None:
     assert got.startswith("mkldnn_precision-bf16 needs a CPU with bf16 support in oneDNN")
     assert reason({"mkldnn_precision": "bf16"}, machine(cpu_features=AVX512)) is None
     assert "AMX-FP16" in (reason({"mkldnn_precision": "tf32"}) or "")
-    assert reason({"mkldnn_precision": "tf32"},
-                  machine(cpu_features=AVX512 | {"amxfp16"})) is None
+    assert reason({"mkldnn_precision": "tf32"}, machine(cpu_features=AVX512 | {"amxfp16"})) is None
     arm = machine(arch="aarch64", cpu_features=frozenset({"bf16"}))
     assert reason({"mkldnn_precision": "bf16"}, arm) is None
 
 
 def test_missing_flags_in_an_old_torch() -> None:
-    old = machine(torch_version="2.1.0", flags=LEGACY_FLAGS,
-                  absent_flags={"mkldnn.matmul.fp32_precision": "needs torch >= 2.9"})
+    old = machine(
+        torch_version="2.1.0",
+        flags=LEGACY_FLAGS,
+        absent_flags={"mkldnn.matmul.fp32_precision": "needs torch >= 2.9"},
+    )
     assert reason({"mkldnn_precision": "bf16"}, old) == (
         "mkldnn_precision-bf16 needs flag 'mkldnn.matmul.fp32_precision', which torch 2.1.0 "
         "lacks (needs torch >= 2.9)"
     )
-    assert "needs flag 'sdp.cudnn'" in (reason({"sdpa": "cudnn"}, machine(
-        **{**GPU.__dict__, "flags": LEGACY_FLAGS})) or "")
+    assert "needs flag 'sdp.cudnn'" in (
+        reason({"sdpa": "cudnn"}, machine(**{**GPU.__dict__, "flags": LEGACY_FLAGS})) or ""
+    )
 
 
 def test_cpu_capability_levels() -> None:

@@ -71,8 +71,11 @@ SHARDS = (
     ("shard-1", "mkldnn-on,deterministic-on", ()),
     ("shard-2", "mkldnn-on,deterministic-off", ()),
     # Default label; two xdist workers inside the job, gw0 pinned to the DEFAULT CPU level.
-    (None, "mkldnn-off",
-     ("--dist", "load", "--tx", "popen//env:ATEN_CPU_CAPABILITY=default", "--tx", "popen")),
+    (
+        None,
+        "mkldnn-off",
+        ("--dist", "load", "--tx", "popen//env:ATEN_CPU_CAPABILITY=default", "--tx", "popen"),
+    ),
 )
 NOISY = {"op": "plant::noisy", "device": "cpu", "dtype": "float32"}
 
@@ -89,8 +92,12 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def _module(*args: str) -> subprocess.CompletedProcess[str]:
     """``python -m pytest_backends``."""
-    return subprocess.run([sys.executable, "-m", "pytest_backends", *args],
-                          capture_output=True, text=True, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_backends", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
 class _Cells(HTMLParser):
@@ -137,17 +144,26 @@ def test_three_shards_merge_to_the_full_run(
     path = pytester.path
 
     full = pytester.runpytest_subprocess(
-        *COMMON, "--backends-matrix", "--backends-report=full.json",
-        "--backends-census=full-census.json", "--backends-baseline=full-baseline.json",
-        "--backends-baseline-update", "--backends-label=full",
+        *COMMON,
+        "--backends-matrix",
+        "--backends-report=full.json",
+        "--backends-census=full-census.json",
+        "--backends-baseline=full-baseline.json",
+        "--backends-baseline-update",
+        "--backends-label=full",
     )
     full.assert_outcomes(passed=9, failed=1, skipped=2)
 
     for i, (label, select, extra) in enumerate(SHARDS, 1):
         shard = pytester.runpytest_subprocess(
-            *COMMON, *extra, f"--backends-config={select}", f"--backends-report=r{i}.json",
-            f"--backends-census=c{i}.json", "--backends-baseline=baseline.json",
-            "--backends-baseline-update", *([f"--backends-label={label}"] if label else []),
+            *COMMON,
+            *extra,
+            f"--backends-config={select}",
+            f"--backends-report=r{i}.json",
+            f"--backends-census=c{i}.json",
+            "--backends-baseline=baseline.json",
+            "--backends-baseline-update",
+            *([f"--backends-label={label}"] if label else []),
         )
         assert shard.ret in (0, 1), shard.stdout.str()
         if i == 2:
@@ -172,8 +188,13 @@ def test_three_shards_merge_to_the_full_run(
     assert _load(path / "c1.json")["label"] == "shard-1"
 
     merged = _cli(
-        "merge", "--report", str(path / "merged.json"), "--html", str(path / "merged.html"),
-        "--census", str(path / "merged-census.json"),
+        "merge",
+        "--report",
+        str(path / "merged.json"),
+        "--html",
+        str(path / "merged.html"),
+        "--census",
+        str(path / "merged-census.json"),
         *(str(path / f"r{i}.json") for i in (1, 2, 3)),
         *(str(path / f"c{i}.json") for i in (1, 2, 3)),
     )
@@ -181,14 +202,16 @@ def test_three_shards_merge_to_the_full_run(
     assert "warning" not in merged.stderr
     out = merged.stdout
     assert "merged 3 source(s):" in out and "[1] shard-1: 3 tests from" in out
-    grid = out[out.index("config "):].splitlines()
+    grid = out[out.index("config ") :].splitlines()
     assert grid[1].split() == ["mkldnn-on,deterministic-on", "3", "0", "0"]
     assert grid[5].split() == ["total", "9", "1", "2"]
 
     # Test by test, the merged report is the full run.
     def by_test(report: Any) -> dict[str, tuple[Any, ...]]:
-        return {t["nodeid"]: (t["test"], t["config"], t["outcome"], t["message"], t["verify"])
-                for t in report["tests"]}
+        return {
+            t["nodeid"]: (t["test"], t["config"], t["outcome"], t["message"], t["verify"])
+            for t in report["tests"]
+        }
 
     full_report, report = _load(path / "full.json"), _load(path / "merged.json")
     assert by_test(report) == by_test(full_report)
@@ -212,31 +235,58 @@ def test_three_shards_merge_to_the_full_run(
     page = _Cells()
     page.feed((path / "merged.html").read_text(encoding="utf-8"))
     assert sorted(page.grid_cells) == sorted(t["outcome"] for t in full_report["tests"])
-    assert page.failure_rows == [[
-        "test_ci.py::test_mixed", "mkldnn-on,deterministic-off", "failed",
-        "AssertionError: differs without deterministic mode", "shard-2",
-    ]]
+    assert page.failure_rows == [
+        [
+            "test_ci.py::test_mixed",
+            "mkldnn-on,deterministic-off",
+            "failed",
+            "AssertionError: differs without deterministic mode",
+            "shard-2",
+        ]
+    ]
     assert "needs oneDNN" in (path / "merged.html").read_text(encoding="utf-8")
 
     # The gate: new nondeterminism against the committed baseline fails the final job.
-    (path / "committed.json").write_text(json.dumps(
-        {"format": "pytest-backends-baseline", "version": 1, "accepted": []}))
-    check = _module("baseline", "--check", "--census", str(path / "merged-census.json"),
-                    str(path / "committed.json"))
+    (path / "committed.json").write_text(
+        json.dumps({"format": "pytest-backends-baseline", "version": 1, "accepted": []})
+    )
+    check = _module(
+        "baseline",
+        "--check",
+        "--census",
+        str(path / "merged-census.json"),
+        str(path / "committed.json"),
+    )
     assert check.returncode == 1
     assert "NEW nondeterministic op, not in" in check.stdout
     assert "plant::noisy (cpu, float32)" in check.stdout
     # The same command in-process (the script and -m were run above).
-    assert main(["baseline", "--check", "--census", str(path / "merged-census.json"),
-                 str(path / "baseline.json")]) == 0
+    assert (
+        main(
+            [
+                "baseline",
+                "--check",
+                "--census",
+                str(path / "merged-census.json"),
+                str(path / "baseline.json"),
+            ]
+        )
+        == 0
+    )
 
     # Pruning needs the whole suite: the merged census keeps the op, shard-2's alone drops it.
     capsys.readouterr()
-    assert main(["baseline", "--census", str(path / "merged-census.json"),
-                 str(path / "baseline.json")]) == 0
+    assert (
+        main(
+            ["baseline", "--census", str(path / "merged-census.json"), str(path / "baseline.json")]
+        )
+        == 0
+    )
     assert "removed" not in capsys.readouterr().out
     assert _load(path / "baseline.json")["accepted"] == [NOISY]
     assert main(["baseline", "--census", str(path / "c2.json"), str(path / "baseline.json")]) == 0
-    assert "removed plant::noisy (cpu, float32): every key it accepts came out without " \
-           "nondeterminism: plant::noisy (cpu, float32) deterministic" in capsys.readouterr().out
+    assert (
+        "removed plant::noisy (cpu, float32): every key it accepts came out without "
+        "nondeterminism: plant::noisy (cpu, float32) deterministic" in capsys.readouterr().out
+    )
     assert _load(path / "baseline.json")["accepted"] == []

@@ -17,19 +17,34 @@ from pytest_backends.matrix.configs import (
 REG = builtin_registry()
 
 
-def make(choices: dict[str, str], flags: frozenset[str] = NEW_API_FLAGS, cuda: bool = False
-         ) -> BackendConfig:
+def make(
+    choices: dict[str, str], flags: frozenset[str] = NEW_API_FLAGS, cuda: bool = False
+) -> BackendConfig:
     return REG.make(choices, available_flags=flags, cuda_available=cuda)
 
 
 def test_builtin_axes_and_values() -> None:
     assert REG.names == (
-        "cudnn", "cudnn_benchmark", "mkldnn", "nnpack", "tf32", "mkldnn_precision", "rpr",
-        "sdpa", "deterministic", "device", "cpu_capability",
+        "cudnn",
+        "cudnn_benchmark",
+        "mkldnn",
+        "nnpack",
+        "tf32",
+        "mkldnn_precision",
+        "rpr",
+        "sdpa",
+        "deterministic",
+        "device",
+        "cpu_capability",
     )
     assert REG.axis("sdpa").value_names == ("math", "flash", "efficient", "cudnn")
     assert REG.axis("cpu_capability").value_names == (
-        "default", "avx2", "avx512", "vsx", "zvector", "sve256",
+        "default",
+        "avx2",
+        "avx512",
+        "vsx",
+        "zvector",
+        "sve256",
     )
     assert REG.axis("cpu_capability").process_level
     assert not any(a.process_level for a in REG if a.name != "cpu_capability")
@@ -44,8 +59,10 @@ def test_builtin_axes_and_values() -> None:
         ({"device": "cuda"}, "device-cuda"),
         ({"cpu_capability": "avx2"}, "cap-avx2"),
         ({"sdpa": "math", "cudnn": "off"}, "cudnn-off,sdpa-math"),
-        ({"device": "cpu", "mkldnn_precision": "bf16", "mkldnn": "on"},
-         "mkldnn-on,mkldnn_precision-bf16,device-cpu"),
+        (
+            {"device": "cpu", "mkldnn_precision": "bf16", "mkldnn": "on"},
+            "mkldnn-on,mkldnn_precision-bf16,device-cpu",
+        ),
         ({}, "default"),
     ],
 )
@@ -85,7 +102,8 @@ def test_configs_are_frozen_hashable_and_compare_by_choices() -> None:
 def test_on_off_flags() -> None:
     assert dict(make({"mkldnn": "off"}).flags) == {"mkldnn.enabled": False}
     assert dict(make({"cudnn": "on", "nnpack": "off"}).flags) == {
-        "cudnn.enabled": True, "nnpack.enabled": False,
+        "cudnn.enabled": True,
+        "nnpack.enabled": False,
     }
     assert dict(make({"cudnn_benchmark": "on"}).flags) == {"cudnn.benchmark": True}
 
@@ -98,7 +116,8 @@ def test_tf32_uses_fp32_precision_where_it_exists_and_legacy_switches_elsewhere(
     }
     assert dict(make({"tf32": "off"}).flags)["cuda.matmul.fp32_precision"] == "ieee"
     assert dict(make({"tf32": "on"}, flags=LEGACY_FLAGS).flags) == {
-        "cuda.matmul.allow_tf32": True, "cudnn.allow_tf32": True,
+        "cuda.matmul.allow_tf32": True,
+        "cudnn.allow_tf32": True,
     }
 
 
@@ -113,8 +132,12 @@ def test_mkldnn_precision_sets_the_per_op_strings_not_the_generic_one() -> None:
 
 @pytest.mark.parametrize(
     ("value", "enabled"),
-    [("math", "sdp.math"), ("flash", "sdp.flash"), ("efficient", "sdp.mem_efficient"),
-     ("cudnn", "sdp.cudnn")],
+    [
+        ("math", "sdp.math"),
+        ("flash", "sdp.flash"),
+        ("efficient", "sdp.mem_efficient"),
+        ("cudnn", "sdp.cudnn"),
+    ],
 )
 def test_sdpa_enables_exactly_one_kernel(value: str, enabled: str) -> None:
     flags = dict(make({"sdpa": value}).flags)
@@ -170,21 +193,26 @@ def test_unknown_axis_or_value() -> None:
 def _fastpath() -> Axis:
     return Axis(
         "fastpath",
-        (AxisValue("on", "fast path", {"mha.fastpath_enabled": True}),
-         AxisValue("off", "no fast path", {"mha.fastpath_enabled": False})),
+        (
+            AxisValue("on", "fast path", {"mha.fastpath_enabled": True}),
+            AxisValue("off", "no fast path", {"mha.fastpath_enabled": False}),
+        ),
         "the MHA fast path",
     )
 
 
 def test_extension_appends_axes_and_values_without_changing_builtin_ids() -> None:
-    extra = REG.extended([
-        _fastpath(),
-        Axis("sdpa", (AxisValue("fa3", "FA3 only", {"sdp.fa3": True}),), "ignored"),
-    ])
+    extra = REG.extended(
+        [
+            _fastpath(),
+            Axis("sdpa", (AxisValue("fa3", "FA3 only", {"sdp.fa3": True}),), "ignored"),
+        ]
+    )
     assert extra.names[-1] == "fastpath"
     assert extra.axis("sdpa").value_names[-1] == "fa3"
-    config = extra.make({"fastpath": "off", "mkldnn": "on"}, available_flags=NEW_API_FLAGS,
-                        cuda_available=False)
+    config = extra.make(
+        {"fastpath": "off", "mkldnn": "on"}, available_flags=NEW_API_FLAGS, cuda_available=False
+    )
     assert config.id == "mkldnn-on,fastpath-off"
     assert dict(config.flags) == {"mkldnn.enabled": True, "mha.fastpath_enabled": False}
 
@@ -199,11 +227,13 @@ def test_extension_rejects_clashes_and_non_axes() -> None:
 
 
 def test_conflicting_flags_are_an_error() -> None:
-    registry = REG.extended([Axis("fast", (AxisValue("on", "x", {"mkldnn.enabled": True}),),
-                                  "conflicts with mkldnn")])
+    registry = REG.extended(
+        [Axis("fast", (AxisValue("on", "x", {"mkldnn.enabled": True}),), "conflicts with mkldnn")]
+    )
     with pytest.raises(ConfigError, match=r"mkldnn-off and fast-on set flag 'mkldnn\.enabled'"):
-        registry.make({"mkldnn": "off", "fast": "on"}, available_flags=NEW_API_FLAGS,
-                      cuda_available=False)
+        registry.make(
+            {"mkldnn": "off", "fast": "on"}, available_flags=NEW_API_FLAGS, cuda_available=False
+        )
 
 
 @pytest.mark.parametrize(

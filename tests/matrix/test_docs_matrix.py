@@ -30,8 +30,7 @@ def test_every_axis_value_and_promise_is_documented() -> None:
     page = (REFERENCE / "axes.rst").read_text()
     missing = [f"axis {a.name}" for a in builtin_registry() if f"``{a.name}``" not in page]
     missing += [
-        f"{a.name}={v}" for a in builtin_registry() for v in a.value_names
-        if f"``{v}``" not in page
+        f"{a.name}={v}" for a in builtin_registry() for v in a.value_names if f"``{v}``" not in page
     ]
     missing += [token for token in PROMISES if f"``{token}``" not in page]
     assert not missing, f"document these in docs/reference/axes.rst: {missing}"

@@ -32,11 +32,17 @@ def test_bad_arguments(args: tuple[object, ...], kwargs: dict[str, object], mess
 
 
 def test_resolve_validates_names_with_suggestions() -> None:
-    with pytest.raises(MarkerError, match=r"unknown axis 'mkldn' \(did you mean 'mkldnn'\?\); "
-                                          r"valid axes: cudnn, cudnn_benchmark, mkldnn, "):
+    with pytest.raises(
+        MarkerError,
+        match=r"unknown axis 'mkldn' \(did you mean 'mkldnn'\?\); "
+        r"valid axes: cudnn, cudnn_benchmark, mkldnn, ",
+    ):
         resolve([(("mkldn",), {})], REG)
-    with pytest.raises(MarkerError, match=r"axis 'sdpa' has no value 'flsh' \(did you mean "
-                                          r"'flash'\?\); valid values: math, flash, efficient"):
+    with pytest.raises(
+        MarkerError,
+        match=r"axis 'sdpa' has no value 'flsh' \(did you mean "
+        r"'flash'\?\); valid values: math, flash, efficient",
+    ):
         resolve([((), {"sdpa": "flsh"})], REG)
 
 

@@ -47,12 +47,14 @@ def test_mkldnn_axis_runs_once_per_value_with_the_flag_set(
         "test_mk.py::test_conv[mkldnn-off]",
         "test_mk.py::test_conv[mkldnn-on]",
     ]
-    result.stdout.fnmatch_lines([
-        "backends: torch *; CUDA: *",
-        "backends: CPU capability: *",
-        "*CONFIG mkldnn-on {'mkldnn.enabled': True}*",
-        "*CONFIG mkldnn-off {'mkldnn.enabled': False}*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "backends: torch *; CUDA: *",
+            "backends: CPU capability: *",
+            "*CONFIG mkldnn-on {'mkldnn.enabled': True}*",
+            "*CONFIG mkldnn-off {'mkldnn.enabled': False}*",
+        ]
+    )
     cases = ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
     props = {
         case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}
@@ -64,12 +66,14 @@ def test_mkldnn_axis_runs_once_per_value_with_the_flag_set(
     plain = run("-v", "-s")
     plain.assert_outcomes(passed=2)
     assert _ids(plain) == ["test_mk.py::test_after", "test_mk.py::test_conv"]
-    plain.stdout.fnmatch_lines([
-        "backends: availability not probed (torch is not imported yet)*",
-        "*collected 2 items",
-        "backends: torch *; CUDA: *",  # a collected test carries the marker
-        "*CONFIG default {}*",
-    ])
+    plain.stdout.fnmatch_lines(
+        [
+            "backends: availability not probed (torch is not imported yet)*",
+            "*collected 2 items",
+            "backends: torch *; CUDA: *",  # a collected test carries the marker
+            "*CONFIG default {}*",
+        ]
+    )
 
 
 CUDNN_SDPA_TEST = """
@@ -98,16 +102,20 @@ def test_cuda_configs_are_collected_and_skipped_here_identically_under_xdist(
     serial = run("--backends-matrix", "-p", "no:xdist", "-v", "-rs")
     serial.assert_outcomes(passed=2, skipped=6)
     assert _ids(serial, ordered=True) == ALL_EIGHT  # axis order, values in their order
-    serial.stdout.fnmatch_lines([
-        "SKIPPED [[]4] test_cs.py:*: cudnn-on needs CUDA: torch.cuda.is_available() is False*",
-        "SKIPPED [[]1] test_cs.py:*: sdpa-efficient needs CUDA: torch.cuda.is_available() is "
-        "False*",
-        "SKIPPED [[]1] test_cs.py:*: sdpa-cudnn needs CUDA: torch.cuda.is_available() is False*",
-    ])
+    serial.stdout.fnmatch_lines(
+        [
+            "SKIPPED [[]4] test_cs.py:*: cudnn-on needs CUDA: torch.cuda.is_available() is False*",
+            "SKIPPED [[]1] test_cs.py:*: sdpa-efficient needs CUDA: torch.cuda.is_available() is "
+            "False*",
+            "SKIPPED [[]1] test_cs.py:*: sdpa-cudnn needs CUDA: "
+            "torch.cuda.is_available() is False*",
+        ]
+    )
 
     # two workers, a random sampling seed: each worker must collect the same items
-    xdist = run("--backends-matrix", "-n", "2", "-v", "--backends-sample=5",
-                "--backends-report=r.json")
+    xdist = run(
+        "--backends-matrix", "-n", "2", "-v", "--backends-sample=5", "--backends-report=r.json"
+    )
     outcomes = xdist.parseoutcomes()
     assert outcomes.get("passed", 0) + outcomes.get("skipped", 0) == 5
     seed = re.search(r"--backends-seed=(\d+)", xdist.stdout.str())
@@ -116,15 +124,23 @@ def test_cuda_configs_are_collected_and_skipped_here_identically_under_xdist(
     assert sum(sum(c["counts"].values()) for c in report["configs"]) == 5
     assert report["settings"]["seed"] == int(seed.group(1))
     sampled = sorted(t["nodeid"] for t in report["tests"])
-    again = run("--backends-matrix", "-p", "no:xdist", "--co", "-q", "--backends-sample=5",
-                f"--backends-seed={seed.group(1)}")
+    again = run(
+        "--backends-matrix",
+        "-p",
+        "no:xdist",
+        "--co",
+        "-q",
+        "--backends-sample=5",
+        f"--backends-seed={seed.group(1)}",
+    )
     assert sorted(line for line in again.outlines if line.startswith("test_cs.py::")) == sampled
 
 
 def test_marker_typo_is_an_error_naming_the_test_and_the_rest_runs(
     pytester: pytest.Pytester, run: Run
 ) -> None:
-    pytester.makepyfile(test_typo="""
+    pytester.makepyfile(
+        test_typo="""
         import pytest
 
         @pytest.mark.backends("mkldn")
@@ -138,15 +154,18 @@ def test_marker_typo_is_an_error_naming_the_test_and_the_rest_runs(
         @pytest.mark.backends("mkldnn")
         def test_fine():
             pass
-    """)
+    """
+    )
     result = run("--backends-matrix")
     result.assert_outcomes(passed=2, errors=2)
-    result.stdout.fnmatch_lines([
-        "ERROR invalid @pytest.mark.backends on test_typo.py::test_axis_typo: unknown axis "
-        "'mkldn' (did you mean 'mkldnn'?); valid axes: cudnn, cudnn_benchmark, mkldnn, *",
-        "*test_typo.py::test_value_typo: axis 'sdpa' has no value 'flsh' (did you mean "
-        "'flash'?); valid values: math, flash, efficient, cudnn",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "ERROR invalid @pytest.mark.backends on test_typo.py::test_axis_typo: unknown axis "
+            "'mkldn' (did you mean 'mkldnn'?); valid axes: cudnn, cudnn_benchmark, mkldnn, *",
+            "*test_typo.py::test_value_typo: axis 'sdpa' has no value 'flsh' (did you mean "
+            "'flash'?); valid values: math, flash, efficient, cudnn",
+        ]
+    )
     assert "INTERNALERROR" not in result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED
 
@@ -161,7 +180,8 @@ def test_plugin_axes_from_conftest_set_their_flags(pytester: pytest.Pytester, ru
                 AxisValue("off", "no fast path", {"mha.fastpath_enabled": False}),
             ), "the MultiheadAttention fast path")]
     """)
-    pytester.makepyfile(test_fp="""
+    pytester.makepyfile(
+        test_fp="""
         import pytest
         import torch
 
@@ -170,7 +190,8 @@ def test_plugin_axes_from_conftest_set_their_flags(pytester: pytest.Pytester, ru
             want = backend_config.axes["fastpath"] == "on"
             assert torch.backends.mha.get_fastpath_enabled() is want
             assert torch.backends.mkldnn.enabled is False
-    """)
+    """
+    )
     result = run("--backends-matrix", "-v")
     result.assert_outcomes(passed=2)
     assert _ids(result) == [
@@ -182,12 +203,14 @@ def test_plugin_axes_from_conftest_set_their_flags(pytester: pytest.Pytester, ru
 def test_header_hint_without_torch_and_without_the_matrix(
     pytester: pytest.Pytester, run: Run
 ) -> None:
-    pytester.makepyfile(test_plain="""
+    pytester.makepyfile(
+        test_plain="""
         import sys
 
         def test_no_torch():
             assert "torch" not in sys.modules
-    """)
+    """
+    )
     result = run()
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["backends: availability not probed (torch is not imported*"])
@@ -197,8 +220,9 @@ def test_header_hint_without_torch_and_without_the_matrix(
 
 
 def _collect(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, list[str]]:
-    result = pytester.runpytest_inprocess("-p", "no:randomly", "-p", "no:cacheprovider",
-                                          "--co", "-q", *args)
+    result = pytester.runpytest_inprocess(
+        "-p", "no:randomly", "-p", "no:cacheprovider", "--co", "-q", *args
+    )
     return result, [line for line in result.outlines if "::" in line and " " not in line]
 
 
@@ -230,8 +254,11 @@ def test_markers_merge_from_module_class_and_function(pytester: pytest.Pytester)
     pytester.makepyfile(test_opt=OPTIONS_TEST)
     _, ids = _collect(pytester, "--backends-matrix")
     assert ids == [
-        *(f"test_opt.py::test_ms[mkldnn-{m},sdpa-{s},deterministic-on]"
-          for m in ("on", "off") for s in ("math", "flash", "efficient", "cudnn")),
+        *(
+            f"test_opt.py::test_ms[mkldnn-{m},sdpa-{s},deterministic-on]"
+            for m in ("on", "off")
+            for s in ("math", "flash", "efficient", "cudnn")
+        ),
         "test_opt.py::TestClass::test_method[mkldnn-off,deterministic-on,device-cpu]",
         "test_opt.py::TestClass::test_method[mkldnn-off,deterministic-on,device-cuda]",
         "test_opt.py::TestClass::test_param[mkldnn-on,deterministic-on-1]",
@@ -245,8 +272,11 @@ def test_markers_merge_from_module_class_and_function(pytester: pytest.Pytester)
 def test_restrict_select_and_ini_twins(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_opt=OPTIONS_TEST)
     _, ids = _collect(pytester, "--backends-matrix=mkldnn", "-k", "test_ms or unmarked")
-    assert ids == ["test_opt.py::test_ms[mkldnn-on]", "test_opt.py::test_ms[mkldnn-off]",
-                   "test_opt.py::test_unmarked"]
+    assert ids == [
+        "test_opt.py::test_ms[mkldnn-on]",
+        "test_opt.py::test_ms[mkldnn-off]",
+        "test_opt.py::test_unmarked",
+    ]
     result, ids = _collect(pytester, "--backends-config=sdpa-math,mkldnn-off")
     assert ids == ["test_opt.py::test_ms[mkldnn-off,sdpa-math,deterministic-on]"]
     assert "1/15 tests collected (14 deselected)" in result.stdout.str()
@@ -261,13 +291,19 @@ def test_restrict_select_and_ini_twins(pytester: pytest.Pytester) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--backends-matrix=mkldnn,bogus",),
-         "ERROR: --backends-matrix: unknown axis 'bogus'; valid axes: cudnn, *"),
-        (("--backends-matrix", "sub/"), "ERROR: --backends-matrix: 'sub/' is not an axis name*"
-                                        "looks like a path*"),
+        (
+            ("--backends-matrix=mkldnn,bogus",),
+            "ERROR: --backends-matrix: unknown axis 'bogus'; valid axes: cudnn, *",
+        ),
+        (
+            ("--backends-matrix", "sub/"),
+            "ERROR: --backends-matrix: 'sub/' is not an axis name*looks like a path*",
+        ),
         (("--backends-sample=0",), "ERROR: --backends-sample: expected a positive integer*"),
-        (("--backends-config=mkldnn-maybe",),
-         "ERROR: --backends-config: unknown configuration token 'mkldnn-maybe'; valid tokens:*"),
+        (
+            ("--backends-config=mkldnn-maybe",),
+            "ERROR: --backends-config: unknown configuration token 'mkldnn-maybe'; valid tokens:*",
+        ),
         (("--backends-verify=sometimes",), "ERROR: --backends-verify: expected one of off, on*"),
     ],
 )

@@ -17,14 +17,25 @@ from pytest_backends.matrix.merge import merge_reports, read_report
 from pytest_backends.matrix.report import Result, build_rows, render_json
 
 
-def _report(path: Path, label: str, results: list[Result], *, torch: str = "2.13.0+cpu",
-            cuda: str | None = None, order: list[str] | None = None) -> Path:
+def _report(
+    path: Path,
+    label: str,
+    results: list[Result],
+    *,
+    torch: str = "2.13.0+cpu",
+    cuda: str | None = None,
+    order: list[str] | None = None,
+) -> Path:
     for r in results:
         r.sources = [label]
     rows = build_rows(results, order or sorted({r.config for r in results}))
-    text = render_json(rows, results, environment=[f"torch {torch}", f"host {label}"],
-                       settings={"verify": "off", "select": []},
-                       header={"label": label, "torch": torch, "cuda": cuda})
+    text = render_json(
+        rows,
+        results,
+        environment=[f"torch {torch}", f"host {label}"],
+        settings={"verify": "off", "select": []},
+        header={"label": label, "torch": torch, "cuda": cuda},
+    )
     path.write_text(text)
     return path
 
@@ -34,10 +45,14 @@ def _r(test: str, config: str, outcome: str = "passed", message: str = "") -> Re
 
 
 def test_disjoint_shards_merge_with_their_sources(tmp_path: Path) -> None:
-    a = _report(tmp_path / "a.json", "linux", [_r("x", "mkldnn-on"),
-                                               _r("y", "mkldnn-on", "failed", "boom")])
-    b = _report(tmp_path / "b.json", "gpu", [_r("x", "mkldnn-off"),
-                                             _r("y", "mkldnn-off", "skipped", "no oneDNN")])
+    a = _report(
+        tmp_path / "a.json", "linux", [_r("x", "mkldnn-on"), _r("y", "mkldnn-on", "failed", "boom")]
+    )
+    b = _report(
+        tmp_path / "b.json",
+        "gpu",
+        [_r("x", "mkldnn-off"), _r("y", "mkldnn-off", "skipped", "no oneDNN")],
+    )
     merged = merge_reports([a, b])
     assert merged.conflicts == [] and merged.warnings == []
     assert merged.order == ["mkldnn-on", "mkldnn-off"]
@@ -47,8 +62,10 @@ def test_disjoint_shards_merge_with_their_sources(tmp_path: Path) -> None:
     assert data["sources"][1]["environment"] == ["torch 2.13.0+cpu", "host gpu"]
     assert data["environment"] == ["torch 2.13.0+cpu"]  # the lines every source shares
     assert {t["nodeid"]: t["sources"] for t in data["tests"]} == {
-        "t.py::x[mkldnn-on]": ["linux"], "t.py::y[mkldnn-on]": ["linux"],
-        "t.py::x[mkldnn-off]": ["gpu"], "t.py::y[mkldnn-off]": ["gpu"],
+        "t.py::x[mkldnn-on]": ["linux"],
+        "t.py::y[mkldnn-on]": ["linux"],
+        "t.py::x[mkldnn-off]": ["gpu"],
+        "t.py::y[mkldnn-off]": ["gpu"],
     }
     assert data["totals"]["passed"] == 2 and data["totals"]["failed"] == 1
     lines = merged.terminal_lines()
@@ -58,19 +75,27 @@ def test_disjoint_shards_merge_with_their_sources(tmp_path: Path) -> None:
 
 def test_different_outcomes_are_a_conflict_never_an_overwrite(tmp_path: Path) -> None:
     a = _report(tmp_path / "a.json", "ubuntu", [_r("x", "mkldnn-on"), _r("z", "mkldnn-on")])
-    b = _report(tmp_path / "b.json", "macos", [_r("x", "mkldnn-on", "failed", "off by 1e-3"),
-                                               _r("z", "mkldnn-on")])
+    b = _report(
+        tmp_path / "b.json",
+        "macos",
+        [_r("x", "mkldnn-on", "failed", "off by 1e-3"), _r("z", "mkldnn-on")],
+    )
     merged = merge_reports([a, b])
     rows = {r.nodeid: r for r in merged.results}
     x = rows["t.py::x[mkldnn-on]"]
     assert x.outcome == "conflict" and x.sources == ["ubuntu", "macos"]
     assert x.message == "passed on ubuntu; failed on macos (off by 1e-3)"
     assert rows["t.py::z[mkldnn-on]"].sources == ["ubuntu", "macos"]  # agreement: one row
-    assert merged.conflicts == [{"nodeid": "t.py::x[mkldnn-on]", "config": "mkldnn-on",
-                                 "outcomes": [
-                                     {"source": "ubuntu", "outcome": "passed", "message": ""},
-                                     {"source": "macos", "outcome": "failed",
-                                      "message": "off by 1e-3"}]}]
+    assert merged.conflicts == [
+        {
+            "nodeid": "t.py::x[mkldnn-on]",
+            "config": "mkldnn-on",
+            "outcomes": [
+                {"source": "ubuntu", "outcome": "passed", "message": ""},
+                {"source": "macos", "outcome": "failed", "message": "off by 1e-3"},
+            ],
+        }
+    ]
     grid = merged.terminal_lines()
     header = next(line for line in grid if line.startswith("config"))
     assert header.split() == ["config", "passed", "failed", "skipped", "conflict"]
@@ -87,12 +112,15 @@ def test_different_outcomes_are_a_conflict_never_an_overwrite(tmp_path: Path) ->
 
 def test_same_labels_are_told_apart_and_versions_warned(tmp_path: Path) -> None:
     a = _report(tmp_path / "a.json", "ci", [_r("x", "mkldnn-on")])
-    b = _report(tmp_path / "b.json", "ci", [_r("x", "mkldnn-off")], torch="2.11.0+cu130",
-                cuda="13.0")
+    b = _report(
+        tmp_path / "b.json", "ci", [_r("x", "mkldnn-off")], torch="2.11.0+cu130", cuda="13.0"
+    )
     merged = merge_reports([a, b])
     assert [s["label"] for s in merged.sources] == ["ci", "ci (b.json)"]
     assert {r.config: r.sources for r in merged.results} == {
-        "mkldnn-on": ["ci"], "mkldnn-off": ["ci (b.json)"]}
+        "mkldnn-on": ["ci"],
+        "mkldnn-off": ["ci (b.json)"],
+    }
     (warning,) = merged.warnings
     assert "torch 2.13.0+cpu (CUDA none): ci (" in warning
     assert "torch 2.11.0+cu130 (CUDA 13.0): ci (b.json)" in warning
@@ -102,25 +130,40 @@ def test_config_order_keeps_each_inputs_order(tmp_path: Path) -> None:
     custom = ["fastpath-on", "fastpath-off"]  # an axis from a conftest hook
     a = _report(tmp_path / "a.json", "a", [_r("x", c) for c in ["fastpath-off"]], order=custom)
     b = _report(tmp_path / "b.json", "b", [_r("x", "fastpath-on")], order=custom)
-    c = _report(tmp_path / "c.json", "c", [_r("y", "mkldnn-off"), _r("y", "mkldnn-on")],
-                order=["mkldnn-on", "mkldnn-off"])
+    c = _report(
+        tmp_path / "c.json",
+        "c",
+        [_r("y", "mkldnn-off"), _r("y", "mkldnn-on")],
+        order=["mkldnn-on", "mkldnn-off"],
+    )
     assert merge_reports([c, a, b]).order == ["mkldnn-on", "mkldnn-off", *custom]
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('{"format": "pytest-backends-census", "version": 1, "entries": []}',
-         "is a determinism census (merge it with --census OUT.json), not a matrix report"),
-        ('{"format": "pytest-backends-baseline", "version": 1, "accepted": []}',
-         "is a determinism baseline"),
+        (
+            '{"format": "pytest-backends-census", "version": 1, "entries": []}',
+            "is a determinism census (merge it with --census OUT.json), not a matrix report",
+        ),
+        (
+            '{"format": "pytest-backends-baseline", "version": 1, "accepted": []}',
+            "is a determinism baseline",
+        ),
         ('{"format": "junit"}', "'format' must be 'pytest-backends-report', got 'junit'"),
-        ('{"format": "pytest-backends-report", "version": 7, "tests": []}',
-         "format version 7 is newer"),
-        ('{"format": "pytest-backends-report", "version": 1, "tests": [{"nodeid": "a"}]}',
-         r"tests[0]: 'config' is missing"),
-        ('{"format": "pytest-backends-report", "version": 1, "tests": '
-         '[{"nodeid": "a", "config": "c", "outcome": "great"}]}', "'outcome' must be one of"),
+        (
+            '{"format": "pytest-backends-report", "version": 7, "tests": []}',
+            "format version 7 is newer",
+        ),
+        (
+            '{"format": "pytest-backends-report", "version": 1, "tests": [{"nodeid": "a"}]}',
+            r"tests[0]: 'config' is missing",
+        ),
+        (
+            '{"format": "pytest-backends-report", "version": 1, "tests": '
+            '[{"nodeid": "a", "config": "c", "outcome": "great"}]}',
+            "'outcome' must be one of",
+        ),
         ("[1, 2]", "expected a JSON object at the top level, got list"),
         ('{"format": ', "is not valid JSON"),
     ],
@@ -186,12 +229,24 @@ class _Page(HTMLParser):
 
 
 def test_html_lists_failures_skips_and_sources(tmp_path: Path) -> None:
-    a = _report(tmp_path / "a.json", "cpu-avx2", [
-        _r("x", "mkldnn-on"), _r("y", "mkldnn-on", "failed", "AssertionError: <x> != 1"),
-        _r("w", "mkldnn-on", "skipped", "needs CUDA")])
-    b = _report(tmp_path / "b.json", "cpu-avx512", [
-        _r("x", "mkldnn-off", "error", "fixture broke"), _r("y", "mkldnn-off"),
-        _r("w", "mkldnn-off", "skipped", "needs CUDA")])
+    a = _report(
+        tmp_path / "a.json",
+        "cpu-avx2",
+        [
+            _r("x", "mkldnn-on"),
+            _r("y", "mkldnn-on", "failed", "AssertionError: <x> != 1"),
+            _r("w", "mkldnn-on", "skipped", "needs CUDA"),
+        ],
+    )
+    b = _report(
+        tmp_path / "b.json",
+        "cpu-avx512",
+        [
+            _r("x", "mkldnn-off", "error", "fixture broke"),
+            _r("y", "mkldnn-off"),
+            _r("w", "mkldnn-off", "skipped", "needs CUDA"),
+        ],
+    )
     c = _report(tmp_path / "c.json", "again", [_r("x", "mkldnn-on", "failed", "flaky")])
     merged = merge_reports([a, b, c])
     page = _Page()
@@ -202,10 +257,10 @@ def test_html_lists_failures_skips_and_sources(tmp_path: Path) -> None:
     assert page.badges == ["1", "2", "1,3", "2", "1", "2"]  # tests w, x, y; configs on, off
     assert "Sources" in text and "cpu-avx512" in text and str(b) in text
     # Failures, with their message and source, under the grid; the conflict among them.
-    failures = text[text.index("Failures (3)"):text.index("Skip reasons")]
+    failures = text[text.index("Failures (3)") : text.index("Skip reasons")]
     assert "AssertionError: <x> != 1" in failures and "fixture broke" in failures
     assert "passed on cpu-avx2; failed on again (flaky)" in failures
-    skips = text[text.index("Skip reasons per configuration"):]
+    skips = text[text.index("Skip reasons per configuration") :]
     assert skips.count("needs CUDA") == 2 and "mkldnn-off" in skips
 
 
@@ -230,15 +285,22 @@ def test_inputs_that_disagree_on_the_order_keep_first_appearance(tmp_path: Path)
 def test_unique_labels_and_version_agreement() -> None:
     taken: set[str] = set()
     assert [unique_label("ci", taken, f"/x/{n}/report.json") for n in (1, 2, 3)] == [
-        "ci", "ci (report.json)", "ci (report.json #2)"]
-    same = [{"label": "a", "file": "a.json", "torch": "2.13.0", "cuda": None},
-            {"label": "b", "file": "b.json", "torch": "2.13.0", "cuda": None}]
+        "ci",
+        "ci (report.json)",
+        "ci (report.json #2)",
+    ]
+    same = [
+        {"label": "a", "file": "a.json", "torch": "2.13.0", "cuda": None},
+        {"label": "b", "file": "b.json", "torch": "2.13.0", "cuda": None},
+    ]
     assert version_warning(same, "reports") is None
-    assert version_warning([*same, {"label": "c", "file": "c.json", "torch": "2.13.0",
-                                     "cuda": "12.8"}], "reports") == (
+    assert version_warning(
+        [*same, {"label": "c", "file": "c.json", "torch": "2.13.0", "cuda": "12.8"}], "reports"
+    ) == (
         "the reports come from different torch/CUDA versions (torch 2.13.0 (CUDA none): "
         "a (a.json), b (b.json); torch 2.13.0 (CUDA 12.8): c (c.json)); they are merged, "
-        "but results that differ between them may be version differences")
+        "but results that differ between them may be version differences"
+    )
 
 
 def test_reports_without_a_format_name_still_merge(tmp_path: Path) -> None:
@@ -252,31 +314,43 @@ def test_reports_without_a_format_name_still_merge(tmp_path: Path) -> None:
     merged = merge_reports([old])
     assert merged.sources[0]["label"] == "old" and merged.sources[0]["torch"] is None
     assert [(r.outcome, r.message, r.sources) for r in merged.results] == [
-        ("failed", "no", ["old"])]
+        ("failed", "no", ["old"])
+    ]
 
 
 def test_a_skip_yields_to_a_source_that_ran_the_item(tmp_path: Path) -> None:
-    cpu = _report(tmp_path / "cpu.json", "cpu", [
-        _r("x", "device-cuda", "skipped", "needs CUDA"), _r("x", "device-cpu")])
-    gpu = _report(tmp_path / "gpu.json", "gpu", [
-        _r("x", "device-cuda"), _r("x", "device-cpu")])
+    cpu = _report(
+        tmp_path / "cpu.json",
+        "cpu",
+        [_r("x", "device-cuda", "skipped", "needs CUDA"), _r("x", "device-cpu")],
+    )
+    gpu = _report(tmp_path / "gpu.json", "gpu", [_r("x", "device-cuda"), _r("x", "device-cpu")])
     merged = merge_reports([cpu, gpu])
     rows = {r.config: r for r in merged.results}
     assert (rows["device-cuda"].outcome, rows["device-cuda"].sources) == ("passed", ["gpu"])
     assert rows["device-cpu"].sources == ["cpu", "gpu"]
     assert merged.conflicts == []
-    assert merged.skipped_elsewhere == [{
-        "nodeid": "t.py::x[device-cuda]", "config": "device-cuda",
-        "outcomes": [{"source": "cpu", "outcome": "skipped", "message": "needs CUDA"}]}]
+    assert merged.skipped_elsewhere == [
+        {
+            "nodeid": "t.py::x[device-cuda]",
+            "config": "device-cuda",
+            "outcomes": [{"source": "cpu", "outcome": "skipped", "message": "needs CUDA"}],
+        }
+    ]
     assert "1 item(s) ran in some sources and were skipped in others" in "\n".join(
-        merged.terminal_lines())
+        merged.terminal_lines()
+    )
     out = tmp_path / "merged.json"
     merged.write_json(out)
     again = merge_reports([out])
     assert again.skipped_elsewhere == merged.skipped_elsewhere
     assert [asdict(r) for r in again.results] == [asdict(r) for r in merged.results]
     # Skipped everywhere stays skipped, with the first source's reason.
-    both = merge_reports([cpu, _report(tmp_path / "cpu2.json", "cpu2", [
-        _r("x", "device-cuda", "skipped", "no GPU")])])
+    both = merge_reports(
+        [
+            cpu,
+            _report(tmp_path / "cpu2.json", "cpu2", [_r("x", "device-cuda", "skipped", "no GPU")]),
+        ]
+    )
     cuda = next(r for r in both.results if r.config == "device-cuda")
     assert (cuda.outcome, cuda.message, cuda.sources) == ("skipped", "needs CUDA", ["cpu", "cpu2"])

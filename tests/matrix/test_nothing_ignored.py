@@ -93,9 +93,9 @@ SUITE = """
 
 
 def _ids(result: pytest.RunResult) -> list[str]:
-    return sorted({
-        m.group(1) for line in result.outlines if (m := re.match(r"^(\S+\.py::\S+) ", line))
-    })
+    return sorted(
+        {m.group(1) for line in result.outlines if (m := re.match(r"^(\S+\.py::\S+) ", line))}
+    )
 
 
 def test_testcase_methods_and_hook_markers_expand_like_functions(
@@ -106,20 +106,22 @@ def test_testcase_methods_and_hook_markers_expand_like_functions(
     pytester.makepyfile(test_suite=SUITE)
     result = run("--backends-matrix", "--backends-verify", "-v", "-s", "-rw")
     result.assert_outcomes(passed=12)
-    assert _ids(result) == sorted([
-        "test_suite.py::TestConv::test_conv[mkldnn-on]",
-        "test_suite.py::TestConv::test_conv[mkldnn-off]",
-        "test_suite.py::TestConv::test_plain",
-        "test_suite.py::TestConv::test_by_hook[mkldnn-on]",
-        "test_suite.py::TestConv::test_by_hook[mkldnn-off]",
-        "test_suite.py::test_by_hook_param[mkldnn-on-1]",
-        "test_suite.py::test_by_hook_param[mkldnn-off-1]",
-        "test_suite.py::test_by_hook_param[mkldnn-on-2]",
-        "test_suite.py::test_by_hook_param[mkldnn-off-2]",
-        "test_suite.py::test_changed[mkldnn-on]",
-        "test_suite.py::test_changed[mkldnn-off]",
-        "test_suite.py::test_generated_late",
-    ])
+    assert _ids(result) == sorted(
+        [
+            "test_suite.py::TestConv::test_conv[mkldnn-on]",
+            "test_suite.py::TestConv::test_conv[mkldnn-off]",
+            "test_suite.py::TestConv::test_plain",
+            "test_suite.py::TestConv::test_by_hook[mkldnn-on]",
+            "test_suite.py::TestConv::test_by_hook[mkldnn-off]",
+            "test_suite.py::test_by_hook_param[mkldnn-on-1]",
+            "test_suite.py::test_by_hook_param[mkldnn-off-1]",
+            "test_suite.py::test_by_hook_param[mkldnn-on-2]",
+            "test_suite.py::test_by_hook_param[mkldnn-off-2]",
+            "test_suite.py::test_changed[mkldnn-on]",
+            "test_suite.py::test_changed[mkldnn-off]",
+            "test_suite.py::test_generated_late",
+        ]
+    )
     out = result.stdout.str()
     # Each config ran through unittest's protocol with its flags; setUpClass ran once.
     for line in (
@@ -127,30 +129,41 @@ def test_testcase_methods_and_hook_markers_expand_like_functions(
         "RAN test_conv[mkldnn-off] mkldnn-off False 1",
         "HOOKED test_by_hook[mkldnn-on] mkldnn-on True",
         "HOOKED test_by_hook[mkldnn-off] mkldnn-off False",
-        "HOOKED 1 mkldnn-on True", "HOOKED 2 mkldnn-off False",
+        "HOOKED 1 mkldnn-on True",
+        "HOOKED 2 mkldnn-off False",
         "TEARDOWN test_conv[mkldnn-off]",
     ):
         assert line in out, line
     assert "4 subtests passed" in out or "SUBPASSED(i=1)" in out
-    result.stdout.fnmatch_lines([
-        "backends: 3 test(s) marked by hooks expanded into their configs after collection",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "backends: 3 test(s) marked by hooks expanded into their configs after collection",
+        ]
+    )
     # What could not be honoured is said, per test, with the fix.
-    result.stdout.fnmatch_lines([
-        "*@pytest.mark.backends on test_suite.py::test_changed[[]mkldnn-on[]] is not "
-        "expanded: its markers changed after the matrix expanded it*",
-    ])
-    result.stdout.fnmatch_lines([
-        "*@pytest.mark.backends on test_suite.py::test_generated_late is not expanded: a "
-        "pytest_generate_tests hook added it after*tryfirst=True*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*@pytest.mark.backends on test_suite.py::test_changed[[]mkldnn-on[]] is not "
+            "expanded: its markers changed after the matrix expanded it*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*@pytest.mark.backends on test_suite.py::test_generated_late is not expanded: a "
+            "pytest_generate_tests hook added it after*tryfirst=True*",
+        ]
+    )
     # The matrix grid and the verifier see the TestCase and hook-expanded items.
-    result.stdout.fnmatch_lines([
-        "*backends matrix*", "mkldnn-on *5 *0 *0*", "mkldnn-off *5 *0 *0*",
-        "*backends verify cost*",
-        "verified 10 test(s): the verifier's own time * s (mean * ms per test, slowest *",
-        "call phases of the verified tests: * s, the profiler's per-op cost included*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*backends matrix*",
+            "mkldnn-on *5 *0 *0*",
+            "mkldnn-off *5 *0 *0*",
+            "*backends verify cost*",
+            "verified 10 test(s): the verifier's own time * s (mean * ms per test, slowest *",
+            "call phases of the verified tests: * s, the profiler's per-op cost included*",
+        ]
+    )
 
     # The same collection in every xdist worker (xdist refuses to run otherwise).
     # The verifier's times travel on the reports to the controller.
@@ -167,32 +180,38 @@ def test_options_that_selected_nothing_are_said_and_fail_when_strict(
     pytester.makepyfile(test_plain="def test_plain():\n    pass\n")
     result = run("--backends-determinism", "--backends-matrix", "--backends-verify")
     assert result.ret == pytest.ExitCode.OK
-    result.stdout.fnmatch_lines([
-        "*backends: options that selected no test*",
-        "--backends-determinism selected no test: no collected test is marked "
-        "@pytest.mark.backends(deterministic=...)*--backends-determinism-all",
-        "--backends-matrix selected no test: no collected test is marked "
-        "@pytest.mark.backends with any axis",
-        "--backends-verify selected no test: *needs --backends-matrix*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*backends: options that selected no test*",
+            "--backends-determinism selected no test: no collected test is marked "
+            "@pytest.mark.backends(deterministic=...)*--backends-determinism-all",
+            "--backends-matrix selected no test: no collected test is marked "
+            "@pytest.mark.backends with any axis",
+            "--backends-verify selected no test: *needs --backends-matrix*",
+        ]
+    )
     assert "the run fails" not in result.stdout.str()
 
     # The ini twin, under xdist: the workers' counts reach the controller.
     pytester.makeini("[pytest]\nbackends_strict = true\n")
-    pytester.makepyfile(test_marked="""
+    pytester.makepyfile(
+        test_marked="""
         import pytest
 
         @pytest.mark.backends("mkldnn")
         def test_marked():
             pass
-    """)
+    """
+    )
     result = run("-n", "2", "--backends-census=census.json", "--backends-matrix=mkldnn")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stdout.fnmatch_lines([
-        "--backends-census selected no test: *",
-        "--backends-strict: the run fails (exit code 4) because of the above",
-        "*3 passed*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "--backends-census selected no test: *",
+            "--backends-strict: the run fails (exit code 4) because of the above",
+            "*3 passed*",
+        ]
+    )
     assert "--backends-matrix selected no test" not in result.stdout.str()
 
     # Strict: a marker the matrix cannot honour fails its test instead of warning.
@@ -245,10 +264,12 @@ def test_subtests_are_counted_once_over_determinism_runs(
     assert out.count("SUBPASSED(i=1)") == 1, out  # the fixture's, once, not once per run
     assert out.count("SUBFAILED[bad]") == 2  # the progress line and the short summary
     # 2 unittest subTests + 3 fixture subtests, each once; the failing one stops the runs.
-    result.stdout.fnmatch_lines([
-        "FAILED test_sub.py::test_failing_subtest - contains 1 failed subtest",
-        "*2 failed, 2 passed, 5 subtests passed in*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "FAILED test_sub.py::test_failing_subtest - contains 1 failed subtest",
+            "*2 failed, 2 passed, 5 subtests passed in*",
+        ]
+    )
 
 
 # --- units ----------------------------------------------------------------------------------
@@ -271,7 +292,10 @@ def test_matrix_subclass_runs_each_config_as_a_method_and_hides_the_original() -
     names = testcase.config_names("test_a", ["mkldnn-on", "mkldnn-off"])
     sub = testcase.matrix_subclass(_Case, {"test_a": names})
     assert (sub.__name__, sub.__qualname__, sub.__module__) == (
-        _Case.__name__, _Case.__qualname__, _Case.__module__)
+        _Case.__name__,
+        _Case.__qualname__,
+        _Case.__module__,
+    )
     assert issubclass(sub, _Case)
     assert testcase.unittest_names(sub) == ["test_a[mkldnn-off]", "test_a[mkldnn-on]", "test_b"]
     assert testcase.unittest_names(_Case) == ["test_a", "test_b"]  # the user's class is unchanged
@@ -367,8 +391,9 @@ def test_cost_summary_lines() -> None:
     summary = verify_cost.CostSummary()
     assert summary.lines() == []
     for nodeid, seconds in (("t.py::a", 0.5), ("t.py::b", 1.5)):
-        report = pytest.TestReport(nodeid, ("t.py", 1, nodeid), {}, "passed", None, "call",
-                                   duration=2.0)
+        report = pytest.TestReport(
+            nodeid, ("t.py", 1, nodeid), {}, "passed", None, "call", duration=2.0
+        )
         setattr(report, verify_cost.SECONDS_ATTR, seconds)
         summary.pytest_runtest_logreport(report)
     assert summary.lines()[0] == (
@@ -380,8 +405,11 @@ def test_cost_summary_lines() -> None:
 
 def test_cost_summary_ignores_reruns_other_phases_and_unverified_reports() -> None:
     summary = verify_cost.CostSummary()
-    for when, outcome, tagged in (("setup", "passed", True), ("call", "rerun", True),
-                                  ("call", "passed", False)):
+    for when, outcome, tagged in (
+        ("setup", "passed", True),
+        ("call", "rerun", True),
+        ("call", "passed", False),
+    ):
         report = pytest.TestReport("t.py::a", ("t.py", 1, "a"), {}, outcome, None, when)
         if tagged:
             setattr(report, verify_cost.SECONDS_ATTR, 1.0)
@@ -397,8 +425,9 @@ class _Context:
         self.msg, self.kwargs = msg, kwargs
 
 
-def _subreport(nodeid: str, run: int | None, outcome: str, msg: str | None = None,
-               **kwargs: object) -> pytest.TestReport:
+def _subreport(
+    nodeid: str, run: int | None, outcome: str, msg: str | None = None, **kwargs: object
+) -> pytest.TestReport:
     report = pytest.TestReport(nodeid, ("t.py", 1, nodeid), {}, outcome, None, "call")
     report.context = _Context(msg, **kwargs)  # type: ignore[attr-defined]
     if run is not None:
@@ -523,8 +552,9 @@ CASES = """
 
 
 def _collect(pytester: pytest.Pytester, *args: str) -> list[str]:
-    result = pytester.runpytest_inprocess("-p", "no:randomly", "-p", "no:cacheprovider",
-                                          "--co", "-q", *args)
+    result = pytester.runpytest_inprocess(
+        "-p", "no:randomly", "-p", "no:cacheprovider", "--co", "-q", *args
+    )
     return [line for line in result.outlines if "::" in line and " " not in line]
 
 
@@ -550,13 +580,13 @@ def test_testcase_markers_merge_from_module_class_and_method_and_select_by_confi
         "test_cases.py::TestClassMarked::test_class_only",
         "test_cases.py::TestSkipped::test_never",
     ]
-    result = pytester.runpytest_inprocess("-p", "no:randomly", "--backends-matrix",
-                                          "-k", "Skipped")
+    result = pytester.runpytest_inprocess("-p", "no:randomly", "--backends-matrix", "-k", "Skipped")
     result.assert_outcomes(skipped=2)
 
 
 def test_a_typo_in_a_testcase_marker_errors_that_test_only(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_typo="""
+    pytester.makepyfile(
+        test_typo="""
         import unittest
 
         import pytest
@@ -568,10 +598,13 @@ def test_a_typo_in_a_testcase_marker_errors_that_test_only(pytester: pytest.Pyte
 
             def test_fine(self):
                 pass
-    """)
+    """
+    )
     result = pytester.runpytest_inprocess("-p", "no:randomly", "--backends-matrix", "-rE")
     result.assert_outcomes(passed=1, errors=1)  # an error at setup, as for functions
-    result.stdout.fnmatch_lines([
-        "*invalid @pytest.mark.backends on test_typo.py::TestTypo::test_typo: unknown axis "
-        "'mkldnm' (did you mean 'mkldnn'?)*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*invalid @pytest.mark.backends on test_typo.py::TestTypo::test_typo: unknown axis "
+            "'mkldnm' (did you mean 'mkldnn'?)*",
+        ]
+    )

@@ -33,12 +33,23 @@ def test_base_test_id(nodeid: str, config: str, expected: str) -> None:
 
 
 RESULTS = [
-    Result("t.py::a[mkldnn-on]", "t.py::a", "mkldnn-on", "passed", verify="not exercised",
-           verify_detail="mkldnn-on not exercised: oneDNN kernels never ran; ..."),
+    Result(
+        "t.py::a[mkldnn-on]",
+        "t.py::a",
+        "mkldnn-on",
+        "passed",
+        verify="not exercised",
+        verify_detail="mkldnn-on not exercised: oneDNN kernels never ran; ...",
+    ),
     Result("t.py::a[mkldnn-off]", "t.py::a", "mkldnn-off", "failed", "AssertionError: x"),
     Result("t.py::b[mkldnn-off]", "t.py::b", "mkldnn-off", "skipped", "needs <CUDA>"),
-    Result("t.py::c[<script>alert(1)</script>-mkldnn-on]", "t.py::c[<script>alert(1)</script>]",
-           "mkldnn-on", "error", "boom & <b>"),
+    Result(
+        "t.py::c[<script>alert(1)</script>-mkldnn-on]",
+        "t.py::c[<script>alert(1)</script>]",
+        "mkldnn-on",
+        "error",
+        "boom & <b>",
+    ),
 ]
 
 
@@ -50,8 +61,15 @@ def test_rows_count_outcomes_per_config() -> None:
     assert rows[1].counts["failed"] == 1 and rows[1].counts["skipped"] == 1
     assert rows[1].skip_reasons == ["needs <CUDA>"]
     lines = render_terminal(rows, verify=True)
-    assert lines[0].split() == ["config", "passed", "failed", "error", "skipped", "not",
-                                "exercised"]
+    assert lines[0].split() == [
+        "config",
+        "passed",
+        "failed",
+        "error",
+        "skipped",
+        "not",
+        "exercised",
+    ]
     assert lines[1].split() == ["mkldnn-on", "1", "0", "1", "0", "1"]
     assert lines[3].split() == ["total", "1", "1", "1", "1", "1"]
     assert "    t.py::a[mkldnn-off] - AssertionError: x" in lines
@@ -102,24 +120,35 @@ def test_html_is_self_contained_and_escapes_everything() -> None:
 def test_html_lists_failures_and_skip_reasons_under_the_grid() -> None:
     rows = build_rows(RESULTS, ["mkldnn-on", "mkldnn-off"])
     page = render_html(rows, RESULTS, environment=[], verify=False)
-    lists = page[page.index('<h2 id="failures">'):]
+    lists = page[page.index('<h2 id="failures">') :]
     parser = _Collect()
     parser.feed(lists)
     text = [t for t in parser.texts if t.strip()]
-    failures = text[text.index("Failures (2)"):text.index("Skip reasons per configuration")]
+    failures = text[text.index("Failures (2)") : text.index("Skip reasons per configuration")]
     assert failures[:4] == ["Failures (2)", "test", "config", "outcome"]
     assert failures[5:9] == ["t.py::a", "mkldnn-off", "failed", "AssertionError: x"]
     assert failures[9:13] == [
-        "t.py::c[<script>alert(1)</script>]", "mkldnn-on", "error", "boom & <b>"]
-    skips = text[text.index("Skip reasons per configuration"):]
+        "t.py::c[<script>alert(1)</script>]",
+        "mkldnn-on",
+        "error",
+        "boom & <b>",
+    ]
+    skips = text[text.index("Skip reasons per configuration") :]
     assert skips[-3:] == ["mkldnn-off", "1", "needs <CUDA>"]
     assert "<script>" not in lists and "source" not in failures  # one source: no column
 
 
 def test_json_names_its_format_and_header() -> None:
     rows = build_rows(RESULTS, ["mkldnn-on", "mkldnn-off"])
-    data = json.loads(render_json(rows, RESULTS, environment=[], settings={},
-                                  header={"label": "ci-linux", "torch": "2.13.0"}))
+    data = json.loads(
+        render_json(
+            rows,
+            RESULTS,
+            environment=[],
+            settings={},
+            header={"label": "ci-linux", "torch": "2.13.0"},
+        )
+    )
     assert list(data)[:5] == ["format", "version", "label", "torch", "environment"]
     assert data["format"] == "pytest-backends-report" and data["label"] == "ci-linux"
     assert data["totals"]["conflict"] == 0

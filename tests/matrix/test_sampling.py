@@ -11,8 +11,14 @@ from pytest_backends.matrix.configs import builtin_registry
 from pytest_backends.matrix.plugin import sample_configs
 
 REG = builtin_registry()
-BIG = REG.product({"mkldnn": ["on", "off"], "sdpa": ["math", "flash", "efficient", "cudnn"],
-                   "device": ["cpu", "cuda", "mps"], "deterministic": ["on", "off"]})
+BIG = REG.product(
+    {
+        "mkldnn": ["on", "off"],
+        "sdpa": ["math", "flash", "efficient", "cudnn"],
+        "device": ["cpu", "cuda", "mps"],
+        "deterministic": ["on", "off"],
+    }
+)
 
 
 def test_same_seed_and_key_give_the_same_sample_in_product_order() -> None:

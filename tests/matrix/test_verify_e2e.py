@@ -94,23 +94,32 @@ def test_verify_catches_the_planted_mismatch_and_reports_agree(
     pytester: pytest.Pytester, run: Run
 ) -> None:
     pytester.makepyfile(test_paths=CONV_TESTS)
-    result = run("--backends-matrix", "--backends-verify", "--backends-report=out/r.json",
-                 "--backends-html=out/r.html", "-rf")
+    result = run(
+        "--backends-matrix",
+        "--backends-verify",
+        "--backends-report=out/r.json",
+        "--backends-html=out/r.html",
+        "-rf",
+    )
     result.assert_outcomes(passed=5, failed=1)
-    result.stdout.fnmatch_lines([
-        "*_ test_planted[[]mkldnn-off] _*",
-        "backends-verify: mkldnn-off promised no oneDNN kernels, but oneDNN ran * "
-        "(convolution, f32) for aten::mkldnn_convolution. The flags of mkldnn-off were set "
-        "around the test*",
-        "FAILED test_paths.py::test_planted[[]mkldnn-off] - *",
-    ])
-    result.stdout.fnmatch_lines([
-        "not exercised (*",
-        "  mkldnn-on",
-        "    test_paths.py::test_small_conv[[]mkldnn-on]: mkldnn-on not exercised: no oneDNN "
-        "primitive computed an op of the test; aten::_slow_conv2d_forward ran for input "
-        "(1, 3, 8, 8)",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_planted[[]mkldnn-off] _*",
+            "backends-verify: mkldnn-off promised no oneDNN kernels, but oneDNN ran * "
+            "(convolution, f32) for aten::mkldnn_convolution. The flags of mkldnn-off were set "
+            "around the test*",
+            "FAILED test_paths.py::test_planted[[]mkldnn-off] - *",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "not exercised (*",
+            "  mkldnn-on",
+            "    test_paths.py::test_small_conv[[]mkldnn-on]: mkldnn-on not exercised: no oneDNN "
+            "primitive computed an op of the test; aten::_slow_conv2d_forward ran for input "
+            "(1, 3, 8, 8)",
+        ]
+    )
     grid = _terminal_grid(result)
     assert grid == {
         "mkldnn-on": [2, 0, 0, 1],
@@ -122,8 +131,12 @@ def test_verify_catches_the_planted_mismatch_and_reports_agree(
 
     data = json.loads((pytester.path / "out" / "r.json").read_text())
     from_json = {
-        c["id"]: [c["counts"]["passed"], c["counts"]["failed"], c["counts"]["skipped"],
-                  c["not_exercised"]]
+        c["id"]: [
+            c["counts"]["passed"],
+            c["counts"]["failed"],
+            c["counts"]["skipped"],
+            c["not_exercised"],
+        ]
         for c in data["configs"]
     }
     assert from_json == {k: v for k, v in grid.items() if k != "total"}
@@ -143,17 +156,20 @@ def test_strict_mode_fails_unexercised_promises(pytester: pytest.Pytester, run: 
     pytester.makepyfile(test_paths=CONV_TESTS)
     result = run("--backends-matrix", "--backends-verify=strict", "-k", "small or big", "-rf")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines([
-        "*_ test_small_conv[[]mkldnn-on] _*",
-        "backends-verify=strict: mkldnn-on not exercised: no oneDNN primitive computed an op "
-        "of the test; aten::_slow_conv2d_forward ran for input (1, 3, 8, 8)",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_small_conv[[]mkldnn-on] _*",
+            "backends-verify=strict: mkldnn-on not exercised: no oneDNN primitive computed an op "
+            "of the test; aten::_slow_conv2d_forward ran for input (1, 3, 8, 8)",
+        ]
+    )
 
 
 def test_a_test_with_its_own_profiler_is_judged_by_the_primitive_log(
     pytester: pytest.Pytester, run: Run
 ) -> None:
-    pytester.makepyfile(test_own="""
+    pytester.makepyfile(
+        test_own="""
         import pytest
         import torch
         import torch.nn.functional as F
@@ -164,7 +180,8 @@ def test_a_test_with_its_own_profiler_is_judged_by_the_primitive_log(
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 F.conv2d(torch.randn(8, 16, 32, 32), torch.randn(16, 16, 3, 3))
             assert "aten::mkldnn_convolution" in {e.name for e in prof.events()}
-    """)
+    """
+    )
     result = run("--backends-matrix", "--backends-verify=strict", "--junitxml=j.xml")
     result.assert_outcomes(passed=1)
     xml = (pytester.path / "j.xml").read_text()

@@ -93,8 +93,9 @@ def _needs_bf16() -> None:
 def test_primitive_log_verdicts(pytester: pytest.Pytester, run: Run) -> None:
     _needs_bf16()
     pytester.makepyfile(test_repros=REPROS)
-    result = run("--backends-matrix", "--backends-verify=strict", "--backends-report=r.json",
-                 "-rfP")
+    result = run(
+        "--backends-matrix", "--backends-verify=strict", "--backends-report=r.json", "-rfP"
+    )
     data = json.loads((pytester.path / "r.json").read_text())
     tests = {t["nodeid"].split("::")[1]: t for t in data["tests"]}
 
@@ -118,8 +119,10 @@ def test_primitive_log_verdicts(pytester: pytest.Pytester, run: Run) -> None:
     # the unrelated 1x1 conv does not hide the conv that took the slow path
     outcome, status, detail = verdict("test_unrelated_conv[mkldnn-on]")
     assert (outcome, status) == ("passed", "ok")
-    assert "mkldnn-on exercised by 1 of 2 convolutions; aten::_slow_conv2d_forward ran for " \
+    assert (
+        "mkldnn-on exercised by 1 of 2 convolutions; aten::_slow_conv2d_forward ran for "
         "input (1, 3, 8, 8)" in detail
+    )
 
     # bf16 precision: the verdict follows the kernel, and agrees with the error measured
     measured = json.loads((pytester.path / "measured.json").read_text())
@@ -131,9 +134,12 @@ def test_primitive_log_verdicts(pytester: pytest.Pytester, run: Run) -> None:
         assert measured["rel"] > 1e-4  # a bf16-sized error
     else:  # e.g. AVX512-BF16 without AMX: an f32 kernel under attr-fpmath:bf16
         assert (outcome, status) == ("failed", "not exercised")  # strict
-        assert detail.startswith(
-            "mkldnn_precision-bf16 not exercised: the flag allowed bf16, brg_matmul:"
-        ) or "computed in f32" in detail
+        assert (
+            detail.startswith(
+                "mkldnn_precision-bf16 not exercised: the flag allowed bf16, brg_matmul:"
+            )
+            or "computed in f32" in detail
+        )
         assert detail.endswith("computed in f32")
         assert measured["rel"] < 1e-5  # an fp32-sized error
         assert any("computed in f32" in line for line in measured["path"])
@@ -143,17 +149,21 @@ def test_primitive_log_verdicts(pytester: pytest.Pytester, run: Run) -> None:
         "test_probe_is_not_the_tests_kernel[mkldnn-on,mkldnn_precision-bf16]"
     )
     assert (outcome, status) == ("failed", "not exercised")
-    assert "mkldnn-on not exercised: no oneDNN primitive computed an op of the test; " \
+    assert (
+        "mkldnn-on not exercised: no oneDNN primitive computed an op of the test; "
         "aten::_slow_conv2d_forward ran for input (1, 3, 8, 8)" in detail
+    )
     assert "matmul" not in detail.split("mkldnn_precision-bf16")[0]
 
     # what the test wrote to fd 1 still reaches pytest's capture (when the call
     # ends, so after what Python printed), without the log's own lines
     assert verdict("test_prints[mkldnn-on]")[:2] == ("passed", "ok")
-    result.stdout.fnmatch_lines([
-        "*_ test_prints[[]mkldnn-on] _*",
-        "*Captured stdout call*",
-        "from print after",
-        "from fd 1 before",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_prints[[]mkldnn-on] _*",
+            "*Captured stdout call*",
+            "from print after",
+            "from fd 1 before",
+        ]
+    )
     assert "onednn_verbose" not in result.stdout.str()

@@ -68,12 +68,19 @@ def parsed(line: str) -> Primitive:
 def test_parse_current_and_old_formats() -> None:
     mm = parsed(MM_FPMATH_NO_AMX)
     assert (mm.kind, mm.impl, mm.isa, mm.fpmath, mm.problem) == (
-        "matmul", "brg_matmul:avx512_core", "avx512_core", "bf16", "256x1024:1024x256"
+        "matmul",
+        "brg_matmul:avx512_core",
+        "avx512_core",
+        "bf16",
+        "256x1024:1024x256",
     )
     assert mm.dtypes == (("src", "f32"), ("wei", "f32"), ("dst", "f32"))
     old = parsed(OLD_FORMAT)
     assert (old.kind, old.isa, old.fpmath, old.family) == (
-        "inner_product", "avx512_core", "bf16", "matmul"
+        "inner_product",
+        "avx512_core",
+        "bf16",
+        "matmul",
     )
     assert old.input_dtypes() == ("f32", "f32")
     conv = parsed(CONV)
@@ -138,8 +145,7 @@ def test_coverage_names_the_ops_oneDNN_did_not_compute() -> None:
     events = _events()
     trace = KernelTrace.build([parsed(REORDER), parsed(CONV)], events)
     assert coverage(trace) == [
-        "exercised by 1 of 2 convolutions; aten::_slow_conv2d_forward ran for input "
-        "(1, 3, 8, 8)",
+        "exercised by 1 of 2 convolutions; aten::_slow_conv2d_forward ran for input (1, 3, 8, 8)",
         "exercised by 0 of 2 matmuls; aten::mm ran for input (256, 1024); aten::mm ran for "
         "input (256, 256)",
     ]
@@ -150,8 +156,10 @@ def test_promises_read_the_primitives() -> None:
     conv_only = KernelTrace.build([parsed(CONV)], events)
     on = evaluate(make({"mkldnn": "on"}), {"aten::mkldnn_convolution"}, kernels=conv_only)
     assert on.status == "ok"
-    assert "mkldnn-on exercised by 1 of 2 convolutions; aten::_slow_conv2d_forward ran for " \
+    assert (
+        "mkldnn-on exercised by 1 of 2 convolutions; aten::_slow_conv2d_forward ran for "
         "input (1, 3, 8, 8)" in on.detail
+    )
     # an op name alone no longer satisfies the promise: no primitive computed anything
     reorder_only = KernelTrace.build([parsed(REORDER)], events)
     idle = evaluate(make({"mkldnn": "on"}), {"aten::mkldnn_convolution"}, kernels=reorder_only)
@@ -163,8 +171,9 @@ def test_promises_read_the_primitives() -> None:
         "(256, 256)"
     )
     # mkldnn-off: any primitive breaks it, even inside an op the names do not flag
-    off = evaluate(make({"mkldnn": "off"}), {"aten::mm"},
-                   kernels=KernelTrace.build([parsed(MM_BF16)], events))
+    off = evaluate(
+        make({"mkldnn": "off"}), {"aten::mm"}, kernels=KernelTrace.build([parsed(MM_BF16)], events)
+    )
     assert off.status == "broken"
     assert off.broken[0].startswith(
         "mkldnn-off promised no oneDNN kernels, but oneDNN ran brg_matmul:avx512_core_bf16 "
@@ -177,15 +186,24 @@ def test_promises_read_the_primitives() -> None:
 @pytest.mark.parametrize(
     ("line", "status", "detail"),
     [
-        (MM_FPMATH_NO_AMX, "not exercised",
-         "mkldnn_precision-bf16 not exercised: the flag allowed bf16, brg_matmul:avx512_core "
-         "computed in f32"),
-        (MM_FPMATH_AMX, "ok",
-         "mkldnn_precision-bf16 exercised: brg_matmul:avx512_core_amx (matmul, f32 with "
-         "attr-fpmath:bf16) for aten::mm computed in bf16"),
-        (MM_BF16, "not exercised",
-         "mkldnn_precision-bf16 not exercised: no fp32 oneDNN matmul, convolution or RNN ran; "
-         "oneDNN computed brg_matmul:avx512_core_bf16 (matmul, bf16) for aten::mm"),
+        (
+            MM_FPMATH_NO_AMX,
+            "not exercised",
+            "mkldnn_precision-bf16 not exercised: the flag allowed bf16, brg_matmul:avx512_core "
+            "computed in f32",
+        ),
+        (
+            MM_FPMATH_AMX,
+            "ok",
+            "mkldnn_precision-bf16 exercised: brg_matmul:avx512_core_amx (matmul, f32 with "
+            "attr-fpmath:bf16) for aten::mm computed in bf16",
+        ),
+        (
+            MM_BF16,
+            "not exercised",
+            "mkldnn_precision-bf16 not exercised: no fp32 oneDNN matmul, convolution or RNN ran; "
+            "oneDNN computed brg_matmul:avx512_core_bf16 (matmul, bf16) for aten::mm",
+        ),
     ],
     ids=["no-amx", "amx", "bf16-data"],
 )
@@ -201,8 +219,10 @@ def test_precision_promise_needs_a_primitive_that_computed_in_it(
 
 def test_cuda_kernel_promises() -> None:
     tf32_on, tf32_off = make({"tf32": "on"}, cuda=True), make({"tf32": "off"}, cuda=True)
-    tf32_kernel = ("sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16_stage4_"
-                   "warpsize2x2x1_tensor16x8x8_kernel")
+    tf32_kernel = (
+        "sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16_stage4_"
+        "warpsize2x2x1_tensor16x8x8_kernel"
+    )
     assert evaluate(tf32_on, {"aten::mm"}, cuda_kernels=[tf32_kernel]).status == "ok"
     ieee = evaluate(tf32_on, {"aten::mm"}, cuda_kernels=["ampere_sgemm_128x64_nn"])
     assert ieee.detail == (
@@ -213,8 +233,10 @@ def test_cuda_kernel_promises() -> None:
     unknown = evaluate(tf32_on, {"aten::mm"}, cuda_kernels=["nvjet_tst_128x24_64x11_2x1_v_bz_TNT"])
     assert unknown.status == "ok" and "do not tell" in unknown.detail
     cudnn = make({"cudnn": "on"}, cuda=True)
-    conv = ("void cudnn::detail::implicit_convolve_sgemm<float, float, 512, 6, 8, 3, 3, 5, 1, "
-            "true, false, true>(int)")
+    conv = (
+        "void cudnn::detail::implicit_convolve_sgemm<float, float, 512, 6, 8, 3, 3, 5, 1, "
+        "true, false, true>(int)"
+    )
     assert evaluate(cudnn, {"aten::cudnn_convolution"}, cuda_kernels=[conv]).status == "ok"
     native = evaluate(cudnn, {"aten::cudnn_convolution"}, cuda_kernels=["ampere_sgemm_32x32_nn"])
     assert native.status == "not exercised"
@@ -260,8 +282,7 @@ def test_real_run_attributes_a_conv_and_leaves_the_slow_one_uncovered() -> None:
         "aten::mkldnn_convolution"
     }
     assert coverage(trace) == [
-        "exercised by 1 of 2 convolutions; aten::_slow_conv2d_forward ran for input "
-        "(1, 3, 8, 8)"
+        "exercised by 1 of 2 convolutions; aten::_slow_conv2d_forward ran for input (1, 3, 8, 8)"
     ]
 
 
@@ -280,8 +301,10 @@ def test_computed_precision_reads_the_active_log_only() -> None:
 
 
 def test_two_same_shaped_ops_get_one_primitive_each() -> None:
-    events = [OpEvent("aten::mm", ((256, 256), (256, 256))),
-              OpEvent("aten::mm", ((256, 256), (256, 256)))]
+    events = [
+        OpEvent("aten::mm", ((256, 256), (256, 256))),
+        OpEvent("aten::mm", ((256, 256), (256, 256))),
+    ]
     out = attribute([parsed(MM_BF16), parsed(MM_BF16)], events)
     assert [p.op_index for p in out] == [0, 1]
     trace = KernelTrace.build([parsed(MM_BF16), parsed(MM_BF16)], events)
@@ -308,8 +331,11 @@ def test_timestamps_rnn_and_data_types_of_other_primitives() -> None:
     assert rnn.input_dtypes() == ("f32", "f32", "f32", "f32")
     int8 = parsed(MM_BF16.replace("src:bf16", "src:u8").replace("wei:bf16", "wei:s8"))
     assert int8.precision == "s8"
-    f16 = parsed(MM_FPMATH_NO_AMX.replace("attr-fpmath:bf16", "attr-fpmath:f16").replace(
-        "avx512_core,", "avx512_core_fp16,"))
+    f16 = parsed(
+        MM_FPMATH_NO_AMX.replace("attr-fpmath:bf16", "attr-fpmath:f16").replace(
+            "avx512_core,", "avx512_core_fp16,"
+        )
+    )
     assert f16.precision == "f16"
     strict = parsed(MM_FPMATH_NO_AMX.replace(" attr-fpmath:bf16", ""))
     assert strict.fpmath is None and strict.precision == "f32"
@@ -326,9 +352,7 @@ def test_rnn_coverage_and_a_primitive_with_no_op() -> None:
     ]
     trace = KernelTrace.build([parsed(RNN)], events)
     assert trace.primitives[0].op == "aten::mkldnn_rnn_layer"
-    assert coverage(trace) == [
-        "exercised by 1 of 2 RNNs; aten::lstm ran for input (5, 2, 8)"
-    ]
+    assert coverage(trace) == ["exercised by 1 of 2 RNNs; aten::lstm ran for input (5, 2, 8)"]
     lost = KernelTrace.build([parsed(MM_BF16)], events)
     assert lost.primitives[0].op is None  # no matmul op was recorded
     verdict = evaluate(make({"mkldnn": "on"}), {"aten::lstm"}, kernels=lost)
@@ -344,8 +368,7 @@ def test_cuda_promises_without_any_kernel_of_the_kind() -> None:
     assert nothing.detail == (
         "tf32-on not exercised: the flag allowed tf32, but no fp32 GEMM or convolution ran"
     )
-    cudnn = evaluate(make({"cudnn": "on"}, cuda=True), {"aten::cudnn_convolution"},
-                     cuda_kernels=[])
+    cudnn = evaluate(make({"cudnn": "on"}, cuda=True), {"aten::cudnn_convolution"}, cuda_kernels=[])
     assert "no cudnn kernel ran; no GEMM, convolution or RNN kernel ran" in cudnn.detail
     # without kernel names (no GPU profiled) only the op names count
     assert evaluate(tf32_on, {"aten::mm"}).status == "ok"

@@ -28,7 +28,8 @@ def test_hard_promise_broken_names_requested_and_ran() -> None:
 
 def test_queries_do_not_break_hard_promises() -> None:
     ops = {
-        "aten::cudnn_is_acceptable", "aten::_nnpack_available",
+        "aten::cudnn_is_acceptable",
+        "aten::_nnpack_available",
         "mkldnn::_is_mkldnn_bf16_supported",
     }
     for choices in ({"cudnn": "off"}, {"nnpack": "off"}, {"mkldnn": "off"}):
@@ -50,8 +51,10 @@ def test_exercised_and_sdpa_promises() -> None:
     flash = make({"sdpa": "flash"})
     assert evaluate(flash, {"aten::_scaled_dot_product_flash_attention_for_cpu"}).status == "ok"
     assert evaluate(flash, {"aten::_scaled_dot_product_attention_math"}).status == "broken"
-    assert evaluate(make({"sdpa": "math"}),
-                    {"aten::_scaled_dot_product_efficient_attention"}).status == "broken"
+    assert (
+        evaluate(make({"sdpa": "math"}), {"aten::_scaled_dot_product_efficient_attention"}).status
+        == "broken"
+    )
 
 
 def test_device_specific_promises() -> None:
@@ -60,9 +63,18 @@ def test_device_specific_promises() -> None:
     # TF32 shows only in CUDA kernel names (checked where a GPU profiles them)
     ((token, tf32),) = promises_for(make({"tf32": "on"}))
     assert (token, tf32.cuda_kernels) == ("tf32-on", "precision:tf32")
-    assert set(PROMISES) >= {"mkldnn-on", "mkldnn-off", "nnpack-on", "nnpack-off", "cudnn-on",
-                             "cudnn-off", "sdpa-math", "sdpa-flash", "sdpa-efficient",
-                             "sdpa-cudnn"}
+    assert set(PROMISES) >= {
+        "mkldnn-on",
+        "mkldnn-off",
+        "nnpack-on",
+        "nnpack-off",
+        "cudnn-on",
+        "cudnn-off",
+        "sdpa-math",
+        "sdpa-flash",
+        "sdpa-efficient",
+        "sdpa-cudnn",
+    }
 
 
 @pytest.mark.parametrize(

@@ -66,8 +66,7 @@ class NativeBuild:
 
 def _toolchain_present() -> bool:
     return shutil.which(os.environ.get("CXX", "c++")) is not None and (
-        shutil.which("ninja") is not None
-        or (Path(sys.executable).parent / "ninja").exists()
+        shutil.which("ninja") is not None or (Path(sys.executable).parent / "ninja").exists()
     )
 
 

@@ -46,7 +46,9 @@ def cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def copied_cache(
-    native_build: NativeBuild, native_module: ModuleType, tmp_path: Path,
+    native_build: NativeBuild,
+    native_module: ModuleType,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Path:
     """A private copy of the session build's cache directory; returns the copy's variant dir."""
@@ -92,9 +94,7 @@ def test_build_records_the_library_size_and_hash(copied_cache: Path) -> None:
         _native._record_mismatch(copied_cache / "build-ok", key, library)
     )
     (copied_cache / "build-ok").write_text(key)  # a record from before hashes existed
-    assert "older version" in str(
-        _native._record_mismatch(copied_cache / "build-ok", key, library)
-    )
+    assert "older version" in str(_native._record_mismatch(copied_cache / "build-ok", key, library))
 
 
 def test_compiler_is_part_of_the_build_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -215,8 +215,9 @@ def test_determinism_option_builds_once_in_the_controller_before_workers_start(
     (copied_cache / f"{_native.EXTENSION_NAME}.so").unlink()
     (copied_cache / "build-ok").unlink()
     pytester.makepyfile(test_harness=HARNESS_TEST)
-    result = pytester.runpytest_subprocess("-p", "no:randomly", "-n", "2",
-                                           "--backends-determinism=2")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "-n", "2", "--backends-determinism=2"
+    )
     out = result.stdout.str()
     assert result.ret == 0, out[-3000:]
     lines = result.outlines

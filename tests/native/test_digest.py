@@ -113,8 +113,10 @@ def test_negative_zero_differs_from_zero(backend: str, dtype: torch.dtype) -> No
 
 def test_nan_payloads_are_distinguished(backend: str) -> None:
     patterns = [0x7FC00000, 0x7FC00001, 0xFFC00000, 0x7F800001]
-    nans = [torch.tensor([p], dtype=torch.int64).to(torch.int32).view(torch.float32) for p in
-            [p - (1 << 32) if p >= 1 << 31 else p for p in patterns]]
+    nans = [
+        torch.tensor([p], dtype=torch.int64).to(torch.int32).view(torch.float32)
+        for p in [p - (1 << 32) if p >= 1 << 31 else p for p in patterns]
+    ]
     assert all(torch.isnan(n).all() for n in nans)
     digests = digest_many(nans, backend=backend)
     assert len(set(digests)) == len(patterns)
@@ -179,8 +181,10 @@ def test_shape_and_dtype_are_part_of_the_digest(backend: str) -> None:
     ]
     digests = digest_many(same_bytes, backend=backend)
     assert len(set(digests)) == len(same_bytes)
-    for a, b in [(torch.zeros(4, dtype=torch.uint8), torch.zeros(4, dtype=torch.bool)),
-                 (torch.zeros(2, dtype=torch.float16), torch.zeros(2, dtype=torch.bfloat16))]:
+    for a, b in [
+        (torch.zeros(4, dtype=torch.uint8), torch.zeros(4, dtype=torch.bool)),
+        (torch.zeros(2, dtype=torch.float16), torch.zeros(2, dtype=torch.bfloat16)),
+    ]:
         assert digest_bytes(a, backend=backend) != digest_bytes(b, backend=backend)
 
 

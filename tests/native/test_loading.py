@@ -135,8 +135,9 @@ def test_aot_build_for_another_torch_is_rejected() -> None:
         _native._check_built_for_this_torch(stale)  # type: ignore[arg-type]
 
 
-def test_aot_policy_without_an_aot_build_reports_why(cache_root: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_aot_policy_without_an_aot_build_reports_why(
+    cache_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "aot")
     saved = _native._state.reason
     try:

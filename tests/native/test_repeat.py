@@ -58,8 +58,9 @@ def test_each_run_concatenates_the_digests_of_all_outputs(backend: str) -> None:
     values, indices = torch.sort(a, dim=1)
     assert len(run) == 2 * DIGEST_SIZE
     assert run == digest_bytes(values, backend="python") + digest_bytes(indices, backend="python")
-    (scalar,) = repeat(aten._local_scalar_dense.default, (torch.tensor(7),), runs=1,
-                       backend=backend)
+    (scalar,) = repeat(
+        aten._local_scalar_dense.default, (torch.tensor(7),), runs=1, backend=backend
+    )
     assert scalar == digest_bytes(torch.tensor(7, dtype=torch.int64), backend="python")
 
 
@@ -82,8 +83,9 @@ def test_mutated_arguments_are_cloned_before_each_call(backend: str) -> None:
     expected = before.clone().index_add_(0, index, source)
     assert same[0] == digest_bytes(expected, backend="python")
     # Without cloning, the in-place op accumulates into the same tensor.
-    drifting_runs = repeat(aten.index_add_.default, args, runs=3, clone_mutated=False,
-                           backend=backend)
+    drifting_runs = repeat(
+        aten.index_add_.default, args, runs=3, clone_mutated=False, backend=backend
+    )
     assert len(set(drifting_runs)) == 3
     accumulated = before.clone()
     for _ in range(3):

@@ -250,7 +250,8 @@ def test_unused_plugin_does_not_import_torch(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*TORCH_IMPORTED=False*"])
     version = pytester.run(
-        sys.executable, "-c",
+        sys.executable,
+        "-c",
         "import sys, pytest; pytest.main(['--version']); "
         "import pytest_backends.plugin; print('torch' in sys.modules)",
     )

@@ -121,7 +121,10 @@ def test_torch_imported_by_a_test_or_fixture_and_bad_markers(
         ]
     )
     for name, given in [
-        ("bogus", "'bogus'"), ("none", "None"), ("int", "123"), ("two", "'warn', 'off'"),
+        ("bogus", "'bogus'"),
+        ("none", "None"),
+        ("int", "123"),
+        ("two", "'warn', 'off'"),
     ]:
         result.stdout.fnmatch_lines(
             [
@@ -259,8 +262,10 @@ def test_baseline_import_time_new_state_threads_and_warnings_as_errors(
         ]
     )
     result.stdout.fnmatch_lines(
-        ["*test_state.py::test_freeze left torch backend flags changed:",
-         "  flags_frozen: False -> True"]
+        [
+            "*test_state.py::test_freeze left torch backend flags changed:",
+            "  flags_frozen: False -> True",
+        ]
     )
     result.stdout.fnmatch_lines(
         [
@@ -270,8 +275,10 @@ def test_baseline_import_time_new_state_threads_and_warnings_as_errors(
             "  autocast.cache_enabled: True -> False",
         ]
     )
-    einsum = ["*test_state.py::test_einsum_and_denormal left torch backend flags changed:",
-              "  opt_einsum.strategy: * -> 'greedy'"]
+    einsum = [
+        "*test_state.py::test_einsum_and_denormal left torch backend flags changed:",
+        "  opt_einsum.strategy: * -> 'greedy'",
+    ]
     if "flush_denormal" in registry().by_name:
         einsum.append("  flush_denormal: False -> True")
     result.stdout.fnmatch_lines(einsum)
@@ -302,8 +309,7 @@ def test_baseline_import_time_new_state_threads_and_warnings_as_errors(
     )
     errors = re.findall(r"ERROR at \w+ of (\S+)", out)
     assert sorted(errors) == sorted(
-        ["test_freeze", "test_autocast", "test_einsum_and_denormal", "test_after_between",
-         "test_y"]
+        ["test_freeze", "test_autocast", "test_einsum_and_denormal", "test_after_between", "test_y"]
     ), errors
 
 
@@ -400,8 +406,7 @@ def test_6_last(mod_fx, sess_fx):
     assert torch.backends.mkldnn.deterministic and not torch._C._get_nnpack_enabled()
 """
 
-LEAKY_FIXTURES = {"sess_fx": "session", "mod_fx": "module", "cls_fx": "class",
-                  "fn_fx": "function"}
+LEAKY_FIXTURES = {"sess_fx": "session", "mod_fx": "module", "cls_fx": "class", "fn_fx": "function"}
 
 
 def _fixture_reports(result: pytest.RunResult) -> list[tuple[str, str]]:
@@ -430,7 +435,7 @@ def test_fixture_leaks_reported_once_by_fixture_in_any_order(pytester: pytest.Py
         # the last tests of the class, the module and the session are marked
         # "off" in file order: their own marker must not hide the fixtures' leaks
         assert sorted(reports) == sorted(LEAKY_FIXTURES.items()), out
-        summary = out[out.index("torch backend flags leaked by fixtures"):]
+        summary = out[out.index("torch backend flags leaked by fixtures") :]
         assert sorted(_fixture_reports_in(summary)) == sorted(
             (name, scope) for name, scope in LEAKY_FIXTURES.items() if scope != "function"
         ), out

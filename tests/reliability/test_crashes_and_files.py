@@ -49,8 +49,14 @@ def test_worker_crashes_keep_other_results_and_the_report(
     report = pytester.path / "report.json"
     page = pytester.path / "report.html"
     result = pytester.runpytest_subprocess(
-        "-p", "no:randomly", "-n", "2", "--backends-matrix", f"--backends-report={report}",
-        f"--backends-html={page}", "--junitxml=junit.xml",
+        "-p",
+        "no:randomly",
+        "-n",
+        "2",
+        "--backends-matrix",
+        f"--backends-report={report}",
+        f"--backends-html={page}",
+        "--junitxml=junit.xml",
     )
     out = result.stdout.str()
     assert "INTERNALERROR" not in out
@@ -59,8 +65,11 @@ def test_worker_crashes_keep_other_results_and_the_report(
     assert outcomes["failed"] == 4, out[-3000:]
     assert outcomes["passed"] == 6
     assert out.count("crashed while running") >= 4
-    failed_matrix = {line.split()[1] for line in result.outlines
-                     if line.startswith("FAILED") and "mkldnn-" in line}
+    failed_matrix = {
+        line.split()[1]
+        for line in result.outlines
+        if line.startswith("FAILED") and "mkldnn-" in line
+    }
     assert len(failed_matrix) == 3, failed_matrix
     # the grid, the JSON and the HTML count the crashed items as failed, as pytest does
     data = json.loads(report.read_text())
@@ -70,9 +79,12 @@ def test_worker_crashes_keep_other_results_and_the_report(
     assert counts["mkldnn-off"]["failed"] == 2 and counts["mkldnn-off"]["passed"] == 1
     crashed = {t["nodeid"] for t in data["tests"] if t["crashed"]}
     assert crashed == failed_matrix
-    assert all(t["outcome"] == "failed" and t["message"].startswith("crashed")
-               for t in data["tests"] if t["crashed"])
-    grid = out[out.index("backends matrix"):]
+    assert all(
+        t["outcome"] == "failed" and t["message"].startswith("crashed")
+        for t in data["tests"]
+        if t["crashed"]
+    )
+    grid = out[out.index("backends matrix") :]
     total = next(line for line in grid.splitlines() if line.startswith("total"))
     assert total.split()[1:3] == ["2", "3"], grid  # passed, failed
     html_text = page.read_text()
@@ -104,7 +116,10 @@ def test_keyboard_interrupt_leaves_report_complete_or_absent(pytester: pytest.Py
     previous = '{"format": "pytest-backends-report", "version": 1, "previous": true}\n'
     report.write_text(previous)
     result = pytester.runpytest_subprocess(
-        "-p", "no:randomly", "--backends-matrix", f"--backends-report={report}",
+        "-p",
+        "no:randomly",
+        "--backends-matrix",
+        f"--backends-report={report}",
         f"--backends-html={html}",
     )
     assert result.ret == pytest.ExitCode.INTERRUPTED
@@ -185,7 +200,11 @@ def test_crash_under_determinism_mode_keeps_results_and_census(pytester: pytest.
     )
     census = pytester.path / "census.json"
     result = pytester.runpytest_subprocess(
-        "-p", "no:randomly", "-n", "2", "--backends-determinism=3",
+        "-p",
+        "no:randomly",
+        "-n",
+        "2",
+        "--backends-determinism=3",
         f"--backends-census={census}",
     )
     out = result.stdout.str()
@@ -210,11 +229,23 @@ def test_crash_reports_are_recognised_and_their_config_found_in_the_id() -> None
     assert find("t.py::test_x[default]", parse) is None
     assert find("t.py::test_x[on-off]", parse) is None
     assert find("t.py::test_x", parse) is None
-    crash = pytest.TestReport("t.py::test_x[mkldnn-on]", ("t.py", None, "t.py"), {},
-                              "failed", "worker 'gw0' crashed while running it", "???")
-    setup = pytest.TestReport("t.py::test_x[mkldnn-on]", ("t.py", None, "t.py"), {},
-                              "passed", None, "setup",
-                              user_properties=[("backend_config", "mkldnn-on")])
+    crash = pytest.TestReport(
+        "t.py::test_x[mkldnn-on]",
+        ("t.py", None, "t.py"),
+        {},
+        "failed",
+        "worker 'gw0' crashed while running it",
+        "???",
+    )
+    setup = pytest.TestReport(
+        "t.py::test_x[mkldnn-on]",
+        ("t.py", None, "t.py"),
+        {},
+        "passed",
+        None,
+        "setup",
+        user_properties=[("backend_config", "mkldnn-on")],
+    )
     assert matrix_report.is_crash(crash) and not matrix_report.is_crash(setup)
     result = matrix_report.Result("t.py::test_x[mkldnn-on]", "t.py::test_x", "mkldnn-on")
     matrix_report.update(result, setup)

@@ -40,21 +40,29 @@ def test_the_fuzz_judge_catches_lost_tests_and_plugin_tracebacks(
 ) -> None:
     junit = tmp_path / "junit.xml"
     junit.write_text(
-        '<testsuites><testsuite>'
+        "<testsuites><testsuite>"
         '<testcase classname="test_gen" name="test_g0[mkldnn-on]"/>'
         '<testcase classname="test_gen" name="test_g0[mkldnn-off]"><failure/></testcase>'
         '<testcase classname="test_gen" name="test_g1"><error/></testcase>'
         '<testcase classname="test_gen" name="test_g2"><skipped/></testcase>'
-        '</testsuite></testsuites>'
+        "</testsuite></testsuites>"
     )
     assert fuzz.outcomes_from_junit(junit) == {
-        "test_g0": "failure", "test_g1": "error", "test_g2": "skipped"
+        "test_g0": "failure",
+        "test_g1": "error",
+        "test_g2": "skipped",
     }
     assert fuzz._OWN_FRAME.search('  File "/x/pytest_backends/matrix/markers.py", line 3')
     assert fuzz._OWN_FRAME.search("pytest_backends/isolation.py:120: in pytest_runtest_protocol")
     assert not fuzz._OWN_FRAME.search("test_gen.py:12: in test_g3")
-    source = fuzz.render_tests([([("backends", [float("nan"), b"\x00", (1,)],
-                                   {"not an identifier": {"k": None}})], "leak")])
+    source = fuzz.render_tests(
+        [
+            (
+                [("backends", [float("nan"), b"\x00", (1,)], {"not an identifier": {"k": None}})],
+                "leak",
+            )
+        ]
+    )
     compile(source, "test_gen.py", "exec")
 
 

@@ -29,8 +29,13 @@ AXES = list(REGISTRY.names)
 VALUES = sorted({v for axis in REGISTRY for v in axis.value_names})
 
 junk = st.one_of(
-    st.none(), st.integers(), st.floats(allow_nan=True), st.booleans(), st.binary(max_size=4),
-    st.text(max_size=12), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.none(),
+    st.integers(),
+    st.floats(allow_nan=True),
+    st.booleans(),
+    st.binary(max_size=4),
+    st.text(max_size=12),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
 )
 axis_name = st.one_of(st.sampled_from(AXES), st.text(max_size=10), junk)
 value_name = st.one_of(st.sampled_from(VALUES), st.text(max_size=8), junk)
@@ -42,8 +47,9 @@ value_spec = st.one_of(
 )
 marker_args = st.tuples(
     st.lists(axis_name, max_size=12),
-    st.dictionaries(st.one_of(st.sampled_from(AXES), st.text(max_size=10)), value_spec,
-                    max_size=12),
+    st.dictionaries(
+        st.one_of(st.sampled_from(AXES), st.text(max_size=10)), value_spec, max_size=12
+    ),
 )
 # A test, its class and its module may each carry a marker.
 marker_stack = st.lists(marker_args, min_size=1, max_size=3)
@@ -62,15 +68,15 @@ def _expand(
     """What collection does with these markers: config ids, or a MarkerError/ConfigError."""
     selection = markers.resolve(marks, REGISTRY)
     combos = matrix.expand(selection, REGISTRY, settings, "test_x.py::test_fuzz")
-    configs = [REGISTRY.make(c, available_flags=frozenset(), cuda_available=False)
-               for c in combos]
+    configs = [REGISTRY.make(c, available_flags=frozenset(), cuda_available=False) for c in combos]
     return [c.id for c in configs]
 
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
 @given(stack=marker_stack, which=st.integers(0, len(MATRIX_SETTINGS) - 1))
-def test_marker_arguments_never_crash(stack: list[tuple[list[Any], dict[str, Any]]],
-                                      which: int) -> None:
+def test_marker_arguments_never_crash(
+    stack: list[tuple[list[Any], dict[str, Any]]], which: int
+) -> None:
     marks = [(tuple(args), kwargs) for args, kwargs in stack]
     try:
         ids = _expand(marks, MATRIX_SETTINGS[which])
@@ -111,11 +117,29 @@ PARSERS = [
 
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
-@given(which=st.integers(0, len(PARSERS) - 1), value=st.one_of(
-    st.text(max_size=30),
-    st.sampled_from(["all", "off", "on", "strict", "0", "-1", "1e9", "mkldnn,,", "cap-avx2",
-                     "mkldnn-off,sdpa-math", "default,avx2,avx512", "sve256", " "]),
-))
+@given(
+    which=st.integers(0, len(PARSERS) - 1),
+    value=st.one_of(
+        st.text(max_size=30),
+        st.sampled_from(
+            [
+                "all",
+                "off",
+                "on",
+                "strict",
+                "0",
+                "-1",
+                "1e9",
+                "mkldnn,,",
+                "cap-avx2",
+                "mkldnn-off,sdpa-math",
+                "default,avx2,avx512",
+                "sve256",
+                " ",
+            ]
+        ),
+    ),
+)
 def test_option_values_never_crash(which: int, value: str) -> None:
     try:
         PARSERS[which](value)
@@ -184,15 +208,23 @@ def test_hostile_markers_end_to_end(pytester: pytest.Pytester, extra: list[str])
         ("test_huge_product", "configurations (more than"),
     ]:
         assert any(name in line and fragment in line for line in result.outlines), (
-            name, fragment, out[-3000:]
+            name,
+            fragment,
+            out[-3000:],
         )
 
 
 @pytest.mark.parametrize(
     "option",
-    ["--backends-matrix=mkldn", "--backends-sample=0", "--backends-seed=-3",
-     "--backends-config=cudnn-maybe", "--backends-verify=always", "--backends-leaks=maybe",
-     "--backends-cpu-capability=avx9000"],
+    [
+        "--backends-matrix=mkldn",
+        "--backends-sample=0",
+        "--backends-seed=-3",
+        "--backends-config=cudnn-maybe",
+        "--backends-verify=always",
+        "--backends-leaks=maybe",
+        "--backends-cpu-capability=avx9000",
+    ],
 )
 def test_bad_options_are_usage_errors(pytester: pytest.Pytester, option: str) -> None:
     pytester.makepyfile("def test_x():\n    pass\n")

@@ -227,5 +227,6 @@ def test_frozen_flags_from_common_utils(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("-p", "no:randomly")
     result.assert_outcomes(passed=3, errors=1)
     result.stdout.fnmatch_lines(["*mkldnn.enabled: True -> False*"])
-    result.stdout.fnmatch_lines(["*session baseline differs from torch defaults: "
-                                 "*flags_frozen=True* (conftest.py)"])
+    result.stdout.fnmatch_lines(
+        ["*session baseline differs from torch defaults: *flags_frozen=True* (conftest.py)"]
+    )

@@ -63,16 +63,29 @@ def _census_file(path: Path) -> Path:
     [
         ("[" * 3000, "nested too deeply"),
         ('{"a":' * 3000, "nested too deeply"),
-        ('{"format": "pytest-backends-baseline", "version": 1, "accepted": ['
-         + "[" * 5000 + "]" * 5000 + "]}", "nested too deeply"),
+        (
+            '{"format": "pytest-backends-baseline", "version": 1, "accepted": ['
+            + "[" * 5000
+            + "]" * 5000
+            + "]}",
+            "nested too deeply",
+        ),
         ("1" * 5000, "not valid JSON"),  # longer than int() converts
         ('{"version": Infinity}', "Infinity is not allowed"),
         ("", "Expecting value at line 1 column 1"),
         (b"\xff\xfe{}", "not UTF-8"),
         ('{"a": 1', "line 1 column"),
     ],
-    ids=["deep-array", "deep-object", "deep-inside", "huge-int", "infinity", "empty",
-         "not-utf8", "truncated"],
+    ids=[
+        "deep-array",
+        "deep-object",
+        "deep-inside",
+        "huge-int",
+        "infinity",
+        "empty",
+        "not-utf8",
+        "truncated",
+    ],
 )
 def test_malformed_json_is_a_format_error_naming_the_file(
     tmp_path: Path, content: str | bytes, message: str
@@ -110,18 +123,39 @@ def test_reading_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None:
     ("kind", "make"),
     [
         (_files.JSON_REPORT, _own_report),
-        (_files.JSON_REPORT, lambda: json.dumps(dict.fromkeys(
-            ["version", "environment", "settings", "configs", "tests", "totals"], 1))),
+        (
+            _files.JSON_REPORT,
+            lambda: json.dumps(
+                dict.fromkeys(
+                    ["version", "environment", "settings", "configs", "tests", "totals"], 1
+                )
+            ),
+        ),
         (_files.HTML_REPORT, _own_html),
-        (_files.HTML_REPORT, lambda: "<!DOCTYPE html>\n<html><head>"
-         "<title>pytest-backends matrix</title></head></html>"),
+        (
+            _files.HTML_REPORT,
+            lambda: (
+                "<!DOCTYPE html>\n<html><head><title>pytest-backends matrix</title></head></html>"
+            ),
+        ),
         (_files.CENSUS, lambda: json.dumps({"format": "pytest-backends-census", "version": 1})),
-        (_files.BASELINE, lambda: json.dumps({"accepted": [], "version": 1,
-                                              "format": "pytest-backends-baseline"})),
+        (
+            _files.BASELINE,
+            lambda: json.dumps(
+                {"accepted": [], "version": 1, "format": "pytest-backends-baseline"}
+            ),
+        ),
         (_files.JSON_REPORT, lambda: ""),
     ],
-    ids=["report", "report-before-format-name", "html", "html-before-meta", "census",
-         "baseline-any-key-order", "empty-file"],
+    ids=[
+        "report",
+        "report-before-format-name",
+        "html",
+        "html-before-meta",
+        "census",
+        "baseline-any-key-order",
+        "empty-file",
+    ],
 )
 def test_own_outputs_and_empty_files_are_overwritten(
     tmp_path: Path, kind: _files.OutputKind, make: object
@@ -143,8 +177,14 @@ def test_own_outputs_and_empty_files_are_overwritten(
         (_files.BASELINE, "[" * 3000),
         (_files.HTML_REPORT, "<html><title>my page</title></html>"),
     ],
-    ids=["test-file-as-html", "census-as-report", "other-json", "baseline-as-census",
-         "deep-json", "other-html"],
+    ids=[
+        "test-file-as-html",
+        "census-as-report",
+        "other-json",
+        "baseline-as-census",
+        "deep-json",
+        "other-html",
+    ],
 )
 def test_foreign_files_are_never_overwritten(
     tmp_path: Path, kind: _files.OutputKind, content: str
@@ -280,8 +320,13 @@ def test_a_failed_write_fails_the_run_and_is_not_reported_written(
     # the census is written by the same controller code either way: once is enough
     census = [] if extra else ["--backends-census=census.json"]
     result = pytester.runpytest_subprocess(
-        "-p", "no:randomly", "--backends-matrix", "--backends-report=r.json",
-        "--backends-html=r.html", *census, *extra,
+        "-p",
+        "no:randomly",
+        "--backends-matrix",
+        "--backends-report=r.json",
+        "--backends-html=r.html",
+        *census,
+        *extra,
     )
     out = result.stdout.str()
     assert "INTERNALERROR" not in out + result.stderr.str()
@@ -291,11 +336,17 @@ def test_a_failed_write_fails_the_run_and_is_not_reported_written(
     assert (pytester.path / "r.json").read_text() == "user data\n"
     assert (pytester.path / "census.json").is_dir()
     lines = result.outlines
-    assert any("matrix report was not written" in line and "r.json" in line
-               and "refusing to overwrite" in line for line in lines), out[-3000:]
+    assert any(
+        "matrix report was not written" in line
+        and "r.json" in line
+        and "refusing to overwrite" in line
+        for line in lines
+    ), out[-3000:]
     if census:
-        assert any("--backends-census" in line and "census.json" in line
-                   and "a directory" in line for line in lines), out[-3000:]
+        assert any(
+            "--backends-census" in line and "census.json" in line and "a directory" in line
+            for line in lines
+        ), out[-3000:]
     for line in lines:
         if "written to" in line or "updated:" in line:
             assert "r.json" not in line and "census.json" not in line, line

@@ -29,10 +29,22 @@ def test_three_random_orders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     soak = _soak_module()
     monkeypatch.chdir(ROOT)
     out = tmp_path / "orders.txt"
-    code = soak.main([  # type: ignore[attr-defined]
-        "--seeds", "3", "--first-seed", "11", "--output", str(out),
-        "examples", "tests/unit/test_flags.py", "--", "--backends-matrix", "-p", "no:xdist",
-    ])
+    code = soak.main(
+        [  # type: ignore[attr-defined]
+            "--seeds",
+            "3",
+            "--first-seed",
+            "11",
+            "--output",
+            str(out),
+            "examples",
+            "tests/unit/test_flags.py",
+            "--",
+            "--backends-matrix",
+            "-p",
+            "no:xdist",
+        ]
+    )
     text = out.read_text()
     assert code == 0, text
     assert "0 leak reports, 0 tests with differing outcomes" in text

@@ -41,7 +41,9 @@ def test_small_calibration_has_no_violation_and_is_tight(calibration: ModuleType
     # the hardware that decides the oneDNN paths is recorded with the figures
     assert re.search(
         r"^cpu: .+; AMX: (yes|no) \(amx_fp16: (yes|no)\), AVX512-BF16: (yes|no), "
-        r"AVX512-FP16: (yes|no)$", text, re.M
+        r"AVX512-FP16: (yes|no)$",
+        text,
+        re.M,
     )
     # the oneDNN bf16 bounds followed the kernel each case ran (log) or the probe
     flagged = [row for row in rows if row.mode == "fp32 oneDNN bf16"]
@@ -68,11 +70,19 @@ def test_checks_flag_violations_and_loose_bounds(calibration: ModuleType) -> Non
     violated = row("m", "c", "matmul", 8, trials=10, worst_use=1.5, violations=2)
     loose = row("m", "c", "matmul", 8, trials=10, worst_use=0.01)
     # the bound assumed the reduced path and no trial took it: not held to 10x
-    idle = row("m", "c", "matmul", 8, trials=10, worst_use=0.0001, baseline=True, emulated=True,
-               bound_reduced=True)
+    idle = row(
+        "m",
+        "c",
+        "matmul",
+        8,
+        trials=10,
+        worst_use=0.0001,
+        baseline=True,
+        emulated=True,
+        bound_reduced=True,
+    )
     # the bound followed the kernel to fp32: held to 10x like any other
-    followed = row("m", "c", "matmul", 8, trials=10, worst_use=0.01, baseline=True,
-                   emulated=True)
+    followed = row("m", "c", "matmul", 8, trials=10, worst_use=0.01, baseline=True, emulated=True)
     worst_case = row("m", "c", "matmul", 8, trials=10, worst_use=0.01, tight=False)
     assert calibration.failures([ok, idle, worst_case]) == []
     assert "2 violations" in calibration.failures([violated])[0]

@@ -43,8 +43,7 @@ def test_k1024_matmul_under_bf16_flag_passes_and_30x_its_error_fails(source: str
                 tol = tolerance_for(torch.float32, op="matmul", k=1024)
                 assert_close(actual, expected, op="matmul", k=1024)
                 with pytest.raises(AssertionError, match="tolerance model"):
-                    assert_close(_scaled_error(actual, expected, 30), expected, op="matmul",
-                                 k=1024)
+                    assert_close(_scaled_error(actual, expected, 30), expected, op="matmul", k=1024)
             if log.error is not None or tol.precision_source != "primitive log":
                 pytest.skip(f"oneDNN did not log this matmul here: {log.error}")
         else:
@@ -75,12 +74,18 @@ def test_the_flags_worst_case_is_documented_and_available() -> None:
     assert "the flag's worst case" in worst.describe()
     # without a GPU no CUDA probe can run: the worst case, said so
     if not torch.cuda.is_available():
-        cuda = tolerance_for(torch.float32, device="cuda", op="matmul", k=1024,
-                             flags={"cuda.matmul.fp32_precision": "tf32"})
+        cuda = tolerance_for(
+            torch.float32,
+            device="cuda",
+            op="matmul",
+            k=1024,
+            flags={"cuda.matmul.fp32_precision": "tf32"},
+        )
         assert cuda.precision_source == "worst case"
         assert any("no cuda probe could run" in line for line in cuda.path)
-        assert cuda.atol > 100 * tolerance_for(torch.float32, device="cuda", op="matmul",
-                                               k=1024).atol
+        assert (
+            cuda.atol > 100 * tolerance_for(torch.float32, device="cuda", op="matmul", k=1024).atol
+        )
 
 
 def test_the_probe_runs_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -151,8 +156,10 @@ def test_elementwise_and_unnamed_bounds_are_no_tighter_than_torchs(
     for op in (None, "elementwise"):
         tol = tolerance_for(dtype, op=op)
         assert tol.rtol >= rtol and tol.atol >= atol
-    assert any("torch.testing.assert_close's defaults" in line
-               for line in tolerance_for(dtype).path) or dtype == torch.float64
+    assert (
+        any("torch.testing.assert_close's defaults" in line for line in tolerance_for(dtype).path)
+        or dtype == torch.float64
+    )
 
 
 def test_named_reductions_keep_the_k_scaled_model() -> None:

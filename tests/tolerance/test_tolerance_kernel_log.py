@@ -53,8 +53,9 @@ def test_an_f32_kernel_under_the_bf16_flag_gets_the_ieee_bound(replay: Replay) -
     replay(NO_AMX)
     with override_flags({"mkldnn.matmul.fp32_precision": "bf16"}):
         tol = tolerance_for(torch.float32, op="matmul", k=1024)
-    ieee = tolerance_for(torch.float32, op="matmul", k=1024, flags={
-        "mkldnn.matmul.fp32_precision": "ieee"})
+    ieee = tolerance_for(
+        torch.float32, op="matmul", k=1024, flags={"mkldnn.matmul.fp32_precision": "ieee"}
+    )
     assert (tol.rtol, tol.atol) == (ieee.rtol, ieee.atol)
     assert tol.precision_source == "primitive log"
     assert tol.path[0] == (
@@ -87,10 +88,12 @@ def test_a_bf16_kernel_under_the_bf16_flag_gets_the_bf16_bound(replay: Replay) -
 def test_the_log_answers_per_family(replay: Replay) -> None:
     replay(NO_AMX, CONV_AMX)
     assert kernel_precision("cpu", "mkldnn.matmul.fp32_precision", "bf16")[:2] == (
-        False, "primitive log"
+        False,
+        "primitive log",
     )
     assert kernel_precision("cpu", "mkldnn.conv.fp32_precision", "bf16")[:2] == (
-        True, "primitive log"
+        True,
+        "primitive log",
     )
     # no tf32 primitive in the log: the probe decides
     assert kernel_precision("cpu", "mkldnn.matmul.fp32_precision", "tf32")[1] == "probe"
@@ -98,8 +101,7 @@ def test_the_log_answers_per_family(replay: Replay) -> None:
     with override_flags(flags):
         conv = tolerance_for(torch.float32, op="conv", k=576)
     # a conv may be lowered to a GEMM: the worse of its two rows counts
-    assert any("inputs rounded to bf16" in line and "brg_conv_fwd" in line
-               for line in conv.path)
+    assert any("inputs rounded to bf16" in line and "brg_conv_fwd" in line for line in conv.path)
     assert any("brg_matmul:avx512_core computed in f32" in line for line in conv.path)
 
 

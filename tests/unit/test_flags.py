@@ -35,10 +35,29 @@ def _other_value(row: Flag, current: object) -> object:
         return 1 if current != 1 else 2
     if isinstance(current, int):
         return current + 1
-    for candidate in ("ieee", "tf32", "bf16", "none", "highest", "medium", "high",
-                      "cusolver", "magma", "default", "cublaslt", "cublas",
-                      "qnnpack", "onednn", "fbgemm", "x86", "native", "greedy", "auto",
-                      "float16", "bfloat16"):
+    for candidate in (
+        "ieee",
+        "tf32",
+        "bf16",
+        "none",
+        "highest",
+        "medium",
+        "high",
+        "cusolver",
+        "magma",
+        "default",
+        "cublaslt",
+        "cublas",
+        "qnnpack",
+        "onednn",
+        "fbgemm",
+        "x86",
+        "native",
+        "greedy",
+        "auto",
+        "float16",
+        "bfloat16",
+    ):
         if candidate != current:
             try:
                 row.check(candidate)
@@ -51,10 +70,17 @@ def _other_value(row: Flag, current: object) -> object:
 def test_snapshot_has_every_flag_of_this_torch() -> None:
     snap = snapshot_flags()
     assert len(snap) >= 30
-    for name in ("cudnn.enabled", "cuda.matmul.fp32_precision", "mkldnn.conv.fp32_precision",
-                 "sdp.flash", "sdp.priority_order", "deterministic_algorithms",
-                 "deterministic_algorithms.warn_only",
-                 "deterministic.fill_uninitialized_memory", "default_dtype"):
+    for name in (
+        "cudnn.enabled",
+        "cuda.matmul.fp32_precision",
+        "mkldnn.conv.fp32_precision",
+        "sdp.flash",
+        "sdp.priority_order",
+        "deterministic_algorithms",
+        "deterministic_algorithms.warn_only",
+        "deterministic.fill_uninitialized_memory",
+        "default_dtype",
+    ):
         assert name in snap
     # plain values only: they survive a JSON round trip
     import json
@@ -103,8 +129,10 @@ def test_override_restores_on_exception() -> None:
     ("mapping", "fragments"),
     [
         ({"cudnn.enabld": True}, ["unknown backend flag 'cudnn.enabld'", "cudnn.enabled"]),
-        ({"cuda.matmul.fp32_precision": "bf16"},
-         ["cuda.matmul.fp32_precision", "'ieee'", "'tf32'"]),
+        (
+            {"cuda.matmul.fp32_precision": "bf16"},
+            ["cuda.matmul.fp32_precision", "'ieee'", "'tf32'"],
+        ),
         ({"cudnn.benchmark": "yes"}, ["cudnn.benchmark", "True or False"]),
         ({"sdp.priority_order": [0, 0]}, ["sdp.priority_order", "permutation"]),
         ({"default_dtype": "int64"}, ["default_dtype", "'float64'"]),
@@ -226,11 +254,17 @@ class _OldTorch:
 
 
 def test_older_torch_without_fp32_precision_uses_legacy_rows() -> None:
-    old = _OldTorch({
-        "_get_fp32_precision_getter", "_set_fp32_precision_setter",
-        "_get_cudnn_depthwise_kernel", "_get_fa3_sdp_enabled", "_set_sdp_use_fa3",
-        "_get_sdp_priority_order", "_set_sdp_priority_order",
-    })
+    old = _OldTorch(
+        {
+            "_get_fp32_precision_getter",
+            "_set_fp32_precision_setter",
+            "_get_cudnn_depthwise_kernel",
+            "_get_fa3_sdp_enabled",
+            "_set_sdp_use_fa3",
+            "_get_sdp_priority_order",
+            "_set_sdp_priority_order",
+        }
+    )
     rows, absent = _catalogue(old)
     reg = FlagRegistry(old, rows, absent)
     real_before = snapshot_flags()

@@ -82,10 +82,12 @@ class _TorchBefore24:
         if name in ("get_autocast_dtype", "set_autocast_dtype"):
             raise AttributeError(name)
         if name == "is_autocast_enabled":
+
             def is_autocast_enabled(*args: object) -> bool:
                 if args:
                     raise TypeError("is_autocast_enabled() takes no arguments")
                 return bool(torch.is_autocast_enabled("cuda"))
+
             return is_autocast_enabled
         if name == "set_autocast_enabled":
             return lambda value: torch.set_autocast_enabled("cuda", value)
@@ -97,21 +99,35 @@ def test_autocast_rows_on_older_torch_use_the_per_device_functions() -> None:
     rows, absent = _catalogue(old)
     reg = FlagRegistry(old, rows, absent)
     names = reg.names()
-    for row in ("autocast.cpu.enabled", "autocast.cpu.dtype", "autocast.cuda.enabled",
-                "autocast.cuda.dtype", "autocast.cache_enabled"):
+    for row in (
+        "autocast.cpu.enabled",
+        "autocast.cpu.dtype",
+        "autocast.cuda.enabled",
+        "autocast.cuda.dtype",
+        "autocast.cache_enabled",
+    ):
         assert row in names
     real_before = snapshot_flags()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the per-device functions are deprecated in 2.13
         before = reg.snapshot()
         try:
-            reg.apply(reg.validate({"autocast.cpu.enabled": True,
-                                    "autocast.cpu.dtype": torch.float16,
-                                    "autocast.cuda.enabled": True}))
+            reg.apply(
+                reg.validate(
+                    {
+                        "autocast.cpu.enabled": True,
+                        "autocast.cpu.dtype": torch.float16,
+                        "autocast.cuda.enabled": True,
+                    }
+                )
+            )
             assert torch.is_autocast_enabled("cpu") and torch.is_autocast_enabled("cuda")
             assert torch.get_autocast_dtype("cpu") == torch.float16
             assert reg.diff(before, reg.snapshot()).keys() == {
-                "autocast.cpu.enabled", "autocast.cpu.dtype", "autocast.cuda.enabled"}
+                "autocast.cpu.enabled",
+                "autocast.cpu.dtype",
+                "autocast.cuda.enabled",
+            }
         finally:
             reg.restore(before)
     assert snapshot_flags() == real_before
@@ -129,8 +145,7 @@ def test_opt_einsum_rows_exist_without_the_package() -> None:
         einsum.enabled = not before["opt_einsum.enabled"]
         assert reg.diff(before, reg.snapshot()) == {
             "opt_einsum.strategy": (before["opt_einsum.strategy"], "greedy"),
-            "opt_einsum.enabled": (before["opt_einsum.enabled"],
-                                   not before["opt_einsum.enabled"]),
+            "opt_einsum.enabled": (before["opt_einsum.enabled"], not before["opt_einsum.enabled"]),
         }
     finally:
         reg.restore(before)
@@ -175,26 +190,25 @@ def test_snapshot_is_taken_when_torch_finishes_importing(tmp_path: Path) -> None
         print("ok")
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
 
 
 def test_baseline_lines_name_the_source_of_each_net_change() -> None:
     watch = TorchStateWatch()
-    watch.import_state = {"default_dtype": "float32", "cudnn.benchmark": False,
-                          "num_threads": 2}
+    watch.import_state = {"default_dtype": "float32", "cudnn.benchmark": False, "num_threads": 2}
     watch.baseline = {"default_dtype": "float64", "cudnn.benchmark": False, "num_threads": 1}
     watch.baseline_changes = [
-        _Change("tests/conftest.py", {"default_dtype": ("float32", "float64"),
-                                       "cudnn.benchmark": (False, True)}),
+        _Change(
+            "tests/conftest.py",
+            {"default_dtype": ("float32", "float64"), "cudnn.benchmark": (False, True)},
+        ),
         _Change("tests/sub/conftest.py", {"cudnn.benchmark": (True, False)}),  # undone
         _Change("a hook of a conftest.py or plugin", {"num_threads": (2, 1)}),
     ]
     assert watch.baseline_lines() == [
-        "session baseline differs from torch defaults: default_dtype=float64 "
-        "(tests/conftest.py)",
+        "session baseline differs from torch defaults: default_dtype=float64 (tests/conftest.py)",
         "session baseline differs from torch defaults: num_threads=1 "
         "(a hook of a conftest.py or plugin)",
     ]
@@ -278,8 +292,7 @@ def test_marker_mode_never_raises(pytester: pytest.Pytester) -> None:
 
 
 def _soak() -> Any:
-    spec = importlib.util.spec_from_file_location("leak_soak", ROOT / "benchmarks" /
-                                                  "leak_soak.py")
+    spec = importlib.util.spec_from_file_location("leak_soak", ROOT / "benchmarks" / "leak_soak.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
