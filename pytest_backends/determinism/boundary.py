@@ -50,7 +50,7 @@ from pytest_backends.determinism.recorder import (
     OpCall,
     OpRecorder,
     RunLog,
-    _op_info,
+    _OpInfo,
 )
 
 __all__ = [
@@ -96,49 +96,15 @@ def _rewrap_numbers(op: Any, args: Sequence[Any]) -> tuple[Any, ...] | None:
     return tuple(out) if changed else None
 
 
-class _Op:
-    """The op as the recorder calls it: tells the op's own exceptions from the recorder's.
-
-    Every attribute is the op's; calling it records whether it ran, what it
-    returned and what it raised.
-    """
-
-    __slots__ = ("error", "op", "ran", "result")
-
-    def __init__(self, op: Any) -> None:
-        self.op = op
-        self.ran = False
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.error = None
-        try:
-            try:
-                result = self.op(*args, **kwargs)
-            except RuntimeError as exc:
-                rewrapped = _rewrap_numbers(self.op, args) if _CAST_ERROR in str(exc) else None
-                if rewrapped is None:
-                    raise
-                result = self.op(*rewrapped, **kwargs)
-        except BaseException as exc:
-            self.error = exc
+def _run_op(call: Any, op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``call(*args, **kwargs)``, again with numbers rewrapped where the binding unwrapped them."""
+    try:
+        return call(*args, **kwargs)
+    except RuntimeError as exc:
+        rewrapped = _rewrap_numbers(op, args) if _CAST_ERROR in str(exc) else None
+        if rewrapped is None:
             raise
-        self.ran = True
-        self.result = result
-        return result
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.op, name)
-
-    def __hash__(self) -> int:
-        return hash(self.op)
-
-    def __eq__(self, other: object) -> bool:
-        return bool(self.op == (other.op if isinstance(other, _Op) else other))
-
-    def __str__(self) -> str:
-        return str(self.op)
+        return call(*rewrapped, **kwargs)
 
 
 class BoundaryRecorder(OpRecorder):  # type: ignore[no-untyped-call]
@@ -154,6 +120,10 @@ class BoundaryRecorder(OpRecorder):  # type: ignore[no-untyped-call]
         self.failure: str | None = None
         self.first_uses: list[tuple[int, weakref.ref[torch.Tensor]]] = []
         self._index = 0
+        # The current op: whether it ran, its result and its own exception.
+        self._op_ran = False
+        self._op_result: Any = None
+        self._op_error: BaseException | None = None
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -167,24 +137,43 @@ class BoundaryRecorder(OpRecorder):  # type: ignore[no-untyped-call]
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        if kwargs is None:
+            kwargs = {}
         if self.failure is not None:
-            return _Op(func)(*args, **(kwargs or {}))
-        _op_info(func)  # cache the op's schema facts under the op itself, not its wrapper
-        op = _Op(func)
+            return _run_op(func, func, args, kwargs)
+        self._op_ran = False
+        self._op_error = None
         try:
-            return super().__torch_dispatch__(op, types, args, kwargs)
+            return self._record(func, args, kwargs)
         except Exception as exc:
-            if op.error is not None:
+            error = self._op_error
+            if error is not None:
                 # The op's own exception (or the recorder failed while noting it).
-                raise op.error from None
+                raise error from None
             self._fail(exc)
-            return op.result if op.ran else op(*args, **(kwargs or {}))
+            return self._op_result if self._op_ran else _run_op(func, func, args, kwargs)
         finally:
+            self._op_result = None  # the mode must not keep the op's outputs alive
             self._index += 1
 
+    def _call(self, info: _OpInfo, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """Run the op, noting whether it ran, what it returned and what it raised."""
+        self._op_error = None
+        try:
+            result = _run_op(info.call, info.op, args, kwargs)
+        except BaseException as exc:
+            self._op_error = exc
+            raise
+        self._op_ran = True
+        self._op_result = result
+        return result
+
     def _first_use(self, t: torch.Tensor) -> None:
-        with contextlib.suppress(TypeError):
+        # A plain try: ``contextlib.suppress`` costs a microsecond per first use.
+        try:  # noqa: SIM105
             self.first_uses.append((self._index, weakref.ref(t)))
+        except TypeError:
+            pass
 
     def _fail(self, exc: BaseException) -> None:
         if self.failure is None:

@@ -143,7 +143,8 @@ class Digest:
     __slots__ = ("external", "storage", "value")
 
     def __init__(self, external: bool = False) -> None:
-        self.value: tuple[int, ...] | None = None
+        # Host values; ``("empty", dtype, shape)`` for a tensor without elements.
+        self.value: tuple[Any, ...] | None = None
         self.external = external
         self.storage = 0
 
@@ -220,6 +221,8 @@ class RunLog:
 
 @dataclass(frozen=True)
 class _OpInfo:
+    op: Any
+    call: Callable[..., Any]
     name: str
     written: tuple[int, ...]
     pure_view: bool
@@ -230,11 +233,13 @@ class _OpInfo:
     out_names: frozenset[str]
 
 
-_INFO: dict[Any, _OpInfo] = {}
+# Keyed by id: ``OpOverload.__hash__`` is a Python method, too slow for every op. The
+# entry holds the op, so its id is never reused while the entry exists.
+_INFO: dict[int, _OpInfo] = {}
 
 
 def _op_info(func: Any) -> _OpInfo:
-    info = _INFO.get(func)
+    info = _INFO.get(id(func))
     if info is not None:
         return info
     name = func.name().split(".", 1)[0]
@@ -250,6 +255,9 @@ def _op_info(func: Any) -> _OpInfo:
         if getattr(arg, "is_out", False) or (arg.kwarg_only and i in written)
     ]
     info = _OpInfo(
+        func,
+        # ``OpOverload.__call__`` is a Python frame around this callable.
+        getattr(func, "_op", func),
         name,
         written,
         bool(func.is_view) and not written,
@@ -259,7 +267,7 @@ def _op_info(func: Any) -> _OpInfo:
         tuple(i for i, _ in outs),
         frozenset(n for _, n in outs),
     )
-    _INFO[func] = info
+    _INFO[id(func)] = info
     return info
 
 
@@ -317,9 +325,16 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        info = _INFO.get(func) or _op_info(func)
-        if kwargs is None:
-            kwargs = {}
+        return self._record(func, args, {} if kwargs is None else kwargs)
+
+    def _call(self, info: _OpInfo, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """Run the op (subclasses tell the op's own exceptions from the recorder's here)."""
+        return info.call(*args, **kwargs)
+
+    def _record(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        # Not ``__torch_dispatch__`` itself: torch wraps that in a Dynamo-disabling frame,
+        # which a subclass calling ``super().__torch_dispatch__`` would pay twice per op.
+        info = _INFO.get(id(func)) or _op_info(func)
         if info.written:
             self._note_writes(info, args, kwargs)
         key = self._key
@@ -329,7 +344,8 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             # (``out[i] = row`` in a loop) is keyed by shape until an op reads it.
             inputs = self._unread_keys(info, args)
         else:
-            inputs = tuple([key(a) for a in args])
+            plain = _PLAIN
+            inputs = tuple([a if type(a) in plain else key(a) for a in args])
             if self._tainted:
                 tainted = self._reads_tainted(info, args, kwargs)
         if kwargs:
@@ -338,9 +354,9 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if torch.are_deterministic_algorithms_enabled() and (
                 torch.is_deterministic_algorithms_warn_only_enabled()
             ):
-                out, alerted = self._call_watching(func, args, kwargs)
+                out, alerted = self._call_watching(info, args, kwargs)
             else:
-                out = func(*args, **kwargs)
+                out = self._call(info, args, kwargs)
                 alerted = False
         except RuntimeError as exc:
             ref = next(_tensors([*args, *kwargs.values()]), None)
@@ -407,6 +423,9 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return a
         if cls is float:
             return a.hex()  # type: ignore[attr-defined]
+        if cls is list or cls is tuple:
+            # Sizes and strides: ints are their own keys.
+            return tuple([x if type(x) is int else self._key(x) for x in a])  # type: ignore[attr-defined]
         if isinstance(a, (list, tuple)):
             return tuple([self._key(x) for x in a])
         return _value_key(a)
@@ -438,7 +457,29 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return self._remember(t, self._digest(t, external=True))
 
     def _output(self, t: torch.Tensor) -> Slot:
-        return self._remember(t, self._digest(t))
+        # ``_remember(t, _digest(t))`` inlined for the common case: this runs for
+        # nearly every output of every op.
+        if t.is_meta:
+            return self._remember(t, self._digest(t))
+        key = Digest()
+        if t.numel():
+            try:
+                d = self._digest_fn(t)
+            except (NotImplementedError, TypeError, RuntimeError):
+                return self._remember(t, self._digest(t))
+            self._pending.append(d)
+            self._pending_keys.append(key)
+        else:
+            # Nothing to read: the dtype and shape are the whole digest.
+            key.value = ("empty", _dtype_name(t.dtype), tuple(t.shape))
+        known = self._known
+        try:  # noqa: SIM105
+            known[id(t)] = (weakref.ref(t), t._version, key)
+        except (RuntimeError, TypeError):
+            pass
+        if len(known) > self._prune_at:
+            self._prune()
+        return key
 
     def _digest(self, t: torch.Tensor, external: bool = False) -> Slot:
         if t.is_meta:
@@ -468,10 +509,13 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         except (RuntimeError, TypeError):
             pass
         if len(known) > self._prune_at:
-            # Entries of dead tensors only cost memory and GC time: drop them now and then.
-            self._known = {k: v for k, v in known.items() if v[0]() is not None}
-            self._prune_at = max(2 * len(self._known), 4096)
+            self._prune()
         return key
+
+    def _prune(self) -> None:
+        # Entries of dead tensors only cost memory and GC time: drop them now and then.
+        self._known = {k: v for k, v in self._known.items() if v[0]() is not None}
+        self._prune_at = max(2 * len(self._known), 4096)
 
     def _uninitialized(self, t: torch.Tensor, name: str) -> Slot:
         if t.numel():
@@ -554,8 +598,9 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if whole:
                 self._tainted.pop(int(storage.data_ptr()), None)
 
-    @staticmethod
-    def _call_watching(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, bool]:
+    def _call_watching(
+        self, info: _OpInfo, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> tuple[Any, bool]:
         """Call ``func`` under ``warn_only`` and tell whether it alerted.
 
         torch buffers the alert warning until the outermost torch call returns
@@ -567,13 +612,13 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         """
         torch.use_deterministic_algorithms(True, warn_only=False)
         try:
-            return func(*args, **kwargs), False
+            return self._call(info, args, kwargs), False
         except RuntimeError as exc:
             if ALERT_TEXT not in str(exc):
                 raise
         finally:
             torch.use_deterministic_algorithms(True, warn_only=True)
-        return func(*args, **kwargs), True
+        return self._call(info, args, kwargs), True
 
     # --- after the run ----------------------------------------------------------
 
