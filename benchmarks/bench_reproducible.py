@@ -22,7 +22,8 @@ Models: a small CNN (3 conv layers, batch 8 of 3x32x32) and a 4-layer MLP
    by side: bare, a naive Python ``TorchDispatchMode`` that digests every
    floating output as the sum of its bits as int64, the recorder for one run
    (a fresh recorder: every parameter digested), and the recorder over N runs
-   as the plugin uses it (keys of outside tensors carried from run to run),
+   as the plugin runs it (its runner and ``BoundaryRecorder``, keys of outside
+   tensors carried from run to run),
    in microseconds per op over bare. The per-op breakdown: the floor of any
    Python dispatch mode (a mode that only calls the op), the native digest
    kernel on that forward's outputs, and the rest (the recorder's bookkeeping).
@@ -51,6 +52,8 @@ from torch.utils._pytree import tree_flatten
 
 from pytest_backends import assert_reproducible
 from pytest_backends.determinism import digest
+from pytest_backends.determinism.boundary import CompileWatch
+from pytest_backends.determinism.plugin import _Runs
 from pytest_backends.determinism.recorder import OpRecorder
 
 try:  # optional: only compared when installed
@@ -179,17 +182,20 @@ def bench_modes(
             model(x)
 
     def recorded() -> int:
-        with torch.no_grad(), OpRecorder() as recorder:
-            model(x)
-        return len(recorder.finish().calls)
+        return len(plugin_runs(1).records[0].log.calls)
+
+    def plugin_runs(count: int) -> Any:
+        # What ``--backends-determinism`` runs: the plugin's runner and recorder.
+        runner = _Runs(CompileWatch())
+        for _ in range(count):
+            runner.begin()
+            with torch.no_grad():
+                model(x)
+            runner.end()
+        return runner
 
     def recorded_runs() -> None:
-        recorder = None
-        for _ in range(runs):
-            recorder = OpRecorder(previous=recorder)
-            with torch.no_grad(), recorder:
-                model(x)
-            recorder.finish()
+        plugin_runs(runs)
 
     def bare_runs() -> None:
         for _ in range(runs):

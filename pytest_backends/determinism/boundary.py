@@ -112,7 +112,8 @@ class BoundaryRecorder(OpRecorder):  # type: ignore[no-untyped-call]
 
     ``failure`` is None, or the recorder's own exception (one line) after which
     it stopped recording. ``first_uses`` lists, per op index, the tensors that
-    entered the record there (made before the run or outside the recorded ops).
+    entered the record there (made before the run or outside the recorded ops),
+    except tensors whose keys were carried over unchanged from the previous run.
     """
 
     def __init__(self, previous: OpRecorder | None = None) -> None:
@@ -160,7 +161,13 @@ class BoundaryRecorder(OpRecorder):  # type: ignore[no-untyped-call]
         """Run the op, noting whether it ran, what it returned and what it raised."""
         self._op_error = None
         try:
-            result = _run_op(info.call, info.op, args, kwargs)
+            try:
+                result = info.call(*args, **kwargs)
+            except RuntimeError as exc:
+                rewrapped = _rewrap_numbers(info.op, args) if _CAST_ERROR in str(exc) else None
+                if rewrapped is None:
+                    raise
+                result = info.call(*rewrapped, **kwargs)
         except BaseException as exc:
             self._op_error = exc
             raise

@@ -288,6 +288,9 @@ def _storage_ptr(t: torch.Tensor) -> int:
         return 0
 
 
+_Tensor = torch.Tensor
+
+
 class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records every op dispatched while the mode is active.
 
@@ -308,6 +311,8 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._shared: dict[int, tuple[Any, int, Slot]] = {}
         if previous is not None:
             self._shared = previous._export()
+            # Known from the start: their uses cost a lookup, not a first use each.
+            self._known.update(self._shared)
         # Storages written through tensors that came from outside the run.
         self._written_external: set[int] = set()
         # Storage pointer -> (weak reference to a tensor keeping it alive, origin).
@@ -344,8 +349,28 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             # (``out[i] = row`` in a loop) is keyed by shape until an op reads it.
             inputs = self._unread_keys(info, args)
         else:
-            plain = _PLAIN
-            inputs = tuple([a if type(a) in plain else key(a) for a in args])
+            # ``_key`` inlined for its two common cases: a tensor whose key is known
+            # and a plain value.
+            keys: list[Slot] = []
+            known = self._known
+            for a in args:
+                cls = type(a)
+                if cls is _Tensor:
+                    hit = known.get(id(a))
+                    # A known entry means ``_version`` worked for this very tensor.
+                    if hit is not None and hit[0]() is a and hit[1] == a._version:
+                        keys.append(hit[2])
+                    else:
+                        keys.append(self._input(a))
+                    continue
+                elif cls in _PLAIN:
+                    keys.append(a)
+                    continue
+                elif cls is list:  # sizes, strides, padding: ints are their own keys
+                    keys.append(tuple([x if type(x) is int else key(x) for x in a]))
+                    continue
+                keys.append(key(a))
+            inputs = tuple(keys)
             if self._tainted:
                 tainted = self._reads_tainted(info, args, kwargs)
         if kwargs:
@@ -364,7 +389,23 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             raised = (("raised", type(exc).__name__),)
             self._calls.append((info, inputs, raised, where, ALERT_TEXT in str(exc), None))
             raise
-        if type(out) is torch.Tensor or isinstance(out, torch.Tensor):
+        if type(out) is _Tensor and not (info.uninitialized or info.pure_view or info.workspaces):
+            # The common case: one plain tensor out.
+            key_out = self._output(out)
+            self._calls.append(
+                (
+                    info,
+                    inputs,
+                    (key_out,),
+                    ("cpu" if out.is_cpu else out.device.type, out.dtype),
+                    alerted,
+                    tainted,
+                )
+            )
+            if info.overwrites and self._tainted:
+                self._clear_taint(info, args, kwargs)
+            return out
+        if isinstance(out, torch.Tensor):
             tensors: list[torch.Tensor] = [out]
         elif isinstance(out, (list, tuple)):
             tensors = list(_tensors(out))
