@@ -7,10 +7,11 @@ with at least ``file``, ``label``, ``torch`` and ``cuda``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from pytest_backends._files import FileFormatError, read_json
 
 __all__ = ["MergeInputError", "load_json", "unique_label", "version_warning"]
 
@@ -20,19 +21,16 @@ class MergeInputError(Exception):
 
 
 def load_json(path: Path, what: str) -> dict[str, Any]:
-    """The JSON object in ``path``; :class:`MergeInputError` naming the file otherwise."""
+    """The JSON object in ``path``; :class:`MergeInputError` naming the file otherwise.
+
+    Reading goes through :func:`pytest_backends._files.read_json`, so special
+    files, bad encodings, ``NaN`` and nesting too deep for the parser are
+    refused the same way as the plugin's own inputs.
+    """
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MergeInputError(f"{what} {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MergeInputError(f"cannot read {what} {path}: {exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MergeInputError(
-            f"{what} {path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
+        data = read_json(path, f"{what} {path}")
+    except FileFormatError as exc:
+        raise MergeInputError(str(exc)) from None
     if not isinstance(data, dict):
         raise MergeInputError(
             f"{what} {path}: expected a JSON object at the top level, got {type(data).__name__}"

@@ -166,6 +166,8 @@ def test_config_order_keeps_each_inputs_order(tmp_path: Path) -> None:
         ),
         ("[1, 2]", "expected a JSON object at the top level, got list"),
         ('{"format": ', "is not valid JSON"),
+        ("[" * 3000 + "]" * 3000, "nested too deeply"),
+        ('{"format": "pytest-backends-report", "x": NaN}', "is not valid JSON"),
     ],
 )
 def test_bad_inputs_are_errors_naming_the_file(tmp_path: Path, text: str, message: str) -> None:
