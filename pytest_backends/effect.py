@@ -129,17 +129,30 @@ def _bitwise_equal(a: Any, b: Any) -> bool:
     return bool(torch.equal(bytes_a, bytes_b))
 
 
-def _max_abs_diff(a: list[object], b: list[object]) -> float | None:
+def _tensor_pairs(a: list[object], b: list[object]) -> list[tuple[Any, Any]] | None:
+    """The pairs of tensors of two flattened outputs; None when they cannot be compared."""
     import torch
 
     if len(a) != len(b):
         return None
-    worst = 0.0
+    pairs = []
     for x, y in zip(a, b):
         if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
             continue
         if x.shape != y.shape or x.device != y.device:
             return None
+        pairs.append((x, y))
+    return pairs
+
+
+def _max_abs_diff(a: list[object], b: list[object]) -> float | None:
+    import torch
+
+    pairs = _tensor_pairs(a, b)
+    if pairs is None:
+        return None
+    worst = 0.0
+    for x, y in pairs:
         if not (x.is_floating_point() or x.is_complex()):
             x, y = x.double(), y.double()
         diff = (
@@ -157,14 +170,11 @@ def _rel_diff(a: list[object], b: list[object]) -> float | None:
     """``||a - b|| / ||a||`` over the floating tensors of two outputs (normwise)."""
     import torch
 
-    if len(a) != len(b):
+    pairs = _tensor_pairs(a, b)
+    if pairs is None:
         return None
     num = den = 0.0
-    for x, y in zip(a, b):
-        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
-            continue
-        if x.shape != y.shape or x.device != y.device:
-            return None
+    for x, y in pairs:
         if not (x.is_floating_point() or x.is_complex()):
             continue
         wide = torch.complex128 if x.is_complex() or y.is_complex() else torch.float64

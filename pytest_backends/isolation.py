@@ -32,7 +32,7 @@ import threading
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -418,6 +418,18 @@ class IsolationPlugin:
         except Exception as exc:  # report, never crash the run
             self._add("torch backend flags that could not be restored", str(exc), fails=True)
 
+    @contextlib.contextmanager
+    def _unchecked_on_error(self, where: str) -> Iterator[None]:
+        """Report the guard's own failure in the summary instead of raising it."""
+        try:
+            yield
+        except Exception as exc:
+            self._add(
+                "torch backend flags that could not be checked",
+                f"{where}: {type(exc).__name__}: {exc}",
+                fails=False,
+            )
+
     def _add(self, title: str, message: str, fails: bool) -> None:
         messages = self._sections.setdefault(title, [])
         if message not in messages:
@@ -479,14 +491,8 @@ class IsolationPlugin:
             return (yield)
         self.watch.checkpoint(_HOOK_SOURCE)
         report = yield
-        try:
+        with self._unchecked_on_error(collector.nodeid):  # never break collection
             self._check_import(collector)
-        except Exception as exc:  # never break collection
-            self._add(
-                "torch backend flags that could not be checked",
-                f"{collector.nodeid}: {type(exc).__name__}: {exc}",
-                fails=False,
-            )
         return report
 
     def _check_import(self, collector: pytest.Collector) -> None:
@@ -647,14 +653,8 @@ class IsolationPlugin:
             return (yield)
         before_fp = _registry().fingerprint() if self.watch.ready() else None
         result = yield
-        try:
+        with self._unchecked_on_error(_fixture_label(fixturedef)):  # never break the fixture
             self._own(fixturedef, state, before_fp)
-        except Exception as exc:  # never break the fixture
-            self._add(
-                "torch backend flags that could not be checked",
-                f"{_fixture_label(fixturedef)}: {type(exc).__name__}: {exc}",
-                fails=False,
-            )
         return result
 
     def _own(
@@ -694,14 +694,8 @@ class IsolationPlugin:
         owned = self._owned.pop(fixturedef, None)
         if owned is None:
             return
-        try:
+        with self._unchecked_on_error(owned.label):  # never break teardown
             self._finalized(owned)
-        except Exception as exc:  # never break teardown
-            self._add(
-                "torch backend flags that could not be checked",
-                f"{owned.label}: {type(exc).__name__}: {exc}",
-                fails=False,
-            )
 
     def _finalized(self, owned: _Owned) -> None:
         reg = _registry()
@@ -810,14 +804,8 @@ class IsolationPlugin:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """After the last fixture's teardown: late changes, leftovers, the exit status."""
-        try:
+        with self._unchecked_on_error("at session end"):  # never an INTERNALERROR
             self._finish(session)
-        except Exception as exc:  # never an INTERNALERROR at the end of a good run
-            self._add(
-                "torch backend flags that could not be checked",
-                f"at session end: {type(exc).__name__}: {exc}",
-                fails=False,
-            )
         config = session.config
         workeroutput = getattr(config, "workeroutput", None)
         if isinstance(workeroutput, dict):

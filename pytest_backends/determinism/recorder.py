@@ -513,14 +513,7 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         else:
             # Nothing to read: the dtype and shape are the whole digest.
             key.value = ("empty", _dtype_name(t.dtype), tuple(t.shape))
-        known = self._known
-        try:  # noqa: SIM105
-            known[id(t)] = (weakref.ref(t), t._version, key)
-        except (RuntimeError, TypeError):
-            pass
-        if len(known) > self._prune_at:
-            self._prune()
-        return key
+        return self._remember(t, key)
 
     def _digest(self, t: torch.Tensor, external: bool = False) -> Slot:
         if t.is_meta:
