@@ -49,7 +49,7 @@ void sum_words(const uint8_t* p, int64_t begin, int64_t end, uint64_t* s0_out,
   *s1_out = s1;
 }
 
-at::Tensor digest_cpu(const at::Tensor& t) {
+void digest_host_impl(const at::Tensor& t, uint64_t out[2]) {
   const PreparedTensor prep = prepare(t);
   const auto* p = static_cast<const uint8_t*>(prep.data.const_data_ptr());
   const int64_t full = prep.nbytes / 8;
@@ -74,10 +74,17 @@ at::Tensor digest_cpu(const at::Tensor& t) {
     d0 += term0(static_cast<uint64_t>(full), w);
     d1 += term1(static_cast<uint64_t>(full), w);
   }
+  out[0] = finalize(0, prep.header[0], d0);
+  out[1] = finalize(1, prep.header[1], d1);
+}
+
+at::Tensor digest_cpu(const at::Tensor& t) {
+  uint64_t d[2];
+  digest_host(t, d);
   at::Tensor out = at::empty({2}, t.options().dtype(at::kLong));
   auto* o = out.data_ptr<int64_t>();
-  o[0] = static_cast<int64_t>(finalize(0, prep.header[0], d0));
-  o[1] = static_cast<int64_t>(finalize(1, prep.header[1], d1));
+  o[0] = static_cast<int64_t>(d[0]);
+  o[1] = static_cast<int64_t>(d[1]);
   return out;
 }
 
@@ -101,6 +108,8 @@ PreparedTensor prepare(const at::Tensor& t) {
   prep.header[1] = header_hash(t, prep.nbytes, 1);
   return prep;
 }
+
+void digest_host(const at::Tensor& t, uint64_t out[2]) { digest_host_impl(t, out); }
 
 uint64_t finalize(int lane, uint64_t header, uint64_t data) {
   return lane == 0 ? mix0(header ^ data) : mix1(header ^ data);

@@ -16,6 +16,10 @@ struct PreparedTensor {
 // Validates t and lays its bits out contiguously; defined in digest.cpp.
 PreparedTensor prepare(const at::Tensor& t);
 
+// The digest of a CPU tensor, computed on the calling thread's pool without
+// allocating an output tensor; defined in digest.cpp.
+void digest_host(const at::Tensor& t, uint64_t out[2]);
+
 // The per-lane final step: mix the header hash with the data sum.
 uint64_t finalize(int lane, uint64_t header, uint64_t data);
 

@@ -9,6 +9,8 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
+#include "recorder.h"
+
 #if __has_include(<torch/headeronly/version.h>)
 #include <torch/headeronly/version.h>
 #elif __has_include(<torch/version.h>)
@@ -134,4 +136,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Call an op `runs` times through the dispatcher; digests of every output, flat.");
   m.def("torch_version", &pytest_backends::torch_version,
         "The torch version the extension was built against.");
+  pytest_backends::register_recorder(m);
 }

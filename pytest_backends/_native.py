@@ -272,7 +272,9 @@ def _check_built_for_this_torch(module: ModuleType) -> None:
 
 
 def _compile_flags() -> tuple[list[str], list[str]]:
-    cflags = ["-O3"]
+    # NDEBUG as torch itself is built: debug-only checks in its headers (RecordFunction
+    # inputs) read state that a release libtorch never sets.
+    cflags = ["-O3", "-DNDEBUG"]
     ldflags: list[str] = []
     if sys.platform.startswith("linux"):
         # at::parallel_for is inline OpenMP code: without -fopenmp it runs on one

@@ -75,7 +75,7 @@ _NUMBER_DTYPES: tuple[tuple[type, torch.dtype], ...] = (
     (float, torch.float64),
     (complex, torch.complex128),
 )
-_TENSOR_TAGS = frozenset({"opaque", "uninitialized", "workspace", "view"})
+_TENSOR_TAGS = frozenset({"digest", "opaque", "uninitialized", "workspace", "view", "empty"})
 
 
 def _rewrap_numbers(op: Any, args: Sequence[Any]) -> tuple[Any, ...] | None:
@@ -187,8 +187,12 @@ class BoundaryRecorder(OpRecorder):  # type: ignore[no-untyped-call]
             text = str(exc).strip().splitlines()
             self.failure = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
-    def finish(self) -> RunLog:
-        """The run's log; empty (and ``failure`` set) when the recorder's own machinery broke."""
+    def finish(self, raised: BaseException | None = None) -> RunLog:
+        """The run's log; empty (and ``failure`` set) when the recorder's own machinery broke.
+
+        ``raised`` (the run's exception) is not needed here: this recorder sees
+        each op's own exception.
+        """
         try:
             return super().finish()
         except Exception as exc:
@@ -233,20 +237,29 @@ class CompileWatch:
 
 @dataclass
 class RunRecord:
-    """One run: its log, the tensors that entered it, and whether it compiled."""
+    """One run: its log, the tensors that entered it, and whether it compiled.
+
+    ``first_uses`` holds ``(op index, tensor)`` pairs, the tensor as a weak
+    reference (Python recorder) or as an identity that the native recorder
+    keeps from being reused (``keep`` holds that recorder).
+    """
 
     log: RunLog
-    first_uses: list[tuple[int, weakref.ref[torch.Tensor]]] = field(default_factory=list)
+    first_uses: list[tuple[int, Any]] = field(default_factory=list)
     compiled: bool = False
+    keep: Any = None
 
-    def entered_at(self, index: int) -> list[torch.Tensor]:
-        """Live tensors that entered the record at op ``index``."""
-        found = []
+    def entered_at(self, index: int) -> set[int]:
+        """Identities of the live tensors that entered the record at op ``index``."""
+        found = set()
         for i, ref in self.first_uses:
             if i == index:
+                if type(ref) is int:
+                    found.add(ref)
+                    continue
                 t = ref()
                 if t is not None:
-                    found.append(t)
+                    found.add(id(t))
         return found
 
 
@@ -308,9 +321,9 @@ def explain_unchecked(comparison: Comparison, runs: Sequence[RunRecord]) -> str 
             else ""
         )
         return f"{INPUTS_DIFFER}: a Python value passed to {d.op} differs{shown}"
-    before = {id(t) for t in ref.entered_at(d.op_index)}
+    before = ref.entered_at(d.op_index)
     now = other.entered_at(d.op_index)
-    if now and all(id(t) in before for t in now):
+    if now and now <= before:
         return (
             f"{INPUTS_DIFFER}: a tensor kept between runs (module-level, class-level or "
             f"fixture state) was changed by an earlier run; first used here by {d.op}"

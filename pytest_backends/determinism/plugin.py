@@ -294,8 +294,8 @@ class DeterminismPlugin:
         item.stash[subtests.RUN_KEY] = 0
         try:
             result = yield
-        except BaseException:
-            runner.end()
+        except BaseException as exc:
+            runner.end(exc)
             self._settle(item, runner, None)
             raise
         runner.end()
@@ -309,11 +309,11 @@ class DeterminismPlugin:
             runner.begin()
             try:
                 item.runtest()
-            except (KeyboardInterrupt, SystemExit):
-                runner.end()
+            except (KeyboardInterrupt, SystemExit) as exc:
+                runner.end(exc)
                 raise
             except BaseException as exc:  # pytest.fail and pytest.skip included
-                runner.end()
+                runner.end(exc)
                 if self._settle(item, runner, (run, exc)):
                     if hasattr(exc, "add_note"):
                         exc.add_note(f"(raised in determinism run {run} of {total}; run 0 passed)")
@@ -378,7 +378,7 @@ class DeterminismPlugin:
         ):
             start, run_again = locate_with
             start.restore()
-            comparison = locate(comparison, run_again)  # one more run, with source lines
+            comparison = locate(comparison, run_again, runner.native())  # one more run, with lines
         if comparison is not None:
             self._record(item, comparison)
         repeatable = self.settings.repeatable and runner.failure is None
@@ -572,6 +572,8 @@ class _Runs:
         self._recorder: Any = None
         self._previous: Any = None
         self._compiles = 0
+        # The native recorder's module, False for the Python recorder, None before the first run.
+        self._native: Any = None
 
     def begin(self) -> None:
         """Start recording a run (a recorder that cannot start leaves the run unrecorded)."""
@@ -583,15 +585,24 @@ class _Runs:
         if self.failure is not None:
             return
         try:
-            recorder = BoundaryRecorder(self._previous)
-            recorder.__enter__()  # type: ignore[no-untyped-call]
+            if self._native is None:
+                from pytest_backends.determinism.native_recorder import native_module
+
+                self._native = native_module() or False
+            if self._native:
+                from pytest_backends.determinism.native_recorder import NativeRecorder
+
+                recorder: Any = NativeRecorder(self._native, self._previous)
+            else:
+                recorder = BoundaryRecorder(self._previous)
+            recorder.__enter__()
         except Exception as exc:
             self.fail(exc)
             return
         self._recorder = recorder
 
-    def end(self) -> None:
-        """Stop recording the run and keep its record."""
+    def end(self, raised: BaseException | None = None) -> None:
+        """Stop recording the run and keep its record; ``raised`` is the run's exception."""
         from pytest_backends.determinism.boundary import RunRecord
         from pytest_backends.determinism.recorder import RunLog
 
@@ -604,11 +615,16 @@ class _Runs:
             recorder.__exit__(None, None, None)
         except Exception as exc:
             self.fail(exc)
-        log = recorder.finish()
+        log = recorder.finish(raised)
         self._previous = recorder  # keys of tensors from outside the run are reused
         if recorder.failure is not None and self.failure is None:
             self.failure = recorder.failure
-        self.records.append(RunRecord(log, recorder.first_uses, compiled))
+        keep = recorder.keep() if hasattr(recorder, "keep") else None
+        self.records.append(RunRecord(log, recorder.first_uses, compiled, keep))
+
+    def native(self) -> Any:
+        """The extension module when the native recorder recorded the runs, else None."""
+        return self._native or None
 
     def fail(self, exc: BaseException) -> None:
         """Note the harness's own failure (the first one is kept)."""

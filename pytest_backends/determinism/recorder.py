@@ -553,10 +553,7 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _uninitialized(self, t: torch.Tensor, name: str) -> Slot:
         if t.numel():
-            origin = name
-            location = _user_frame(sys._getframe(1))
-            if location is not None:
-                origin += f" ({Path(location[0]).name}:{location[1]})"
+            origin = name + caller_suffix()
             ptr = _storage_ptr(t)
             if ptr:
                 self._tainted[ptr] = (weakref.ref(t), origin)
@@ -753,6 +750,12 @@ def _user_frame(frame: Any) -> tuple[str, int, str] | None:
     return None
 
 
+def caller_suffix() -> str:
+    """``" (test_x.py:12)"``: where the innermost frame outside torch and this plugin is."""
+    location = _user_frame(sys._getframe(1))
+    return "" if location is None else f" ({Path(location[0]).name}:{location[1]})"
+
+
 def _module_path(frame: Any) -> tuple[str, str] | None:
     """(path, class name) of the innermost ``nn.Module`` whose ``forward`` is running."""
     modules: list[torch.nn.Module] = []
@@ -775,14 +778,16 @@ def _module_path(frame: Any) -> tuple[str, str] | None:
     return ".".join(names), type(modules[-1]).__name__
 
 
-class _LocatingRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Records op names and the locations of chosen ops (by index) in one re-run."""
+class _Locator:
+    """Op names and the locations of chosen ops (by index), observed op by op in one re-run.
+
+    ``observe`` is called after each op, in order, from the op's thread: the
+    innermost Python frames are the op's callers, and its autograd node exists.
+    """
 
     def __init__(self, targets: set[int]) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
         self.targets = targets
-        self.names: list[str] = []
-        self.where: dict[int, Location] = {}
+        self.names: dict[int, str] = {}
         self._frames: dict[int, tuple[tuple[str, int, str], tuple[str, str] | None]] = {}
         self._first_of_seq: dict[int, int] = {}
         self._last_peek = -1
@@ -790,17 +795,12 @@ class _LocatingRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         get_seq = getattr(torch._C._autograd, "_get_sequence_nr", None)
         self._get_seq: Callable[[], int] | None = get_seq
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Sequence[type],
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        index = len(self.names)
-        self.names.append(func.name().split(".", 1)[0])
+    def observe(self, name: str, frame: Any, index: int | None = None) -> None:
+        """Note op ``name`` (at ``index``, by default the next one) called from ``frame``."""
+        if index is None:
+            index = len(self.names)
+        self.names[index] = name
         node = _current_node()
-        frame = sys._getframe(1)
         user = _user_frame(frame)
         if user is not None:
             self._frames[index] = (user, _module_path(frame))
@@ -814,7 +814,6 @@ class _LocatingRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             forward = self._first_of_seq.get(node._sequence_nr())
             if forward is not None:
                 self._backward_of[index] = forward
-        return func(*args, **(kwargs or {}))
 
     def locations(self) -> dict[int, Location]:
         found: dict[int, Location] = {}
@@ -844,6 +843,25 @@ class _LocatingRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         )
 
 
+class _LocatingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Feeds a :class:`_Locator` from a Python dispatch mode."""
+
+    def __init__(self, locator: _Locator) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.locator = locator
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self.locator.observe(func.name().split(".", 1)[0], sys._getframe(1))
+        return out
+
+
 def _current_node() -> Any:
     current = getattr(torch._C, "_current_autograd_node", None)
     return current() if current is not None else None
@@ -856,11 +874,13 @@ def _short_path(file: str) -> str:
         return file
 
 
-def locate(comparison: Comparison, run: Callable[[], object]) -> Comparison:
+def locate(comparison: Comparison, run: Callable[[], object], native: Any = None) -> Comparison:
     """``comparison`` with source locations, found by calling ``run`` once more.
 
     ``run`` repeats run 0 (the caller restores the RNGs first). Locations are
     attached where the re-run called the same op at the same position.
+    ``native`` is the extension module when the runs were recorded by the
+    native recorder (its op sequence is the one to follow), else None.
     Exceptions from ``run`` are ignored: the locations found before it raised
     are kept.
     """
@@ -869,17 +889,29 @@ def locate(comparison: Comparison, run: Callable[[], object]) -> Comparison:
         divergences.append(comparison.unexplained)
     if not divergences:
         return comparison
-    recorder = _LocatingRecorder({d.op_index for d in divergences})
+    recorder = _Locator({d.op_index for d in divergences})
+    watch: Any
+    if native is not None:
+        watch = native.OpRecorder()
+        watch.set_observer(lambda index, name: recorder.observe(name, sys._getframe(1), index))
+        watch.start()
+    else:
+        watch = _LocatingMode(recorder)
+        watch.__enter__()
     try:
-        with recorder:
-            run()
+        run()
     except Exception:
         pass
+    finally:
+        if native is not None:
+            watch.stop()
+        else:
+            watch.__exit__(None, None, None)
     where = recorder.locations()
 
     def placed(d: Divergence) -> Divergence:
         index = d.op_index
-        if index in where and index < len(recorder.names) and recorder.names[index] == d.op:
+        if index in where and recorder.names.get(index) == d.op:
             return dataclasses.replace(d, location=where[index])
         return d
 

@@ -1,0 +1,79 @@
+"""The native op recorder: the per-op path of ``--backends-determinism`` in C++.
+
+``native/recorder.cpp`` registers a thread-local ``RecordFunction`` callback
+(torch carries it into autograd's worker threads) and records, per op, what
+:class:`~pytest_backends.determinism.recorder.OpRecorder` records: the op, a
+key per input, a key per output, alerts and reads of uninitialised memory.
+It looks through the same ops a Python dispatch mode looks through
+(``CompositeImplicitAutograd`` ops and ops on wrapper tensors), so both give
+the same op sequence, and its rows feed the same
+:func:`~pytest_backends.determinism.recorder.compare_runs`. Per op it costs
+no Python at all; the rows are built once, when the run finishes.
+
+The Python recorder stays the fallback where the extension is not built
+(``PYTEST_BACKENDS_NATIVE=off``, no compiler).
+
+Importing this module imports torch: load it only when the harness runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_backends.determinism.api import ALERT_TEXT
+from pytest_backends.determinism.recorder import OpCall, RunLog, _dtype_name, caller_suffix
+
+__all__ = ["NativeRecorder", "native_module"]
+
+
+def native_module() -> Any:
+    """The loaded extension when it has the native recorder, else None."""
+    from pytest_backends import _native
+
+    module = _native.load()
+    return module if module is not None and hasattr(module, "OpRecorder") else None
+
+
+class NativeRecorder:
+    """One run under the native recorder, with :class:`BoundaryRecorder`'s interface.
+
+    ``first_uses`` and ``failure`` are filled in by :meth:`finish`. Pass the
+    previous run's (finished) recorder as ``previous`` to reuse the keys of
+    tensors that come from outside the run.
+    """
+
+    def __init__(self, module: Any, previous: NativeRecorder | None = None) -> None:
+        self._recorder: Any = module.OpRecorder(None if previous is None else previous._recorder)
+        self._recorder.set_locator(caller_suffix)
+        self.first_uses: list[tuple[int, Any]] = []
+        self.failure: str | None = None
+
+    def __enter__(self) -> NativeRecorder:
+        self._recorder.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._recorder.stop()
+
+    def finish(self, raised: BaseException | None = None) -> RunLog:
+        """The run's log; ``raised`` is the run's exception (an alert marks the op that raised)."""
+        if raised is not None and ALERT_TEXT in str(raised):
+            self._recorder.note_alert()
+        rows, self.first_uses, self.failure = self._recorder.finish()
+        calls = [
+            OpCall(
+                name,
+                device,
+                None if dtype is None else _dtype_name(dtype),
+                inputs,
+                outputs,
+                alerted,
+                tainted,
+            )
+            for name, device, dtype, inputs, outputs, alerted, tainted in rows
+        ]
+        return RunLog(calls)
+
+    def keep(self) -> Any:
+        """The object that keeps first-use identities from being reused."""
+        return self._recorder
