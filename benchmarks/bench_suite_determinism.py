@@ -9,12 +9,17 @@ the recorder's per-op cost matters most:
 * ``test_cnn``: a small CNN forward and backward (batch 8, 3x32x32).
 
 Both variants run in pytest subprocesses, interleaved, ``--repeat`` times; a
-conftest records the time of every test's call phase (everything the check
+conftest repeats every test 5 times in the session (``rep``) and keeps the
+best call phase of each (steady state: one-time costs such as lazy imports,
+the first load of the native extension or of Dynamo, are left to the whole
+session's time) and records the time of every test's call phase (everything the check
 adds happens there), and the best of the repeats is reported, per test and in
 total, with the wall time of the whole session beside it (wall time is disturbed by
 other processes on a shared machine; CPU times are not). The per-op floor is
 measured in this process on the ODE body: bare, under a Python dispatch mode
-that only calls the op, and under the recorder, in microseconds per op.
+that only calls the op, and under each recorder (native and Python), in
+microseconds per op. The checked run is shown twice: with the native
+recorder (the default) and with the Python one (``PYTEST_BACKENDS_NATIVE=off``).
 
 Usage::
 
@@ -59,7 +64,7 @@ def ode_body(steps=150):
     return rk4(lambda y: torch.tanh(w @ y), torch.ones(4, dtype=torch.float64), 0.01, steps)
 
 
-def test_gradcheck():
+def test_gradcheck(rep):
     w = torch.randn(3, 3, dtype=torch.float64)
 
     def fn(x, b):
@@ -70,12 +75,12 @@ def test_gradcheck():
     assert torch.autograd.gradcheck(fn, (x, b))
 
 
-def test_ode():
+def test_ode(rep):
     y = ode_body()
     assert torch.isfinite(y).all()
 
 
-def test_cnn():
+def test_cnn(rep):
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
         torch.nn.Conv2d(16, 32, 3, padding=1, stride=2), torch.nn.ReLU(),
@@ -95,13 +100,19 @@ import pytest
 TIMES = {}
 
 
+def pytest_generate_tests(metafunc):
+    if "rep" in metafunc.fixturenames:
+        metafunc.parametrize("rep", range(int(os.environ.get("SUITE_REPS", "5"))))
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_call(item):
     start = time.thread_time()  # CPU time: other processes on the machine do not count
     try:
         return (yield)
     finally:
-        TIMES[item.name] = time.thread_time() - start
+        name = item.originalname  # the best of its repetitions: steady state
+        TIMES[name] = min(TIMES.get(name, 1e9), time.thread_time() - start)
 
 
 def pytest_sessionfinish(session):
@@ -110,10 +121,12 @@ def pytest_sessionfinish(session):
 """
 
 
-def run_suite(root: Path, extra: list[str]) -> tuple[dict[str, float], float]:
+def run_suite(
+    root: Path, extra: list[str], env_extra: dict[str, str] | None = None
+) -> tuple[dict[str, float], float]:
     """Call-phase seconds per test, and the session's wall time."""
     times = root / "times.json"
-    env = dict(os.environ, SUITE_TIMES=str(times), OMP_NUM_THREADS="1")
+    env = dict(os.environ, SUITE_TIMES=str(times), OMP_NUM_THREADS="1", **(env_extra or {}))
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
     start = time.perf_counter()
     proc = subprocess.run(
@@ -128,16 +141,18 @@ def run_suite(root: Path, extra: list[str]) -> tuple[dict[str, float], float]:
     return data, wall
 
 
-def per_op_floor() -> tuple[int, float, float, float]:
-    """(ops, bare, call-only mode, recorder) in microseconds per op on the ODE body."""
+def per_op_floor() -> tuple[int, dict[str, float]]:
+    """Ops per ODE body and microseconds per op: bare, call-only mode, both recorders."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    from pytest_backends.determinism.native_recorder import NativeRecorder, native_module
     from pytest_backends.determinism.recorder import OpRecorder
 
     namespace: dict[str, Any] = {}
     exec(compile(SUITE, "suite", "exec"), namespace)
     body = namespace["ode_body"]
+    module = native_module()
 
     class CallOnly(TorchDispatchMode):  # type: ignore[no-untyped-call]
         def __torch_dispatch__(
@@ -156,19 +171,28 @@ def per_op_floor() -> tuple[int, float, float, float]:
         with CallOnly():
             body()
 
-    def recorded() -> None:
+    def python_recorder() -> None:
         with OpRecorder() as rec:
             body()
         rec.finish()
 
-    best = {"bare": 1e9, "call": 1e9, "rec": 1e9}
-    for _ in range(5):
-        for name, fn in (("bare", bare), ("call", call_only), ("rec", recorded)):
+    def native_recorder() -> None:
+        rec = NativeRecorder(module)
+        with rec:
+            body()
+        rec.finish()
+
+    variants = {"bare": bare, "call-only mode": call_only, "Python recorder": python_recorder}
+    if module is not None:
+        variants["native recorder"] = native_recorder
+    best = dict.fromkeys(variants, 1e9)
+    for _ in range(7):
+        for name, fn in variants.items():
             start = time.thread_time()
             fn()
             best[name] = min(best[name], time.thread_time() - start)
     del torch
-    return ops, *(best[k] / ops * 1e6 for k in ("bare", "call", "rec"))  # type: ignore[return-value]
+    return ops, {name: seconds / ops * 1e6 for name, seconds in best.items()}
 
 
 def main() -> None:
@@ -180,9 +204,11 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_reproducible import cpu_description
 
-    variants = {
-        "plain": [],
-        "checked": [f"--backends-determinism={args.runs}", "--backends-determinism-all"],
+    check = [f"--backends-determinism={args.runs}", "--backends-determinism-all"]
+    variants: dict[str, tuple[list[str], dict[str, str]]] = {
+        "plain": ([], {}),
+        "checked": (check, {}),
+        "checked, Python recorder": (check, {"PYTEST_BACKENDS_NATIVE": "off"}),
     }
     best: dict[str, dict[str, float]] = {}
     walls: dict[str, float] = {}
@@ -191,40 +217,42 @@ def main() -> None:
         (root / "test_small_ops.py").write_text(textwrap.dedent(SUITE))
         (root / "conftest.py").write_text(textwrap.dedent(CONFTEST))
         for _ in range(args.repeat):
-            for name, extra in variants.items():
-                times, wall = run_suite(root, extra)
+            for name, (extra, env) in variants.items():
+                times, wall = run_suite(root, extra, env)
                 slot = best.setdefault(name, {})
                 for test, seconds in times.items():
                     slot[test] = min(slot.get(test, 1e9), seconds)
                 walls[name] = min(walls.get(name, 1e9), wall)
-    ops, bare, call, rec = per_op_floor()
-    plain, checked = best["plain"], best["checked"]
+    ops, floor = per_op_floor()
+    plain = best["plain"]
     lines = [
         f"--backends-determinism={args.runs} vs plain on a small-op CPU suite "
         f"(best of {args.repeat} interleaved sessions, 1 thread, CPU time of the test thread)",
         f"CPU: {cpu_description()}; load average {os.getloadavg()[0]:.1f}",
         "",
     ]
-    for test in sorted(plain):
+    for variant in ("checked", "checked, Python recorder"):
+        checked = best[variant]
+        lines.append(f"{variant}:")
+        for test in sorted(plain):
+            lines.append(
+                f"  {test:15s} plain {plain[test] * 1e3:8.1f} ms | "
+                f"checked {checked[test] * 1e3:8.1f} ms"
+                f" | ratio {checked[test] / plain[test]:.2f}x"
+            )
+        total_plain, total_checked = sum(plain.values()), sum(checked.values())
         lines.append(
-            f"  {test:15s} plain {plain[test] * 1e3:8.1f} ms | "
-            f"checked {checked[test] * 1e3:8.1f} ms"
-            f" | ratio {checked[test] / plain[test]:.2f}x"
+            f"  call phases     plain {total_plain * 1e3:8.1f} ms | "
+            f"checked {total_checked * 1e3:8.1f} ms"
+            f" | ratio {total_checked / total_plain:.2f}x"
         )
-    total_plain, total_checked = sum(plain.values()), sum(checked.values())
+        lines.append(
+            f"  whole session   plain {walls['plain']:8.2f} s  | checked {walls[variant]:8.2f} s "
+            f" | ratio {walls[variant] / walls['plain']:.2f}x"
+        )
     lines.append(
-        f"  call phases     plain {total_plain * 1e3:8.1f} ms | "
-        f"checked {total_checked * 1e3:8.1f} ms"
-        f" | ratio {total_checked / total_plain:.2f}x"
-    )
-    lines.append(
-        f"  whole session   plain {walls['plain']:8.2f} s  | checked {walls['checked']:8.2f} s "
-        f" | ratio {walls['checked'] / walls['plain']:.2f}x"
-    )
-    lines.append(
-        f"  per-op floor on the ODE body ({ops} ops, one run): bare {bare:.1f} us | "
-        "Python dispatch "
-        f"mode that only calls the op {call:.1f} us | recorder {rec:.1f} us"
+        f"per-op cost on the ODE body ({ops} ops, one run, us per op): "
+        + " | ".join(f"{name} {us:.2f}" for name, us in floor.items())
     )
     text = "\n".join(lines) + "\n"
     print(text, end="")

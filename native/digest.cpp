@@ -102,7 +102,12 @@ PreparedTensor prepare(const at::Tensor& t) {
   TORCH_CHECK(!t.is_quantized(),
               "pytest_backends::digest: quantized tensors are not supported (digest t.int_repr())");
   PreparedTensor prep;
-  prep.data = t.resolve_conj().resolve_neg().contiguous();
+  // The common case (contiguous, no lazy conj/neg bit) needs no op call at all.
+  if (t.is_conj() || t.is_neg() || !t.is_contiguous()) {
+    prep.data = t.resolve_conj().resolve_neg().contiguous();
+  } else {
+    prep.data = t;
+  }
   prep.nbytes = prep.data.numel() * static_cast<int64_t>(prep.data.element_size());
   prep.header[0] = header_hash(t, prep.nbytes, 0);
   prep.header[1] = header_hash(t, prep.nbytes, 1);

@@ -22,16 +22,20 @@
 // comparison serves both.
 #include "recorder.h"
 
+#include "digest.h"
 #include "digest_op.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/DynamicTypes.h>
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -270,6 +274,16 @@ bool wrapper(const c10::IValue& v) {
   return false;
 }
 
+// Dynamo, AOTAutograd and Inductor trace under these modes: their ops are the
+// compiler's, not the test's (the compiled code's own dispatcher calls are recorded).
+bool compiling() {
+  using c10::impl::TorchDispatchModeKey;
+  using c10::impl::TorchDispatchModeTLS;
+  return TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FAKE).has_value() ||
+         TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::PROXY).has_value() ||
+         TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FUNCTIONAL).has_value();
+}
+
 class Recorder;
 std::mutex g_active_mutex;
 std::atomic<Recorder*> g_active{nullptr};
@@ -318,13 +332,62 @@ class Recorder {
 
   void set_observer(py::object observer) { observer_ = std::move(observer); }
 
-  // (rows, first uses, failure): rows as recorder.py's OpCall fields.
+  // (fingerprint, census keys, first uses, failure). Two runs with the same
+  // fingerprint recorded the same ops with the same keys; rows() gives the record.
   py::tuple finish() {
     stop();
     std::lock_guard<std::mutex> lock(mutex_);
     resolve_pending();
     finished_ = true;
     export_keys();
+    std::vector<uint64_t> key_memo(keys_.size(), 0);
+    std::vector<uint64_t> input_memo(ops_.size(), 0);
+    uint64_t fp = kSeed0;
+    std::map<std::tuple<std::string, int, int>, bool> census;
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      const OpRecord& r = ops_[i];
+      fp = chain(fp, std::hash<std::string>{}(r.info->name));
+      fp = chain(fp, r.has_device ? static_cast<uint64_t>(r.device) + 1 : 0);
+      fp = chain(fp, static_cast<uint64_t>(r.dtype));
+      fp = chain(fp, inputs_hash(static_cast<int64_t>(i), key_memo, input_memo));
+      fp = chain(fp, r.raised ? 1 : 2 + r.outputs.size());
+      for (int64_t k : r.outputs) {
+        fp = chain(fp, key_hash(k, key_memo, input_memo));
+      }
+      fp = chain(fp, r.alerted ? 1 : 0);
+      fp = chain(fp, r.taint >= 0 ? std::hash<std::string>{}(origins_[static_cast<size_t>(r.taint)])
+                                  : 0);
+      const auto key = std::make_tuple(r.info->name, r.has_device ? static_cast<int>(r.device) : -1,
+                                       r.has_device ? static_cast<int>(r.dtype) : -1);
+      census[key] = census[key] || r.alerted;
+    }
+    py::list keys;
+    for (const auto& entry : census) {
+      const auto& [name, device, dtype] = entry.first;
+      py::object dev = py::none();
+      py::object dt = py::none();
+      if (device >= 0) {
+        dev = py::str(c10::DeviceTypeName(static_cast<c10::DeviceType>(device), true));
+        if (static_cast<at::ScalarType>(dtype) != at::ScalarType::Undefined) {
+          dt = dtype_object(static_cast<at::ScalarType>(dtype));
+        }
+      }
+      keys.append(py::make_tuple(name, dev, dt, entry.second));
+    }
+    py::list uses;
+    for (size_t i = 0; i < first_uses_.size(); ++i) {
+      if (!first_use_refs_[i].expired()) {  // dead ones (wrapped Python numbers) say nothing
+        uses.append(py::make_tuple(first_uses_[i].first,
+                                   reinterpret_cast<uintptr_t>(first_uses_[i].second)));
+      }
+    }
+    py::object failure = failure_.empty() ? py::object(py::none()) : py::str(failure_);
+    return py::make_tuple(py::int_(fp), keys, uses, failure);
+  }
+
+  // The record, op by op, as recorder.py's OpCall fields (after finish()).
+  py::list rows() {
+    std::lock_guard<std::mutex> lock(mutex_);
     std::vector<py::object> key_objs(keys_.size());
     std::vector<py::object> input_objs(ops_.size());
     py::list rows;
@@ -355,16 +418,7 @@ class Recorder {
       rows.append(py::make_tuple(r.info->name, device, dtype, inputs, outputs, r.alerted,
                                  tainted));
     }
-    py::list uses;
-    for (size_t i = 0; i < first_uses_.size(); ++i) {
-      if (!first_use_refs_[i].expired()) {  // dead ones (wrapped Python numbers) say nothing
-        uses.append(py::make_tuple(first_uses_[i].first,
-                                   reinterpret_cast<uintptr_t>(first_uses_[i].second)));
-      }
-    }
-    py::object failure = failure_.empty() ? py::object(py::none()) : py::str(failure_);
-    ops_.clear();
-    return py::make_tuple(rows, uses, failure);
+    return rows;
   }
 
   // Marks the last op that raised as a determinism alert (the run's exception said so).
@@ -390,7 +444,7 @@ class Recorder {
       return nullptr;
     }
     const OpInfo& info = info_of(fn);
-    if (!info.op || info.composite) {
+    if (!info.op || info.composite || compiling()) {
       return nullptr;  // looked through: the ops it calls are recorded
     }
     for (const auto& v : fn.inputs()) {
@@ -841,6 +895,101 @@ class Recorder {
     known_.clear();
   }
 
+  // --- fingerprints: equal exactly when the Python rows would compare equal ------
+
+  static uint64_t chain(uint64_t h, uint64_t v) { return mix0(h ^ (v * kKey0 + kSeed1)); }
+
+  uint64_t key_hash(int64_t id, std::vector<uint64_t>& memo, std::vector<uint64_t>& input_memo) {
+    uint64_t& slot = memo[static_cast<size_t>(id)];
+    if (slot != 0) {
+      return slot;
+    }
+    const Key& k = keys_[static_cast<size_t>(id)];
+    uint64_t h = chain(kSeed1, static_cast<uint64_t>(k.kind) + 1);
+    if (k.kind == KeyKind::Digest) {
+      h = chain(chain(h, k.h0), k.h1);
+    } else if (k.kind == KeyKind::View) {
+      h = chain(h, std::hash<std::string>{}(ops_[static_cast<size_t>(k.op)].info->name));
+      h = chain(h, static_cast<uint64_t>(k.index));
+      h = chain(h, inputs_hash(k.op, memo, input_memo));
+    } else {
+      h = chain(h, static_cast<uint64_t>(k.dtype));
+      h = chain(h, k.shape.size());
+      for (int64_t d : k.shape) {
+        h = chain(h, static_cast<uint64_t>(d));
+      }
+      h = chain(h, std::hash<std::string>{}(k.reason));
+    }
+    slot = h | 1;  // never 0, the "not computed" mark
+    return slot;
+  }
+
+  uint64_t inputs_hash(int64_t op, std::vector<uint64_t>& memo, std::vector<uint64_t>& input_memo) {
+    uint64_t& slot = input_memo[static_cast<size_t>(op)];
+    if (slot != 0) {
+      return slot;
+    }
+    uint64_t h = kSeed0;
+    for (const Slot& s : ops_[static_cast<size_t>(op)].inputs) {
+      h = chain(h, slot_hash(s, memo, input_memo));
+    }
+    slot = h | 1;
+    return slot;
+  }
+
+  uint64_t slot_hash(const Slot& s, std::vector<uint64_t>& memo, std::vector<uint64_t>& input_memo) {
+    switch (s.kind) {
+      case Slot::Tensor:
+        return chain(1, key_hash(s.key, memo, input_memo));
+      case Slot::NoTensor:
+        return 2;
+      case Slot::List: {
+        uint64_t h = chain(3, s.items.size());
+        for (const Slot& item : s.items) {
+          h = chain(h, slot_hash(item, memo, input_memo));
+        }
+        return h;
+      }
+      default:
+        return chain(4, value_hash(s.value));
+    }
+  }
+
+  static uint64_t bits(double d) {
+    uint64_t b;
+    std::memcpy(&b, &d, sizeof b);
+    return b;
+  }
+
+  static uint64_t value_hash(const c10::IValue& v) {
+    if (v.isNone()) {
+      return 11;
+    }
+    if (v.isBool()) {
+      return chain(12, v.toBool() ? 1 : 0);
+    }
+    if (v.isInt()) {
+      return chain(13, static_cast<uint64_t>(v.toInt()));
+    }
+    if (v.isDouble()) {
+      return chain(14, bits(v.toDouble()));
+    }
+    if (v.isString()) {
+      return chain(15, std::hash<std::string>{}(v.toStringRef()));
+    }
+    if (v.isDevice()) {
+      return chain(16, std::hash<std::string>{}(v.toDevice().str()));
+    }
+    if (v.isComplexDouble()) {
+      const auto c = v.toComplexDouble();
+      return chain(chain(17, bits(c.real())), bits(c.imag()));
+    }
+    if (v.isSymInt() && !v.toSymInt().is_heap_allocated()) {
+      return chain(13, static_cast<uint64_t>(v.toSymInt().as_int_unchecked()));
+    }
+    return chain(18, std::hash<std::string>{}(v.tagKind()));
+  }
+
   // --- to Python ---------------------------------------------------------------
 
   static py::object dtype_object(at::ScalarType t) {
@@ -992,7 +1141,9 @@ void register_recorder(py::module_& m) {
            "A callable giving ' (file:line)' of the Python caller, for uninitialised memory.")
       .def("set_observer", &Recorder::set_observer,
            "A callable called as observer(index, name) after each recorded op (with the GIL).")
-      .def("finish", &Recorder::finish, "Stop and return (rows, first uses, failure).")
+      .def("finish", &Recorder::finish,
+           "Stop; return (fingerprint, census keys, first uses, failure).")
+      .def("rows", &Recorder::rows, "The record as rows of OpCall fields (after finish).")
       .def("note_alert", &Recorder::note_alert,
            "Mark the last op that raised as a determinism alert.")
       .def("__len__", &Recorder::size);

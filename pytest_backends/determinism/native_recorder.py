@@ -56,11 +56,25 @@ class NativeRecorder:
         self._recorder.stop()
 
     def finish(self, raised: BaseException | None = None) -> RunLog:
-        """The run's log; ``raised`` is the run's exception (an alert marks the op that raised)."""
+        """The run's log; ``raised`` is the run's exception (an alert marks the op that raised).
+
+        The log is summarised (a fingerprint and the census keys); its calls
+        are built only if a comparison needs them.
+        """
         if raised is not None and ALERT_TEXT in str(raised):
             self._recorder.note_alert()
-        rows, self.first_uses, self.failure = self._recorder.finish()
-        calls = [
+        fingerprint, keys, self.first_uses, self.failure = self._recorder.finish()
+        return RunLog(
+            fingerprint=fingerprint,
+            keys=[
+                (name, device, None if dtype is None else _dtype_name(dtype), alerted)
+                for name, device, dtype, alerted in keys
+            ],
+            load=self._calls,
+        )
+
+    def _calls(self) -> list[OpCall]:
+        return [
             OpCall(
                 name,
                 device,
@@ -70,9 +84,8 @@ class NativeRecorder:
                 alerted,
                 tainted,
             )
-            for name, device, dtype, inputs, outputs, alerted, tainted in rows
+            for name, device, dtype, inputs, outputs, alerted, tainted in self._recorder.rows()
         ]
-        return RunLog(calls)
 
     def keep(self) -> Any:
         """The object that keeps first-use identities from being reused."""
