@@ -31,6 +31,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/DynamicTypes.h>
 
 #include <algorithm>
@@ -60,6 +61,7 @@ constexpr const char* kAlertText = "does not have a deterministic implementation
 struct OpInfo {
   std::string name;      // "aten::add" (no overload)
   std::string overload;  // checked against the call, so a reused address cannot mislead
+  uint64_t name_hash = 0;
   bool op = false;       // a dispatcher op (not a named scope)
   bool composite = false;
   bool pure_view = false;
@@ -105,8 +107,25 @@ const std::unordered_map<std::string, std::vector<int>>& workspace_ops() {
 
 std::mutex g_info_mutex;
 std::unordered_map<const char*, std::unique_ptr<OpInfo>> g_infos;
+std::vector<std::unique_ptr<OpInfo>> g_retired;
 
+const OpInfo& info_of_locked(const at::RecordFunction& fn);
+
+// Per thread, so the common lookup takes no lock.
 const OpInfo& info_of(const at::RecordFunction& fn) {
+  thread_local std::unordered_map<const char*, const OpInfo*> cache;
+  const char* key = fn.name();
+  auto it = cache.find(key);
+  if (it != cache.end() && std::strcmp(it->second->name.c_str(), key) == 0 &&
+      std::strcmp(it->second->overload.c_str(), fn.overload_name()) == 0) {
+    return *it->second;
+  }
+  const OpInfo& info = info_of_locked(fn);
+  cache[key] = &info;
+  return info;
+}
+
+const OpInfo& info_of_locked(const at::RecordFunction& fn) {
   const char* key = fn.name();
   std::lock_guard<std::mutex> lock(g_info_mutex);
   auto it = g_infos.find(key);
@@ -117,6 +136,7 @@ const OpInfo& info_of(const at::RecordFunction& fn) {
   auto info = std::make_unique<OpInfo>();
   info->name = key;
   info->overload = fn.overload_name();
+  info->name_hash = std::hash<std::string>{}(info->name);
   const auto name = fn.operator_name();
   if (name.has_value()) {
     const auto handle = c10::Dispatcher::singleton().findOp(*name);
@@ -150,6 +170,10 @@ const OpInfo& info_of(const at::RecordFunction& fn) {
     }
   }
   const OpInfo& ref = *info;
+  if (it != g_infos.end()) {
+    // Another op at a reused address: the old entry may still be referenced.
+    g_retired.push_back(std::move(it->second));
+  }
   g_infos[key] = std::move(info);
   return ref;
 }
@@ -222,7 +246,7 @@ class AlertHandler : public c10::WarningHandler {
 
 struct OpContext : public at::ObserverContext {
   int64_t index = -1;
-  std::vector<at::Tensor> written;
+  c10::SmallVector<at::Tensor, 2> written;
   std::unique_ptr<AlertHandler> alerts;
 };
 
@@ -284,6 +308,20 @@ bool compiling() {
          TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FUNCTIONAL).has_value();
 }
 
+// Guards one recorder's state against autograd's worker threads; uncontended in
+// practice (the calling thread waits for them), so a spin is cheaper than a mutex.
+class SpinLock {
+ public:
+  void lock() {
+    while (flag_.test_and_set(std::memory_order_acquire)) {
+    }
+  }
+  void unlock() { flag_.clear(std::memory_order_release); }
+
+ private:
+  std::atomic_flag flag_ = ATOMIC_FLAG_INIT;
+};
+
 class Recorder;
 std::mutex g_active_mutex;
 std::atomic<Recorder*> g_active{nullptr};
@@ -292,6 +330,7 @@ thread_local int t_inside = 0;
 class Recorder {
  public:
   explicit Recorder(const Recorder* previous) {
+    known_.reserve(4096);
     if (previous != nullptr) {
       for (const auto& entry : previous->exported_) {
         if (entry.second.weak.expired()) {
@@ -336,17 +375,17 @@ class Recorder {
   // fingerprint recorded the same ops with the same keys; rows() gives the record.
   py::tuple finish() {
     stop();
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<SpinLock> lock(mutex_);
     resolve_pending();
     finished_ = true;
     export_keys();
     std::vector<uint64_t> key_memo(keys_.size(), 0);
     std::vector<uint64_t> input_memo(ops_.size(), 0);
     uint64_t fp = kSeed0;
-    std::map<std::tuple<std::string, int, int>, bool> census;
+    std::map<std::tuple<const OpInfo*, int, int>, bool> census;
     for (size_t i = 0; i < ops_.size(); ++i) {
       const OpRecord& r = ops_[i];
-      fp = chain(fp, std::hash<std::string>{}(r.info->name));
+      fp = chain(fp, r.info->name_hash);
       fp = chain(fp, r.has_device ? static_cast<uint64_t>(r.device) + 1 : 0);
       fp = chain(fp, static_cast<uint64_t>(r.dtype));
       fp = chain(fp, inputs_hash(static_cast<int64_t>(i), key_memo, input_memo));
@@ -357,13 +396,13 @@ class Recorder {
       fp = chain(fp, r.alerted ? 1 : 0);
       fp = chain(fp, r.taint >= 0 ? std::hash<std::string>{}(origins_[static_cast<size_t>(r.taint)])
                                   : 0);
-      const auto key = std::make_tuple(r.info->name, r.has_device ? static_cast<int>(r.device) : -1,
-                                       r.has_device ? static_cast<int>(r.dtype) : -1);
-      census[key] = census[key] || r.alerted;
+      bool& alerted = census[std::make_tuple(r.info, r.has_device ? static_cast<int>(r.device) : -1,
+                                             r.has_device ? static_cast<int>(r.dtype) : -1)];
+      alerted = alerted || r.alerted;
     }
     py::list keys;
     for (const auto& entry : census) {
-      const auto& [name, device, dtype] = entry.first;
+      const auto& [info, device, dtype] = entry.first;
       py::object dev = py::none();
       py::object dt = py::none();
       if (device >= 0) {
@@ -372,7 +411,7 @@ class Recorder {
           dt = dtype_object(static_cast<at::ScalarType>(dtype));
         }
       }
-      keys.append(py::make_tuple(name, dev, dt, entry.second));
+      keys.append(py::make_tuple(info->name, dev, dt, entry.second));
     }
     py::list uses;
     for (size_t i = 0; i < first_uses_.size(); ++i) {
@@ -387,7 +426,7 @@ class Recorder {
 
   // The record, op by op, as recorder.py's OpCall fields (after finish()).
   py::list rows() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<SpinLock> lock(mutex_);
     std::vector<py::object> key_objs(keys_.size());
     std::vector<py::object> input_objs(ops_.size());
     py::list rows;
@@ -423,7 +462,7 @@ class Recorder {
 
   // Marks the last op that raised as a determinism alert (the run's exception said so).
   void note_alert() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<SpinLock> lock(mutex_);
     for (auto it = ops_.rbegin(); it != ops_.rend(); ++it) {
       if (it->raised) {
         it->alerted = true;
@@ -467,13 +506,13 @@ class Recorder {
     if (raw == nullptr) {
       return;
     }
-    --t_inside;
     auto* ctx = static_cast<OpContext*>(raw);
     if (ctx->alerts) {
       c10::WarningUtils::set_warning_handler(ctx->alerts->previous_);
     }
     Recorder* self = g_active;
     if (self == nullptr || ctx->index < 0) {
+      --t_inside;
       return;
     }
     const bool raised = std::uncaught_exceptions() > 0;
@@ -491,10 +530,11 @@ class Recorder {
         e.discard_as_unraisable("pytest_backends native recorder observer");
       }
     }
+    --t_inside;
   }
 
   void fail(const char* what) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<SpinLock> lock(mutex_);
     if (failure_.empty()) {
       std::string text = what;
       const auto nl = text.find('\n');
@@ -504,12 +544,13 @@ class Recorder {
   }
 
   void begin_op(const at::RecordFunction& fn, const OpInfo& info, OpContext& ctx) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<SpinLock> lock(mutex_);
     if (broken_ || finished_) {
       return;
     }
-    // The recorder's own calls (digests) must not be recorded, nor reach Python modes.
-    at::RecordFunctionGuard no_callbacks(false);
+    // The recorder's own calls (digests) must not reach Python modes; they are not
+    // recorded because t_inside is raised around begin_op and end_op (a
+    // RecordFunctionGuard would rebuild torch's callback cache twice per op).
     c10::impl::ExcludeDispatchKeyGuard no_python(
         c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
     at::AutoDispatchBelowADInplaceOrView no_autograd;
@@ -549,12 +590,11 @@ class Recorder {
   }
 
   void end_op(const at::RecordFunction& fn, OpContext& ctx, bool raised) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<SpinLock> lock(mutex_);
     if (broken_ || finished_ || ctx.index < 0 || static_cast<size_t>(ctx.index) >= ops_.size()) {
       return;
     }
-    at::RecordFunctionGuard no_callbacks(false);
-    c10::impl::ExcludeDispatchKeyGuard no_python(
+        c10::impl::ExcludeDispatchKeyGuard no_python(
         c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
     at::AutoDispatchBelowADInplaceOrView no_autograd;
 
@@ -567,12 +607,12 @@ class Recorder {
       rec.raised = true;
       return;
     }
-    std::vector<at::Tensor> tensors;
+    c10::SmallVector<at::Tensor, 4> tensors;
     for (const auto& v : fn.outputs()) {
       collect_tensors(v, tensors);
     }
     if (tensors.empty()) {
-      tensors = ctx.written;  // in-place ops returning nothing (_foreach_add_)
+      tensors.assign(ctx.written.begin(), ctx.written.end());  // in-place ops returning nothing
     }
     bool device_from_output = false;
     for (size_t j = 0; j < tensors.size(); ++j) {
@@ -606,7 +646,8 @@ class Recorder {
     }
   }
 
-  static void collect_tensors(const c10::IValue& v, std::vector<at::Tensor>& out) {
+  template <typename Out>
+  static void collect_tensors(const c10::IValue& v, Out& out) {
     if (v.isTensor()) {
       if (v.toTensor().defined()) {
         out.push_back(v.toTensor());
@@ -629,7 +670,20 @@ class Recorder {
   }
 
   static bool first_tensor(const c10::IValue& v, OpRecord& rec) {
-    std::vector<at::Tensor> ts;
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined()) {
+        return false;
+      }
+      rec.device = t.device().type();
+      rec.dtype = t.scalar_type();
+      rec.has_device = true;
+      return true;
+    }
+    if (!v.isTensorList() && !v.isList() && !v.isTuple()) {
+      return false;
+    }
+    c10::SmallVector<at::Tensor, 4> ts;
     collect_tensors(v, ts);
     if (ts.empty()) {
       return false;
@@ -822,7 +876,8 @@ class Recorder {
     return -1;
   }
 
-  void clear_taint(const std::vector<at::Tensor>& written) {
+  template <typename Tensors>
+  void clear_taint(const Tensors& written) {
     for (const auto& t : written) {
       const c10::StorageImpl* storage = storage_of(t);
       if (storage != nullptr && t.is_contiguous() &&
@@ -835,7 +890,8 @@ class Recorder {
 
   // Storages written through tensors from outside the run: such a write may bypass
   // another tensor's version counter (p.data.add_()), so no key on them is carried over.
-  void note_writes(const std::vector<at::Tensor>& written) {
+  template <typename Tensors>
+  void note_writes(const Tensors& written) {
     for (const auto& t : written) {
       c10::TensorImpl* impl = t.unsafeGetTensorImpl();
       auto it = known_.find(impl);
@@ -909,7 +965,7 @@ class Recorder {
     if (k.kind == KeyKind::Digest) {
       h = chain(chain(h, k.h0), k.h1);
     } else if (k.kind == KeyKind::View) {
-      h = chain(h, std::hash<std::string>{}(ops_[static_cast<size_t>(k.op)].info->name));
+      h = chain(h, ops_[static_cast<size_t>(k.op)].info->name_hash);
       h = chain(h, static_cast<uint64_t>(k.index));
       h = chain(h, inputs_hash(k.op, memo, input_memo));
     } else {
@@ -1105,7 +1161,7 @@ class Recorder {
     return py::make_tuple("object", v.tagKind());
   }
 
-  std::mutex mutex_;
+  SpinLock mutex_;
   at::CallbackHandle handle_ = 0;
   bool finished_ = false;
   bool broken_ = false;
