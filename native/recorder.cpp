@@ -32,6 +32,7 @@
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
 #include <torch/csrc/DynamicTypes.h>
 
 #include <algorithm>
@@ -192,7 +193,7 @@ struct Key {
   int64_t op = -1;       // view: the op that made it
   int32_t index = 0;     // view: which output of that op
   at::ScalarType dtype = at::ScalarType::Undefined;
-  std::vector<int64_t> shape;
+  c10::SmallVector<int64_t, 5> shape;
   const char* reason = "";
 };
 
@@ -221,8 +222,8 @@ struct OpRecord {
   c10::DeviceType device = c10::DeviceType::CPU;
   bool has_device = false;
   at::ScalarType dtype = at::ScalarType::Undefined;
-  std::vector<Slot> inputs;
-  std::vector<int64_t> outputs;
+  c10::SmallVector<Slot, 3> inputs;
+  c10::SmallVector<int64_t, 2> outputs;
   bool raised = false;
   bool alerted = false;
   int64_t taint = -1;  // index into Recorder::origins_
@@ -244,7 +245,39 @@ class AlertHandler : public c10::WarningHandler {
   c10::WarningHandler* previous_;
 };
 
+// Contexts are made and freed once per recorded op: recycled per thread, not malloc'ed.
+struct ContextPool {
+  std::vector<void*> free;
+  ~ContextPool() {
+    for (void* p : free) {
+      ::operator delete(p);
+    }
+  }
+};
+
 struct OpContext : public at::ObserverContext {
+  static void* operator new(size_t size) {
+    auto& pool = context_pool();
+    if (size == sizeof(OpContext) && !pool.free.empty()) {
+      void* p = pool.free.back();
+      pool.free.pop_back();
+      return p;
+    }
+    return ::operator new(size);
+  }
+  static void operator delete(void* p, size_t size) {
+    auto& pool = context_pool();
+    if (size == sizeof(OpContext) && pool.free.size() < 64) {
+      pool.free.push_back(p);
+      return;
+    }
+    ::operator delete(p);
+  }
+  static ContextPool& context_pool() {
+    thread_local ContextPool pool;
+    return pool;
+  }
+
   int64_t index = -1;
   c10::SmallVector<at::Tensor, 2> written;
   std::unique_ptr<AlertHandler> alerts;
@@ -330,7 +363,6 @@ thread_local int t_inside = 0;
 class Recorder {
  public:
   explicit Recorder(const Recorder* previous) {
-    known_.reserve(4096);
     if (previous != nullptr) {
       for (const auto& entry : previous->exported_) {
         if (entry.second.weak.expired()) {
@@ -338,7 +370,7 @@ class Recorder {
         }
         const int64_t id = static_cast<int64_t>(keys_.size());
         keys_.push_back(entry.second.key);
-        known_.insert_or_assign(entry.first, Known{entry.second.weak, entry.second.version, id});
+        put_known(entry.first, Known{entry.second.weak, entry.second.version, id});
       }
     }
   }
@@ -753,14 +785,22 @@ class Recorder {
     if (impl->is_inference()) {
       return;  // no version counter: digested at every use
     }
-    known_.insert_or_assign(
-        impl, Known{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()),
-                    static_cast<int64_t>(impl->version_counter().current_version()), key});
+    put_known(impl, Known{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()),
+                          static_cast<int64_t>(impl->version_counter().current_version()), key});
     if (known_.size() > prune_at_) {
       for (auto it = known_.begin(); it != known_.end();) {
         it = it->second.weak.expired() ? known_.erase(it) : std::next(it);
       }
       prune_at_ = std::max<size_t>(2 * known_.size(), 4096);
+    }
+  }
+
+  void put_known(c10::TensorImpl* impl, Known entry) {
+    auto it = known_.find(impl);
+    if (it != known_.end()) {
+      it->second = std::move(entry);
+    } else {
+      known_.emplace(impl, std::move(entry));
     }
   }
 
@@ -773,7 +813,7 @@ class Recorder {
     Key k;
     k.kind = kind;
     k.dtype = t.scalar_type();
-    k.shape = t.sizes().vec();
+    k.shape.assign(t.sizes().begin(), t.sizes().end());
     k.reason = reason;
     return add_key(std::move(k));
   }
@@ -1053,7 +1093,8 @@ class Recorder {
         reinterpret_cast<PyObject*>(torch::getTHPDtype(t)));
   }
 
-  static py::tuple shape_tuple(const std::vector<int64_t>& shape) {
+  template <typename Shape>
+  static py::tuple shape_tuple(const Shape& shape) {
     py::tuple out(shape.size());
     for (size_t i = 0; i < shape.size(); ++i) {
       out[i] = py::int_(shape[i]);
@@ -1171,7 +1212,8 @@ class Recorder {
   std::vector<OpRecord> ops_;
   std::vector<Key> keys_;
   std::vector<at::Tensor> pending_;
-  std::unordered_map<c10::TensorImpl*, Known> known_;
+  // Open addressing: no allocation per remembered tensor.
+  ska::flat_hash_map<c10::TensorImpl*, Known> known_;
   std::unordered_map<c10::TensorImpl*, Exported> exported_;
   std::unordered_set<const c10::StorageImpl*> written_external_;
   std::unordered_map<const c10::StorageImpl*,
