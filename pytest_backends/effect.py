@@ -9,9 +9,11 @@ two different paths instead of the same one twice.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from pytest_backends import _tree
 
 __all__ = ["FlagEffect", "flag_effect"]
 
@@ -86,24 +88,22 @@ class FlagEffect:
         return f"{self.flag}: effect: outputs differ between groups {parts}{detail}"
 
 
-def _leaves(value: object) -> list[object]:
+def _leaves(value: object) -> list[tuple[str, object]]:
+    """``(path, leaf)`` of an output, tensors cloned (a later call may overwrite them)."""
     import torch
 
-    if isinstance(value, torch.Tensor):
-        return [value.detach().clone()]
-    if isinstance(value, Mapping):
-        return [("key", k) for k in value] + [leaf for k in value for leaf in _leaves(value[k])]
-    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-        return [("len", len(value))] + [leaf for item in value for leaf in _leaves(item)]
-    return [value]
+    return [
+        (path, leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf)
+        for path, leaf in _tree.leaves(value, empty=True)
+    ]
 
 
-def _same(a: list[object], b: list[object]) -> bool:
+def _same(a: list[tuple[str, object]], b: list[tuple[str, object]]) -> bool:
     import torch
 
-    if len(a) != len(b):
+    if [path for path, _ in a] != [path for path, _ in b]:
         return False
-    for x, y in zip(a, b):
+    for (_, x), (_, y) in zip(a, b):
         if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
             if not _bitwise_equal(x, y):
                 return False
@@ -129,14 +129,16 @@ def _bitwise_equal(a: Any, b: Any) -> bool:
     return bool(torch.equal(bytes_a, bytes_b))
 
 
-def _tensor_pairs(a: list[object], b: list[object]) -> list[tuple[Any, Any]] | None:
+def _tensor_pairs(
+    a: list[tuple[str, object]], b: list[tuple[str, object]]
+) -> list[tuple[Any, Any]] | None:
     """The pairs of tensors of two flattened outputs; None when they cannot be compared."""
     import torch
 
-    if len(a) != len(b):
+    if [path for path, _ in a] != [path for path, _ in b]:
         return None
     pairs = []
-    for x, y in zip(a, b):
+    for (_, x), (_, y) in zip(a, b):
         if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
             continue
         if x.shape != y.shape or x.device != y.device:
@@ -145,7 +147,7 @@ def _tensor_pairs(a: list[object], b: list[object]) -> list[tuple[Any, Any]] | N
     return pairs
 
 
-def _max_abs_diff(a: list[object], b: list[object]) -> float | None:
+def _max_abs_diff(a: list[tuple[str, object]], b: list[tuple[str, object]]) -> float | None:
     import torch
 
     pairs = _tensor_pairs(a, b)
@@ -166,7 +168,7 @@ def _max_abs_diff(a: list[object], b: list[object]) -> float | None:
     return worst
 
 
-def _rel_diff(a: list[object], b: list[object]) -> float | None:
+def _rel_diff(a: list[tuple[str, object]], b: list[tuple[str, object]]) -> float | None:
     """``||a - b|| / ||a||`` over the floating tensors of two outputs (normwise)."""
     import torch
 
@@ -216,7 +218,7 @@ def flag_effect(
         raise ValueError(
             f"flag_effect needs at least two distinct values for {flag!r}, got {list(chosen)!r}"
         )
-    outputs: list[list[object]] = []
+    outputs: list[list[tuple[str, object]]] = []
     for value in chosen:
         with override_flags({flag: value}):
             outputs.append(_leaves(fn()))

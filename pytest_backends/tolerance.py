@@ -17,12 +17,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from pytest_backends import _tree
 from pytest_backends.flags import registry
 
 __all__ = [
@@ -613,33 +614,6 @@ _TORCH_DEFAULTS: dict[torch.dtype, tuple[float, float]] = {
 # --------------------------------------------------------------- comparison
 
 
-def _leaves(actual: object, expected: object, where: str) -> Iterator[tuple[str, Any, Any]]:
-    if isinstance(actual, torch.Tensor) or isinstance(expected, torch.Tensor):
-        yield where, actual, expected
-    elif isinstance(actual, Mapping) and isinstance(expected, Mapping):
-        if set(actual) != set(expected):
-            raise AssertionError(
-                f"keys differ{' at ' + where if where else ''}: "
-                f"{sorted(map(repr, actual))} != {sorted(map(repr, expected))}"
-            )
-        for key in actual:
-            yield from _leaves(actual[key], expected[key], f"{where}[{key!r}]")
-    elif (
-        isinstance(actual, Sequence)
-        and isinstance(expected, Sequence)
-        and not isinstance(actual, (str, bytes))
-        and not isinstance(expected, (str, bytes))
-    ):
-        if len(actual) != len(expected):
-            raise AssertionError(
-                f"lengths differ{' at ' + where if where else ''}: {len(actual)} != {len(expected)}"
-            )
-        for index, (a, e) in enumerate(zip(actual, expected)):
-            yield from _leaves(a, e, f"{where}[{index}]")
-    else:
-        yield where, actual, expected
-
-
 def _is_reference_pair(actual: object, expected: object) -> bool:
     """``expected`` is a wider floating reference for ``actual`` (e.g. fp64 for fp32)."""
     if not (isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor)):
@@ -690,7 +664,7 @@ def assert_close(
         ):
             raise ValueError(f"{name} must be a non-negative number, got {value!r}")
     user_msg = kwargs.pop("msg", None)
-    for where, a, e in _leaves(actual, expected, ""):
+    for where, a, e in _tree.zip_leaves(actual, expected):
         leaf_kwargs = dict(kwargs)
         if isinstance(a, torch.Tensor):
             tol = tolerance_for(

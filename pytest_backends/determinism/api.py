@@ -8,13 +8,14 @@ digests of all runs are copied to the host once, at the end.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from pytest_backends import _tree
 
 if TYPE_CHECKING:
     import torch
@@ -154,44 +155,32 @@ def _flatten(value: object, label: str, out: list[tuple[str, object]], strict: b
     """Collect ``(label, leaf)`` for every comparable leaf of nested containers.
 
     Leaves are tensors, NumPy arrays and scalars, Python numbers, strings and
-    None; containers are lists, tuples (named tuples by field), dicts and
-    dataclass instances (by field). With ``strict``, anything else raises a
-    TypeError naming its type and path: a value that cannot be compared must
-    not pass silently. Without it (walking arguments), other values are skipped.
+    None; containers are those of :mod:`pytest_backends._tree` (lists, tuples,
+    named tuples and dataclasses by field, dicts). With ``strict``, any other
+    leaf raises a TypeError naming its type and path: a value that cannot be
+    compared must not pass silently. Without it (walking arguments), other
+    values are skipped.
     """
     import torch
 
-    if isinstance(value, torch.Tensor):
-        if strict:
-            _check_tensor(value, label)
-        out.append((label, value))
-        return
     np = sys.modules.get("numpy")
-    if np is not None and isinstance(value, (np.ndarray, np.generic)):
-        if strict:
-            out.append((label, _numpy_tensor(np, value, label)))
-        return
-    if isinstance(value, (*_NUMBERS, *_PLAIN_VALUES)):
-        out.append((label, value))
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            _flatten(item, f"{label}[{key!r}]", out, strict)
-    elif isinstance(value, tuple) and hasattr(value, "_fields"):  # named tuple
-        for name, item in zip(value._fields, value):
-            _flatten(item, f"{label}.{name}", out, strict)
-    elif isinstance(value, (tuple, list)):
-        for i, item in enumerate(value):
-            _flatten(item, f"{label}[{i}]", out, strict)
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for f in dataclasses.fields(value):
-            _flatten(getattr(value, f.name), f"{label}.{f.name}", out, strict)
-    elif strict:
-        raise TypeError(
-            f"assert_reproducible: cannot compare {label} of type {type(value).__qualname__}: "
-            "return tensors, NumPy arrays, Python numbers, or lists, tuples, dicts, named "
-            "tuples and dataclasses of them (convert a set to a sorted list, consume a "
-            "generator into a list)"
-        )
+    for path, leaf in _tree.leaves(value, label):
+        if isinstance(leaf, torch.Tensor):
+            if strict:
+                _check_tensor(leaf, path)
+            out.append((path, leaf))
+        elif np is not None and isinstance(leaf, (np.ndarray, np.generic)):
+            if strict:
+                out.append((path, _numpy_tensor(np, leaf, path)))
+        elif isinstance(leaf, (*_NUMBERS, *_PLAIN_VALUES)):
+            out.append((path, leaf))
+        elif strict:
+            raise TypeError(
+                f"assert_reproducible: cannot compare {path} of type {type(leaf).__qualname__}: "
+                "return tensors, NumPy arrays, Python numbers, or lists, tuples, dicts, named "
+                "tuples and dataclasses of them (convert a set to a sorted list, consume a "
+                "generator into a list)"
+            )
 
 
 def _check_tensor(t: torch.Tensor, label: str) -> None:

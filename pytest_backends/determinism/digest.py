@@ -32,6 +32,8 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pytest_backends import _tree
+
 if TYPE_CHECKING:
     import torch
 
@@ -360,21 +362,23 @@ def _output_tensors(value: object) -> list[torch.Tensor]:
     """Flatten an op's output: tensors in order; Python scalars as 0-dim tensors."""
     import torch
 
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _output_tensors(v)]
-    if value is None:
-        return []
-    if isinstance(value, bool):
-        return [torch.tensor(value, dtype=torch.bool)]
-    if isinstance(value, int):
-        return [torch.tensor(value, dtype=torch.int64)]
-    if isinstance(value, float):
-        return [torch.tensor(value, dtype=torch.float64)]
-    if isinstance(value, complex):
-        return [torch.tensor(value, dtype=torch.complex128)]
-    raise TypeError(f"repeat: cannot digest an op output of type {type(value).__name__}")
+    out = []
+    for leaf in _tree.iter_leaves(value):
+        if isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+        elif leaf is None:
+            continue
+        elif isinstance(leaf, bool):
+            out.append(torch.tensor(leaf, dtype=torch.bool))
+        elif isinstance(leaf, int):
+            out.append(torch.tensor(leaf, dtype=torch.int64))
+        elif isinstance(leaf, float):
+            out.append(torch.tensor(leaf, dtype=torch.float64))
+        elif isinstance(leaf, complex):
+            out.append(torch.tensor(leaf, dtype=torch.complex128))
+        else:
+            raise TypeError(f"repeat: cannot digest an op output of type {type(leaf).__name__}")
+    return out
 
 
 def _mutated_positions(op: Any) -> tuple[set[int], set[str]]:

@@ -50,6 +50,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from pytest_backends import _tree
 from pytest_backends.determinism.api import ALERT_TEXT
 from pytest_backends.determinism.census import VERDICTS
 
@@ -741,11 +742,7 @@ def _value_key(a: object) -> Slot:
 
 
 def _tensors(value: object) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _tensors(v)
+    return (leaf for leaf in _tree.iter_leaves(value) if isinstance(leaf, torch.Tensor))
 
 
 # --- source locations -------------------------------------------------------------
