@@ -19,6 +19,7 @@ Nothing here imports torch at module level.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from collections.abc import Iterable, Mapping
@@ -105,6 +106,13 @@ _ONEDNN_ISA: dict[tuple[str, str], str] = {
     ("x86_64", "avx512"): "AVX512_CORE",
     ("aarch64", "default"): "ADVANCED_SIMD",
     ("aarch64", "sve256"): "SVE_256",
+}
+# What oneDNN's verbose ``info,cpu,isa:`` line says when capped at each ISA (the
+# cap is the level's ISA, which the CPU was checked to have before the level ran).
+_ONEDNN_ISA_REPORTED: dict[str, str] = {
+    "SSE41": "Intel SSE4.1",
+    "AVX2": "Intel AVX2",
+    "AVX512_CORE": "Intel AVX-512 with AVX512BW, AVX512VL, and AVX512DQ extensions",
 }
 _MKL_ISA: dict[tuple[str, str], str] = {
     ("x86_64", "default"): "SSE4_2",
@@ -300,4 +308,65 @@ def verify_level(level: str, actual: str | None = None) -> str | None:
         f"(torch.backends.cpu.get_cpu_capability() returned {got!r} with "
         f"ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', '<unset>')}); "
         "none of this level's tests were run on the wrong kernels"
+    )
+
+
+@functools.cache
+def onednn_isa() -> str | None:
+    """The ISA oneDNN says it dispatches to (its verbose ``isa:`` line); None if unreadable.
+
+    One small oneDNN primitive runs with the primitive log captured (see
+    :class:`pytest_backends.kernels.PrimitiveLog`). oneDNN prints the line once
+    per process, with its first logged primitive, so the answer is read once
+    (in a fresh worker, before its first test) and kept.
+    """
+    import torch
+
+    from pytest_backends import kernels
+
+    log = kernels.PrimitiveLog()
+    if not log.start():
+        return None
+    try:
+        x = torch.ones(1, 8, 4, 4)
+        w = torch.ones(8, 8, 1, 1)
+        torch.ops.aten.mkldnn_convolution(x, w, None, [0, 0], [1, 1], [1, 1], 1)
+    except (RuntimeError, AttributeError):
+        return None
+    finally:
+        log.stop()
+    return parse_onednn_isa(log._text or "")
+
+
+def parse_onednn_isa(text: str) -> str | None:
+    """The ISA named by oneDNN's ``info,cpu,isa:`` log line in ``text``, if any."""
+    for line in text.splitlines():
+        fields = line.split(",", 4)
+        if len(fields) == 5 and fields[2:4] == ["info", "cpu"] and fields[4].startswith("isa:"):
+            return fields[4][4:].strip()
+        if len(fields) >= 4 and fields[1:3] == ["info", "cpu"] and fields[3].startswith("isa:"):
+            return line.split("isa:", 1)[1].strip()  # logs without the version field
+    return None
+
+
+def verify_onednn(level: str, actual: str | None = None, arch: str | None = None) -> str | None:
+    """A message if oneDNN in this process is not capped at ``level``'s ISA; else None.
+
+    ``actual`` defaults to :func:`onednn_isa`. Where the level sets no oneDNN
+    cap, or oneDNN's ISA cannot be read (a build without oneDNN, a log
+    already printed), there is nothing to check and the answer is None.
+    """
+    cap = _ONEDNN_ISA.get((machine_arch() if arch is None else arch, level))
+    expected = _ONEDNN_ISA_REPORTED.get(cap or "")
+    if expected is None:
+        return None
+    got = onednn_isa() if actual is None else actual
+    if got is None or got == expected:
+        return None
+    return (
+        f"{level_id(level)}: the process started for CPU capability level {level!r} "
+        f"runs oneDNN's {got!r} kernels, not {expected!r} "
+        f"(ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '<unset>')}; oneDNN reads "
+        "it once, when it first runs: set it before the process starts); none of this "
+        "level's tests were run on the wrong kernels"
     )

@@ -463,7 +463,7 @@ class WorkerPlugin:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         if self.level is not None and not self._checked:
             self._checked = True
-            self._mismatch = levels.verify_level(self.level)
+            self._mismatch = levels.verify_level(self.level) or levels.verify_onednn(self.level)
         if self._mismatch is not None:
             pytest.fail(self._mismatch, pytrace=False)
         config = item.stash.get(_keys.CONFIG_KEY, None)
