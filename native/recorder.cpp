@@ -40,6 +40,7 @@
 #include <tuple>
 #include <atomic>
 #include <cstdio>
+#include <deque>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -587,10 +588,10 @@ class Recorder {
         c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
     at::AutoDispatchBelowADInplaceOrView no_autograd;
 
-    OpRecord rec;
+    const int64_t index = static_cast<int64_t>(ops_.size());
+    OpRecord& rec = ops_.emplace_back();  // built in place: a deque never moves it
     rec.info = &info;
     const auto inputs = fn.inputs();
-    const int64_t index = static_cast<int64_t>(ops_.size());
     for (int w : info.written) {
       if (static_cast<size_t>(w) < inputs.size()) {
         collect_tensors(inputs[static_cast<size_t>(w)], ctx.written);
@@ -618,7 +619,6 @@ class Recorder {
       c10::WarningUtils::set_warning_handler(ctx.alerts.get());
     }
     ctx.index = index;
-    ops_.push_back(std::move(rec));
   }
 
   void end_op(const at::RecordFunction& fn, OpContext& ctx, bool raised) {
@@ -1209,8 +1209,8 @@ class Recorder {
   std::string failure_;
   py::object locator_;
   py::object observer_;
-  std::vector<OpRecord> ops_;
-  std::vector<Key> keys_;
+  std::deque<OpRecord> ops_;
+  std::deque<Key> keys_;
   std::vector<at::Tensor> pending_;
   // Open addressing: no allocation per remembered tensor.
   ska::flat_hash_map<c10::TensorImpl*, Known> known_;
