@@ -40,7 +40,6 @@
 #include <tuple>
 #include <atomic>
 #include <cstdio>
-#include <deque>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -365,6 +364,9 @@ class Recorder {
  public:
   explicit Recorder(const Recorder* previous) {
     if (previous != nullptr) {
+      // The next run of a test records about as many ops: no regrowth while recording.
+      ops_.reserve(previous->ops_.size() + 16);
+      keys_.reserve(previous->keys_.size() + 16);
       for (const auto& entry : previous->exported_) {
         if (entry.second.weak.expired()) {
           continue;
@@ -589,7 +591,7 @@ class Recorder {
     at::AutoDispatchBelowADInplaceOrView no_autograd;
 
     const int64_t index = static_cast<int64_t>(ops_.size());
-    OpRecord& rec = ops_.emplace_back();  // built in place: a deque never moves it
+    OpRecord& rec = ops_.emplace_back();  // built in place; nothing else grows ops_ here
     rec.info = &info;
     const auto inputs = fn.inputs();
     for (int w : info.written) {
@@ -785,7 +787,7 @@ class Recorder {
     if (impl->is_inference()) {
       return;  // no version counter: digested at every use
     }
-    put_known(impl, Known{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()),
+    put_known(impl, Known{c10::weak_intrusive_ptr<c10::TensorImpl>::reclaim_copy(impl),
                           static_cast<int64_t>(impl->version_counter().current_version()), key});
     if (known_.size() > prune_at_) {
       for (auto it = known_.begin(); it != known_.end();) {
@@ -1209,8 +1211,8 @@ class Recorder {
   std::string failure_;
   py::object locator_;
   py::object observer_;
-  std::deque<OpRecord> ops_;
-  std::deque<Key> keys_;
+  std::vector<OpRecord> ops_;
+  std::vector<Key> keys_;
   std::vector<at::Tensor> pending_;
   // Open addressing: no allocation per remembered tensor.
   ska::flat_hash_map<c10::TensorImpl*, Known> known_;
