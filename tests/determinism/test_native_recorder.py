@@ -114,14 +114,15 @@ def test_a_planted_nondeterministic_op_is_blamed(native: Any, planted: ModuleTyp
 
 def test_a_backward_blame_names_its_forward_op_and_line(native: Any, planted: ModuleType) -> None:
     x = torch.randn(3, requires_grad=True)
-    upstream = torch.randn(3, 5)
+    # Magnitudes that make every summation order give other bits (1e8 + 1 == 1e8 in float32).
+    upstream = torch.tensor([[1e8, 1.0, -1e8, 0.5, 0.25]]).repeat(3, 1)
 
     def body(_: int) -> None:
         x.grad = None
         torch.ops.pbtest.spread(x, 5).backward(upstream)
 
     start = RngState.capture()
-    logs = _logs(native, body)
+    logs = _logs(native, body, runs=5)  # five runs: every rotation of the planted sum
     start.restore()
     result = locate(compare_runs(logs), lambda: body(0), native)
     (blamed,) = result.blamed
