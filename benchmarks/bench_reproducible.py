@@ -269,7 +269,8 @@ def bench_modes(
         f"{rec_op / naive_op:.2f}"
     )
     lines.append(
-        f"  the Python recorder (fallback), same runs: {many['Python recorder'] * 1e3:.2f} ms "
+        "  the Python recorder (with the native digest), same runs: "
+        f"{many['Python recorder'] * 1e3:.2f} ms "
         f"({py_op:.1f} us/op) | Python recorder/naive per op {py_op / naive_op:.2f}"
     )
     floor = per_op(one["call-only mode"], one["bare"], n_ops)

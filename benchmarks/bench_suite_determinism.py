@@ -18,8 +18,10 @@ total, with the wall time of the whole session beside it (wall time is disturbed
 other processes on a shared machine; CPU times are not). The per-op floor is
 measured in this process on the ODE body: bare, under a Python dispatch mode
 that only calls the op, and under each recorder (native and Python), in
-microseconds per op. The checked run is shown twice: with the native
-recorder (the default) and with the Python one (``PYTEST_BACKENDS_NATIVE=off``).
+microseconds per op (the Python recorder with the native digest). The checked
+run is shown twice: with the extension (the native recorder, the default) and
+without it (``PYTEST_BACKENDS_NATIVE=off``: the Python recorder and the digest
+computed with torch operations, the full fallback).
 
 Usage::
 
@@ -182,7 +184,11 @@ def per_op_floor() -> tuple[int, dict[str, float]]:
             body()
         rec.finish()
 
-    variants = {"bare": bare, "call-only mode": call_only, "Python recorder": python_recorder}
+    variants = {
+        "bare": bare,
+        "call-only mode": call_only,
+        "Python recorder (native digest)": python_recorder,
+    }
     if module is not None:
         variants["native recorder"] = native_recorder
     best = dict.fromkeys(variants, 1e9)
@@ -208,7 +214,7 @@ def main() -> None:
     variants: dict[str, tuple[list[str], dict[str, str]]] = {
         "plain": ([], {}),
         "checked": (check, {}),
-        "checked, Python recorder": (check, {"PYTEST_BACKENDS_NATIVE": "off"}),
+        "checked, no extension": (check, {"PYTEST_BACKENDS_NATIVE": "off"}),
     }
     best: dict[str, dict[str, float]] = {}
     walls: dict[str, float] = {}
@@ -231,7 +237,7 @@ def main() -> None:
         f"CPU: {cpu_description()}; load average {os.getloadavg()[0]:.1f}",
         "",
     ]
-    for variant in ("checked", "checked, Python recorder"):
+    for variant in ("checked", "checked, no extension"):
         checked = best[variant]
         lines.append(f"{variant}:")
         for test in sorted(plain):
