@@ -91,8 +91,19 @@ def test_harness_modules_do_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_suite_run_finds_planted_ops(planted_conftest: pytest.Pytester) -> None:
+@pytest.mark.parametrize(
+    "extension",
+    [
+        pytest.param("auto", id="native-recorder"),
+        # Without the extension: the Python recorder and digests computed with torch ops.
+        pytest.param("off", id="python-fallback"),
+    ],
+)
+def test_suite_run_finds_planted_ops(
+    planted_conftest: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, extension: str
+) -> None:
     pytester = planted_conftest
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", extension)
     pytester.makepyfile(test_suite=SUITE)
     result = pytester.runpytest_subprocess("--backends-determinism=5")
     # A test that mutates its fixture is not repeatable: not checked, and it passes.
