@@ -55,7 +55,7 @@ class Option:
 
     ``kind``: ``value`` (takes a value), ``optional`` (a bare flag means
     ``const``), ``list`` (repeatable; ini: whitespace-separated) or ``flag``
-    (on/off; ini: a bool).  ``default`` is the value when neither the command
+    (on/off; ini: one of :data:`ON_WORDS` or :data:`OFF_WORDS`).  ``default`` is the value when neither the command
     line nor the ini file sets it.
     """
 
@@ -232,7 +232,9 @@ def register(parser: pytest.Parser) -> None:
         help_text = f"{option.help}. ini: {option.ini}"
         if option.kind == "flag":
             group.addoption(option.flag, action="store_true", default=None, help=help_text)
-            parser.addini(option.ini, option.ini_help, type="bool", default=False)
+            # Read as text and parsed with the plugin's one on/off vocabulary, not pytest's
+            # bool (which knows no "none" and names no key when it refuses a value).
+            parser.addini(option.ini, option.ini_help, default="")
             continue
         kwargs: dict[str, Any] = {"default": None, "metavar": option.metavar, "help": help_text}
         if option.kind == "optional":
@@ -263,6 +265,21 @@ class Raw:
         return "" if self.value is None else str(self.value)
 
 
+def _switch(ini: object, option: Option) -> bool:
+    """An on/off ini value: :data:`ON_WORDS`, :data:`OFF_WORDS` or empty (off)."""
+    if isinstance(ini, bool):
+        return ini
+    text = "" if ini is None else str(ini)
+    if text.strip() == "" or is_off(text):
+        return False
+    if is_on(text):
+        return True
+    raise pytest.UsageError(
+        f"ini option {option.ini}: expected on or off ({', '.join(ON_WORDS)} / "
+        f"{', '.join(OFF_WORDS)}), got {text.strip()!r}"
+    )
+
+
 def lookup(config: pytest.Config, name: str) -> Raw:
     """The value of option ``name``: command line > ini file > default."""
     option = _BY_NAME[name]
@@ -277,7 +294,7 @@ def lookup(config: pytest.Config, name: str) -> Raw:
         values: Sequence[str] = list(ini or ())
         return Raw(values, f"ini option {option.ini}", False)
     if option.kind == "flag":
-        return Raw(bool(ini), f"ini option {option.ini}", False)
+        return Raw(_switch(ini, option), f"ini option {option.ini}", False)
     text = "" if ini is None else str(ini)
     if text.strip() == "" and option.default:
         return Raw(option.default, f"default of {option.flag}", False)

@@ -89,11 +89,10 @@ class SelectionPlugin:
         if workeroutput is not None:
             workeroutput[WORKEROUTPUT_KEY] = self.selection.to_plain()
             return
-        if (
-            strict(self.config)
-            and self.selection.empty()
-            and (session.exitstatus == pytest.ExitCode.OK)
-        ):
+        # A run whose option selected nothing may also have deselected every test
+        # (--backends-config): that too fails as a usage error, as the summary says.
+        passing = (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
+        if strict(self.config) and self.selection.empty() and session.exitstatus in passing:
             session.exitstatus = pytest.ExitCode.USAGE_ERROR
 
     @pytest.hookimpl(optionalhook=True)
@@ -122,5 +121,10 @@ class SelectionPlugin:
 
 
 def configure(config: pytest.Config) -> list[tuple[object, str]]:
-    """The plugin, for every process (workers send their counts to the controller)."""
+    """The plugin, for every process (workers send their counts to the controller).
+
+    ``--backends-strict`` is resolved here, so a bad ini value stops the run
+    before any test runs.
+    """
+    strict(config)
     return [(SelectionPlugin(config), "backends-selection")]

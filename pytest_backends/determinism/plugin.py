@@ -113,11 +113,10 @@ def parse_runs(value: str, source: str) -> int | None:
 
 
 def _getini(config: pytest.Config, name: str) -> Any:
-    """``config.getini(name)``; a value pytest cannot convert is a usage error naming the key."""
-    try:
-        return config.getini(name)
-    except (ValueError, pytest.UsageError) as exc:  # "invalid truth value 'x'" (bool keys)
-        raise pytest.UsageError(f"ini option {name}: {exc} (use true or false)") from None
+    """The ini value of ``name``; on/off keys are parsed with the plugin's one vocabulary."""
+    if name in _SWITCHES:
+        return _options.lookup(config, name).value
+    return config.getini(name)
 
 
 def _ini_path(config: pytest.Config, name: str) -> Path | None:
@@ -164,9 +163,7 @@ def resolve_settings(config: pytest.Config) -> DeterminismSettings | None:
     else:
         ini = str(config.getini("backends_determinism") or "").strip()
         runs = parse_runs(ini, "ini option backends_determinism") if ini else None
-    repeatable = bool(config.getoption("backends_determinism_repeatable", False)) or bool(
-        config.getini("backends_determinism_repeatable")
-    )
+    repeatable = bool(_options.lookup(config, "backends_determinism_repeatable").value)
     implied = select_all or census is not None or baseline is not None
     if runs is None:
         if not implied or (cli is not None and str(cli).strip().lower() in _OFF):
@@ -175,6 +172,9 @@ def resolve_settings(config: pytest.Config) -> DeterminismSettings | None:
     return DeterminismSettings(runs, select_all, census, baseline, update, repeatable)
 
 
+_SWITCHES = frozenset(
+    {"backends_determinism_all", "backends_baseline_update", "backends_determinism_repeatable"}
+)
 _OPTION_NAMES = (
     "backends_determinism",
     "backends_determinism_all",
