@@ -67,12 +67,24 @@ def backends(*axes: str, **values: str | Sequence[str]) -> MarkerSpec:
         else:
             raise MarkerError(f"{axis}={chosen!r}: values are a string or a list of strings")
         if not picked:
-            raise MarkerError(f"{axis}=[] selects no value")
+            raise MarkerError(
+                f"{axis}=[] selects no value: pick at least one, e.g. backends({axis}=[...]), "
+                f"or name the axis for all its values: backends({axis!r})"
+            )
         pairs.append((axis, picked))
+    if not pairs:
+        raise MarkerError(
+            "the marker names no axis: name one or more, e.g. backends('mkldnn') or "
+            "backends(sdpa=['math', 'flash']), or remove the marker"
+        )
     names = [axis for axis, _ in pairs]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
-        raise MarkerError(f"axis {repeated[0]!r} is given twice in one marker")
+        axis = repeated[0]
+        raise MarkerError(
+            f"axis {axis!r} is given twice in one marker: name it once, as "
+            f"backends({axis!r}) for all its values or backends({axis}=[...]) for some"
+        )
     return MarkerSpec(tuple(pairs))
 
 
@@ -90,7 +102,10 @@ def marker_line() -> str:
 
 
 def _suggest(name: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=1)
+    choices = list(choices)
+    # Another spelling of a valid name (torch prints levels as "AVX512") first.
+    folded = [c for c in choices if c.casefold() == name.casefold()]
+    close = folded or difflib.get_close_matches(name, choices, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

@@ -72,6 +72,8 @@ SETTINGS_KEY = _keys.MATRIX_KEY
 REGISTRY_KEY = _keys.REGISTRY_KEY
 
 _MARKER_ERROR_KEY = _keys.MARKER_ERROR_KEY
+#: The matrix report's row for tests whose marker is invalid (they fail at setup).
+INVALID_MARKER_ID = "invalid-marker"
 
 #: The test-id parameter and fixture that carry the config.
 PARAM = "backend_config"
@@ -91,7 +93,8 @@ C = TypeVar("C", bound="tuple[Hashable, ...]")
 
 
 def _path_hint(value: str) -> str:
-    if "/" in value or "\\" in value or value.endswith(".py") or Path(value).exists():
+    looks_like_path = "/" in value or "\\" in value or "::" in value or value.endswith(".py")
+    if looks_like_path or Path(value).exists():
         return (
             f" ({value!r} looks like a path: write the option as --OPTION=VALUE, or put "
             "it after the paths)"
@@ -188,6 +191,15 @@ def check_config_ids(
                     f"{source}: unknown configuration token {token!r}; valid tokens: "
                     f"{', '.join(registry.all_tokens())}"
                 ) from None
+        axes = [axis for axis, _ in pairs]
+        twice = sorted({axis for axis in axes if axes.count(axis) > 1})
+        if twice:
+            raise pytest.UsageError(
+                f"{source}: {','.join(tokens)!r} names axis {twice[0]!r} twice, but a "
+                "configuration has one value per axis; to select several configurations "
+                "give several groups (repeat the option, or separate groups with spaces in "
+                "the ini file)"
+            )
         resolved.append(frozenset(pairs))
     return tuple(resolved)
 
@@ -745,6 +757,8 @@ class MatrixPlugin:
             error = self._errors.get(defid)
             if error is not None:
                 item.stash[_MARKER_ERROR_KEY] = error
+                # In the matrix report too, so a failed run never reads as all green there.
+                item.user_properties.append((PROPERTY, INVALID_MARKER_ID))
                 kept.append(item)
                 continue
             if defid not in self._selections:
@@ -776,7 +790,12 @@ class MatrixPlugin:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._record_selection(session)
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is None or session.config.get_verbosity() < 0:
+        if reporter is None:
+            return
+        if session.config.get_verbosity() < 0:
+            # Quiet runs (``--co -q``) still say which markers are wrong.
+            for message in self._errors.values():
+                reporter.write_line(f"ERROR {message}", red=True)
             return
         if self._selections and not self._header_shown and not session.config.option.no_header:
             for line in availability.header_lines(self.availability):
@@ -823,6 +842,16 @@ class MatrixPlugin:
                     "sdpa axis"
                 ),
             )
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        # ``--collect-only`` runs no setup, where invalid markers fail their tests: the
+        # session fails as for a collection error instead.
+        if (
+            self._errors
+            and session.config.option.collectonly
+            and session.exitstatus == pytest.ExitCode.OK
+        ):
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
