@@ -55,8 +55,8 @@ class Option:
 
     ``kind``: ``value`` (takes a value), ``optional`` (a bare flag means
     ``const``), ``list`` (repeatable; ini: whitespace-separated) or ``flag``
-    (on/off; ini: one of :data:`ON_WORDS` or :data:`OFF_WORDS`).  ``default`` is the value when neither the command
-    line nor the ini file sets it.
+    (on/off; ini: one of :data:`ON_WORDS` or :data:`OFF_WORDS`).  ``default``
+    is the value when neither the command line nor the ini file sets it.
     """
 
     name: str

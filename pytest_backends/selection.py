@@ -115,7 +115,8 @@ class SelectionPlugin:
             terminalreporter.write_line(f"{option} selected no test: {hint}")
         if is_strict:
             terminalreporter.write_line(
-                "--backends-strict: the run fails (exit code 4) because of the above",
+                "--backends-strict: the run fails because of the above "
+                "(exit code 4, or 1 where tests failed too)",
                 red=True,
             )
 
