@@ -350,6 +350,7 @@ class DeterminismPlugin:
 
         records = runner.compared()
         reason: str | None = None
+        single = len(records) < 2
         comparison = None
         notes: list[str] = []
         try:
@@ -357,6 +358,8 @@ class DeterminismPlugin:
             notes = boundary_notes(runner.records)
             if runner.failure is None:
                 reason = explain_unchecked(comparison, records)
+                if single:
+                    reason = "it failed in its first run, so it was not run again"
         except Exception as exc:  # the harness's own failure is never the test's
             runner.fail(exc)
         if runner.failure is not None:
@@ -381,7 +384,7 @@ class DeterminismPlugin:
             comparison = locate(comparison, run_again, runner.native())  # one more run, with lines
         if comparison is not None:
             self._record(item, comparison)
-        repeatable = self.settings.repeatable and runner.failure is None
+        repeatable = self.settings.repeatable and runner.failure is None and not single
         if repeatable:
             reason = None  # not repeatable is a failure here, reported as such
         item.stash[_CHECK_KEY] = {

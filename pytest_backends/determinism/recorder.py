@@ -1038,7 +1038,13 @@ def _has_uninitialized(slot: Slot) -> bool:
 
 
 def compare_runs(logs: Sequence[RunLog]) -> Comparison:
-    """Compare every run with run 0, op by op."""
+    """Compare every run with run 0, op by op.
+
+    One run proves nothing: its ops are ``inconclusive`` (a test that failed
+    in its first run is not repeated).
+    """
+    if len(logs) < 2:
+        return _single_run(logs)
     same = _same_fingerprints(logs)
     if same is not None:
         return same
@@ -1120,6 +1126,20 @@ def compare_runs(logs: Sequence[RunLog]) -> Comparison:
         verdicts,
         [uninitialized[i] for i in sorted(uninitialized)],
     )
+
+
+def _single_run(logs: Sequence[RunLog]) -> Comparison:
+    verdicts: dict[tuple[str, str | None, str | None], str] = {}
+    for log in logs:
+        if log.keys is not None:
+            keys = list(log.keys)
+        else:
+            keys = [(*call.key, call.alerted) for call in log.calls]
+        for name, device, dtype, alerted in keys:
+            if alerted:
+                _merge(verdicts, (name, device, dtype), "raises_under_deterministic_mode")
+            _merge(verdicts, (name, device, dtype), "inconclusive")
+    return Comparison(len(logs), [], None, verdicts)
 
 
 def _same_fingerprints(logs: Sequence[RunLog]) -> Comparison | None:
