@@ -44,6 +44,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -583,13 +584,9 @@ class Recorder {
     if (broken_ || finished_) {
       return;
     }
-    // The recorder's own calls (digests) must not reach Python modes; they are not
-    // recorded because t_inside is raised around begin_op and end_op (a
-    // RecordFunctionGuard would rebuild torch's callback cache twice per op).
-    c10::impl::ExcludeDispatchKeyGuard no_python(
-        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-    at::AutoDispatchBelowADInplaceOrView no_autograd;
-
+    // The recorder's own calls (digests) are not recorded because t_inside is raised
+    // around begin_op and end_op (a RecordFunctionGuard would rebuild torch's
+    // callback cache twice per op).
     const int64_t index = static_cast<int64_t>(ops_.size());
     OpRecord& rec = ops_.emplace_back();  // built in place; nothing else grows ops_ here
     rec.info = &info;
@@ -628,10 +625,6 @@ class Recorder {
     if (broken_ || finished_ || ctx.index < 0 || static_cast<size_t>(ctx.index) >= ops_.size()) {
       return;
     }
-        c10::impl::ExcludeDispatchKeyGuard no_python(
-        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-    at::AutoDispatchBelowADInplaceOrView no_autograd;
-
     OpRecord& rec = ops_[static_cast<size_t>(ctx.index)];
     const OpInfo& info = *rec.info;
     if (ctx.alerts && ctx.alerts->alerted) {
@@ -832,8 +825,18 @@ class Recorder {
     if (external) {
       k.storage = storage_of(t);
     }
+    const bool cpu = t.device().is_cpu();
+    // Only a digest that calls ops (a layout to resolve, a device kernel) needs them
+    // kept from Python modes and autograd; most CPU outputs call none.
+    std::optional<c10::impl::ExcludeDispatchKeyGuard> no_python;
+    std::optional<at::AutoDispatchBelowADInplaceOrView> no_autograd;
+    if (!cpu || !t.is_contiguous() || t.is_conj() || t.is_neg()) {
+      no_python.emplace(
+          c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+      no_autograd.emplace();
+    }
     try {
-      if (t.device().is_cpu()) {
+      if (cpu) {
         uint64_t d[2];
         digest_host(t, d);
         k.kind = KeyKind::Digest;
