@@ -36,7 +36,6 @@
 #include <torch/csrc/DynamicTypes.h>
 
 #include <algorithm>
-#include <map>
 #include <tuple>
 #include <atomic>
 #include <cstdio>
@@ -230,6 +229,23 @@ struct OpRecord {
   int64_t taint = -1;  // index into Recorder::origins_
 };
 
+// A census key: (op, device type, dtype), -1 where the op touched no tensor.
+struct CensusKey {
+  const OpInfo* info;
+  int device;
+  int dtype;
+  bool operator==(const CensusKey& o) const {
+    return info == o.info && device == o.device && dtype == o.dtype;
+  }
+};
+
+struct CensusKeyHash {
+  size_t operator()(const CensusKey& k) const {
+    return std::hash<const void*>{}(k.info) ^ (static_cast<size_t>(k.device + 1) << 20) ^
+           (static_cast<size_t>(k.dtype + 1) << 28);
+  }
+};
+
 // Forwards warnings to the handler it replaced and notes determinism alerts.
 class AlertHandler : public c10::WarningHandler {
  public:
@@ -418,7 +434,7 @@ class Recorder {
     std::vector<uint64_t> key_memo(keys_.size(), 0);
     std::vector<uint64_t> input_memo(ops_.size(), 0);
     uint64_t fp = kSeed0;
-    std::map<std::tuple<const OpInfo*, int, int>, bool> census;
+    ska::flat_hash_map<CensusKey, bool, CensusKeyHash> census;  // -> alerted
     for (size_t i = 0; i < ops_.size(); ++i) {
       const OpRecord& r = ops_[i];
       fp = chain(fp, r.info->name_hash);
@@ -432,13 +448,15 @@ class Recorder {
       fp = chain(fp, r.alerted ? 1 : 0);
       fp = chain(fp, r.taint >= 0 ? std::hash<std::string>{}(origins_[static_cast<size_t>(r.taint)])
                                   : 0);
-      bool& alerted = census[std::make_tuple(r.info, r.has_device ? static_cast<int>(r.device) : -1,
-                                             r.has_device ? static_cast<int>(r.dtype) : -1)];
+      bool& alerted = census[CensusKey{r.info, r.has_device ? static_cast<int>(r.device) : -1,
+                                       r.has_device ? static_cast<int>(r.dtype) : -1}];
       alerted = alerted || r.alerted;
     }
     py::list keys;
     for (const auto& entry : census) {
-      const auto& [info, device, dtype] = entry.first;
+      const OpInfo* info = entry.first.info;
+      const int device = entry.first.device;
+      const int dtype = entry.first.dtype;
       py::object dev = py::none();
       py::object dt = py::none();
       if (device >= 0) {
@@ -634,16 +652,8 @@ class Recorder {
       rec.raised = true;
       return;
     }
-    c10::SmallVector<at::Tensor, 4> tensors;
-    for (const auto& v : fn.outputs()) {
-      collect_tensors(v, tensors);
-    }
-    if (tensors.empty()) {
-      tensors.assign(ctx.written.begin(), ctx.written.end());  // in-place ops returning nothing
-    }
     bool device_from_output = false;
-    for (size_t j = 0; j < tensors.size(); ++j) {
-      const at::Tensor& t = tensors[j];
+    auto record_output = [&](const at::Tensor& t, size_t j) {
       if (!device_from_output) {
         rec.device = t.device().type();
         rec.dtype = t.scalar_type();
@@ -667,6 +677,21 @@ class Recorder {
       }
       remember(t, key);
       rec.outputs.push_back(key);
+    };
+    const auto& outputs = fn.outputs();
+    if (outputs.size() == 1 && outputs[0].isTensor() && outputs[0].toTensor().defined()) {
+      record_output(outputs[0].toTensor(), 0);  // the common case: one tensor, no copy
+    } else {
+      c10::SmallVector<at::Tensor, 4> tensors;
+      for (const auto& v : outputs) {
+        collect_tensors(v, tensors);
+      }
+      if (tensors.empty()) {
+        tensors.assign(ctx.written.begin(), ctx.written.end());  // in-place ops returning nothing
+      }
+      for (size_t j = 0; j < tensors.size(); ++j) {
+        record_output(tensors[j], j);
+      }
     }
     if (info.overwrites && !tainted_.empty()) {
       clear_taint(ctx.written);
