@@ -12,7 +12,7 @@ bare loops only call the model (no reseeding, no comparison):
    against N bare forwards, and pytest-torch's ``assert_deterministic`` on the
    same model, input and N when the ``pytest_torch`` package is importable;
 3. one forward under the ``--backends-determinism`` op recorder
-   (``OpRecorder``: op names, input keys and output digests) against a bare
+   (the plugin's runner: op names, input keys and output digests) against a bare
    forward, as a ratio and as microseconds per recorded op.
 
 Models: a small CNN (3 conv layers, batch 8 of 3x32x32) and a 4-layer MLP
@@ -57,7 +57,6 @@ from pytest_backends.determinism import digest
 from pytest_backends.determinism.boundary import BoundaryRecorder, CompileWatch
 from pytest_backends.determinism.native_recorder import native_module
 from pytest_backends.determinism.plugin import _Runs
-from pytest_backends.determinism.recorder import OpRecorder
 
 try:  # optional: only compared when installed
     from pytest_torch import (  # type: ignore[import-not-found,unused-ignore]
@@ -338,12 +337,16 @@ def bench_model(
         with torch.no_grad():
             model(x)
 
-    def recorded_forward() -> int:
-        with torch.no_grad(), OpRecorder() as recorder:
+    def recorded_forward(count: bool = False) -> int:
+        # The plugin's runner: the native recorder where the extension is built.
+        runner = _Runs(CompileWatch())
+        runner.begin()
+        with torch.no_grad():
             model(x)
-        return len(recorder.finish().calls)
+        runner.end()
+        return len(runner.records[0].log.loaded().calls) if count else 0
 
-    n_ops = recorded_forward()
+    n_ops = recorded_forward(count=True)
     t_train = interleaved({"bare": bare_train, "assert_reproducible": harness_train}, repeat)
     t_fwd = interleaved(forward, repeat)
     t_mode = interleaved({"bare": one_forward, "recorded": recorded_forward}, repeat)
@@ -372,7 +375,7 @@ def bench_model(
     lines.append(fwd)
     per_op = (t_mode["recorded"] - t_mode["bare"]) / max(n_ops, 1) * 1e6
     lines.append(
-        f"  one forward under the op recorder: bare {t_mode['bare'] * 1e3:8.2f} ms | "
+        f"  one forward under the plugin's recorder: bare {t_mode['bare'] * 1e3:8.2f} ms | "
         f"recorded {t_mode['recorded'] * 1e3:8.2f} ms | "
         f"ratio {t_mode['recorded'] / t_mode['bare']:.2f}x | {per_op:.1f} us per op"
     )
