@@ -1259,7 +1259,7 @@ class Recorder {
 }  // namespace
 
 void register_recorder(py::module_& m) {
-  py::class_<Recorder>(m, "OpRecorder",
+  py::class_<Recorder>(m, "RunRecorder",
                        "Records the ops of one run at the dispatcher (see recorder.cpp).")
       .def(py::init([](const Recorder* previous) { return new Recorder(previous); }),
            py::arg("previous") = nullptr)

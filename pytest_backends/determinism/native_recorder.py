@@ -31,7 +31,7 @@ def native_module() -> Any:
     from pytest_backends import _native
 
     module = _native.load()
-    return module if module is not None and hasattr(module, "OpRecorder") else None
+    return module if module is not None and hasattr(module, "RunRecorder") else None
 
 
 class NativeRecorder:
@@ -43,7 +43,7 @@ class NativeRecorder:
     """
 
     def __init__(self, module: Any, previous: NativeRecorder | None = None) -> None:
-        self._recorder: Any = module.OpRecorder(None if previous is None else previous._recorder)
+        self._recorder: Any = module.RunRecorder(None if previous is None else previous._recorder)
         self._recorder.set_locator(caller_suffix)
         self.first_uses: list[tuple[int, Any]] = []
         self.failure: str | None = None

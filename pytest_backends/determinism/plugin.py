@@ -3,7 +3,9 @@
 Registered by :mod:`pytest_backends.plugin` only when one of the options
 (or its ini twin) is in use. A selected test's call phase runs ``N`` times:
 the global RNGs are reset to the state they had when the call phase began,
-and an :class:`~pytest_backends.determinism.recorder.OpRecorder` records every op. Setup
+and the op recorder records every op (the native one of
+:mod:`~pytest_backends.determinism.native_recorder` where the extension is
+built, else :class:`~pytest_backends.determinism.recorder.OpRecorder`). Setup
 and teardown run once, so function-scoped fixture values are shared by all
 runs. The runs are then compared op by op; an op that gave different outputs
 from identical inputs fails the test (unless the baseline accepts it).

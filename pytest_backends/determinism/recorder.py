@@ -905,7 +905,7 @@ def locate(comparison: Comparison, run: Callable[[], object], native: Any = None
     recorder = _Locator({d.op_index for d in divergences})
     watch: Any
     if native is not None:
-        watch = native.OpRecorder()
+        watch = native.RunRecorder()
         watch.set_observer(lambda index, name: recorder.observe(name, sys._getframe(1), index))
         watch.start()
     else:

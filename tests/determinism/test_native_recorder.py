@@ -239,7 +239,7 @@ def test_only_one_recorder_records_at_a_time(native: Any) -> None:
 def test_an_observer_error_does_not_break_the_op(
     native: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    recorder = native.OpRecorder()
+    recorder = native.RunRecorder()
     unraisable: list[Any] = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
 
