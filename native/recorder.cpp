@@ -296,6 +296,8 @@ struct OpContext : public at::ObserverContext {
   }
 
   int64_t index = -1;
+  const OpInfo* info = nullptr;
+  std::string where;  // " (file:line)" of an op making uninitialised memory
   c10::SmallVector<at::Tensor, 2> written;
   std::unique_ptr<AlertHandler> alerts;
 };
@@ -571,6 +573,11 @@ class Recorder {
     }
     const bool raised = std::uncaught_exceptions() > 0;
     try {
+      if (!raised && ctx->info != nullptr && ctx->info->uninitialized) {
+        // Python runs here, before the recorder's lock is taken: a thread holding the
+        // GIL may be waiting for that lock.
+        ctx->where = self->where();
+      }
       self->end_op(fn, *ctx, raised);
     } catch (const std::exception& e) {
       self->fail(e.what());
@@ -636,6 +643,7 @@ class Recorder {
       c10::WarningUtils::set_warning_handler(ctx.alerts.get());
     }
     ctx.index = index;
+    ctx.info = &info;
   }
 
   void end_op(const at::RecordFunction& fn, OpContext& ctx, bool raised) {
@@ -662,7 +670,7 @@ class Recorder {
       }
       int64_t key;
       if (info.uninitialized) {
-        key = uninitialized(t, info);
+        key = uninitialized(t, info, ctx.where);
       } else if (info.pure_view) {
         Key k;
         k.kind = KeyKind::View;
@@ -881,11 +889,11 @@ class Recorder {
     return add_key(std::move(k));
   }
 
-  int64_t uninitialized(const at::Tensor& t, const OpInfo& info) {
+  int64_t uninitialized(const at::Tensor& t, const OpInfo& info, const std::string& where) {
     if (t.numel() > 0) {
       const c10::StorageImpl* storage = storage_of(t);
       if (storage != nullptr) {
-        std::string origin = info.name + where();
+        std::string origin = info.name + where;
         tainted_.insert_or_assign(
             storage, std::make_pair(t.storage().getWeakStorageImpl(),
                                     static_cast<int64_t>(origins_.size())));
