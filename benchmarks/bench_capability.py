@@ -35,6 +35,9 @@ from pathlib import Path
 
 from pytest_backends.capability import levels as capability
 
+sys.path.append(str(Path(__file__).resolve().parent))  # bench_machine, also for tests
+from bench_machine import cpu_model
+
 LEVELS = ("default", "avx2", "avx512")
 
 SUITE = """
@@ -114,14 +117,7 @@ def plugin(cwd: Path, workers: int) -> float:
 
 def cpu_description() -> str:
     """The CPU model and the vector features the levels need."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model()
     wanted = sorted({f for name in LEVELS for f in capability.LEVELS[name].requires})
     have = capability.cpu_features()
     features = " ".join(f"{f}{'+' if f in have else '-'}" for f in wanted)

@@ -29,6 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.append(str(Path(__file__).resolve().parent))  # bench_machine, also for tests
+from bench_machine import write_result
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = 200
 
@@ -157,10 +160,7 @@ def main() -> None:
         f"cpus={os.cpu_count()}, load={load:.1f}"
     )
     lines = [header, *bench_collection(args.repeat), "", *bench_examples(args.repeat)]
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    write_result("\n".join(lines), args.out)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ import argparse
 import importlib.metadata
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +59,9 @@ from pytest_backends.determinism.boundary import BoundaryRecorder, CompileWatch
 from pytest_backends.determinism.native_recorder import native_module
 from pytest_backends.determinism.plugin import _Runs
 
+sys.path.append(str(Path(__file__).resolve().parent))  # bench_machine, also for tests
+from bench_machine import describe, write_result
+
 try:  # optional: only compared when installed
     from pytest_torch import (  # type: ignore[import-not-found,unused-ignore]
         assert_deterministic as pt_assert_deterministic,
@@ -66,6 +70,8 @@ except ImportError:  # pragma: no cover - depends on the environment
     pt_assert_deterministic = None
 
 OUT = Path(__file__).parent / "results" / "reproducible-cpu.txt"
+#: The CPU features the digest kernels and oneDNN dispatch on.
+FEATURES = ("avx2", "avx512f", "avx512dq", "avx512_bf16", "amx_tile")
 #: CPU time of this thread (torch runs with one intra-op thread here).
 CLOCK = time.thread_time
 
@@ -382,25 +388,6 @@ def bench_model(
     return lines
 
 
-def cpu_description() -> str:
-    """Model name and the SIMD features that matter for the digest kernels."""
-    model, flags = platform.processor() or platform.machine(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == (
-                platform.processor() or platform.machine()
-            ):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = line.split(":", 1)[1]
-                break
-    except OSError:
-        pass
-    wanted = ("avx2", "avx512f", "avx512dq", "avx512_bf16", "amx_tile")
-    features = [f for f in wanted if f in flags.split()]
-    return f"{model}; {os.cpu_count()} logical CPUs; features: {', '.join(features) or 'unknown'}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="runs per check (N)")
@@ -420,7 +407,7 @@ def main() -> None:
         pt_version = "pytest-torch not installed"
     header = [
         f"assert_reproducible and the op recorder vs bare runs (CPU); {pt_version}",
-        f"CPU: {cpu_description()}",
+        f"CPU: {describe(FEATURES)}",
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
         f"{args.threads} thread(s), digest backend: {digest.backend()}, N={args.runs}, "
         f"best of {args.repeat} interleaved repeats (thread CPU time), "
@@ -438,10 +425,7 @@ def main() -> None:
     )
     for name, model, x in cases:
         lines += bench_model(name, model, x, args.runs, args.repeat)
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    write_result("\n".join(lines), args.out)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.append(str(Path(__file__).resolve().parent))  # bench_machine, also for tests
+from bench_machine import describe, write_result
+
 OUT = Path(__file__).parent / "results" / "suite-determinism-cpu.txt"
 
 SUITE = """
@@ -207,8 +210,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2, help="N for --backends-determinism")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_reproducible import cpu_description
+    from bench_reproducible import FEATURES
 
     check = [f"--backends-determinism={args.runs}", "--backends-determinism-all"]
     variants: dict[str, tuple[list[str], dict[str, str]]] = {
@@ -234,7 +236,7 @@ def main() -> None:
     lines = [
         f"--backends-determinism={args.runs} vs plain on a small-op CPU suite "
         f"(best of {args.repeat} interleaved sessions, 1 thread, CPU time of the test thread)",
-        f"CPU: {cpu_description()}; load average {os.getloadavg()[0]:.1f}",
+        f"CPU: {describe(FEATURES)}; load average {os.getloadavg()[0]:.1f}",
         "",
     ]
     for variant in ("checked", "checked, no extension"):
@@ -260,10 +262,7 @@ def main() -> None:
         f"per-op cost on the ODE body ({ops} ops, one run, us per op): "
         + " | ".join(f"{name} {us:.2f}" for name, us in floor.items())
     )
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    write_result("\n".join(lines), args.out)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,9 @@ from pytest_backends.flags import override_flags
 from pytest_backends.kernels import observe
 from pytest_backends.tolerance import Tolerance, tolerance_for
 
+sys.path.append(str(Path(__file__).resolve().parent))  # bench_machine, also for tests
+from bench_machine import cpu_flags, cpu_model
+
 LOOSENESS_LIMIT = 10.0
 # A flagged mode whose output never differed from its baseline in this many
 # trials of a case has no effect on it; the case stops there.
@@ -431,16 +434,7 @@ def _fmt(x: float) -> str:
 
 def cpu_line() -> str:
     """The CPU model and the features that decide oneDNN's reduced-precision paths."""
-    model, flags = platform.processor() or "?", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and model in ("?", "x86_64", ""):
-                model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
+    model, flags = cpu_model(), set(cpu_flags())
     caps = getattr(torch.cpu, "get_capabilities", None)
     if caps is not None:
         have = caps()

@@ -46,6 +46,12 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
+sys.path.append(str(Path(__file__).resolve().parent))  # bench_machine, also for tests
+from bench_machine import describe
+
+#: The SIMD features of the CPU that matter to torch's kernels.
+SIMD_FEATURES = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "amx_tile")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # --- what the plugin accepts ----------------------------------------------------------------
@@ -443,38 +449,6 @@ def run_session(
         return Verdict(not problems, problems, proc.returncode, seconds, usage)
 
 
-def cpu_features() -> str:
-    """The SIMD flags of the CPU that matter to torch's kernels."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                wanted = [
-                    "sse4_2",
-                    "avx",
-                    "avx2",
-                    "fma",
-                    "avx512f",
-                    "avx512bw",
-                    "avx512_vnni",
-                    "amx_tile",
-                ]
-                return " ".join(f for f in wanted if f in flags) or "none of note"
-    except OSError:
-        pass
-    return "unknown"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=45)
@@ -489,8 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"fuzz of the plugin's inputs: {len(generated)} sessions x {args.markers} generated "
         f"tests, seed {args.seed}",
-        f"python {platform.python_version()}, CPU {cpu_model()} ({cpu_features()}), "
-        f"{os.cpu_count()} cores, load average at start {os.getloadavg()[0]:.1f}",
+        f"python {platform.python_version()}, CPU {describe(SIMD_FEATURES)}, "
+        f"load average at start {os.getloadavg()[0]:.1f}",
         f"options fuzzed ({len(surface.options)}): {' '.join(sorted(surface.options))}",
         f"ini keys fuzzed ({len(surface.ini_keys)}): {' '.join(surface.ini_keys)}",
     ]

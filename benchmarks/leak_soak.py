@@ -18,7 +18,6 @@ every test the same outcome in every order.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -27,6 +26,9 @@ import textwrap
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parent))  # bench_machine, also for tests
+from bench_machine import describe
 
 Report = tuple[str, str, tuple[str, ...]]
 
@@ -271,22 +273,6 @@ def outcomes(junit: Path) -> dict[str, str]:
     return result
 
 
-def cpu_description() -> str:
-    """CPU model and the features that matter to torch's kernels."""
-    model, flags = "unknown CPU", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and model == "unknown CPU":
-                model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
-    return f"{model}, {os.cpu_count()} cpus, features: {' '.join(f for f in wanted if f in flags)}"
-
-
 def run(suite: Path, seed: int, ignore: list[str]) -> tuple[list[Report], dict[str, str], str]:
     junit = suite / f"junit-{seed}.xml"
     proc = subprocess.run(
@@ -323,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    lines = [f"leak-guard soak, {cpu_description()}"]
+    lines = [f"leak-guard soak, {describe(('avx2', 'avx512f', 'avx512_bf16', 'amx_tile'))}"]
     failures = 0
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
