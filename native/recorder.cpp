@@ -527,7 +527,6 @@ class Recorder {
     }
   }
 
-  int64_t size() const { return static_cast<int64_t>(ops_.size()); }
 
  private:
   static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
@@ -1281,8 +1280,7 @@ void register_recorder(py::module_& m) {
            "Stop; return (fingerprint, census keys, first uses, failure).")
       .def("rows", &Recorder::rows, "The record as rows of OpCall fields (after finish).")
       .def("note_alert", &Recorder::note_alert,
-           "Mark the last op that raised as a determinism alert.")
-      .def("__len__", &Recorder::size);
+           "Mark the last op that raised as a determinism alert.");
 }
 
 }  // namespace pytest_backends

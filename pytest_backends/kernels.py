@@ -270,6 +270,10 @@ class PrimitiveLog:
         size = os.fstat(self._file.fileno()).st_size
         return os.pread(self._file.fileno(), size, 0).decode("utf-8", "replace")
 
+    def text(self) -> str:
+        """Everything oneDNN logged so far (all of it once stopped), info lines included."""
+        return self._read()
+
     def primitives(self) -> list[Primitive]:
         """The primitives executed so far."""
         return parse_primitives(self._read().splitlines())

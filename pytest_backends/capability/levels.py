@@ -335,7 +335,7 @@ def onednn_isa() -> str | None:
         return None
     finally:
         log.stop()
-    return parse_onednn_isa(log._text or "")
+    return parse_onednn_isa(log.text())
 
 
 def parse_onednn_isa(text: str) -> str | None:

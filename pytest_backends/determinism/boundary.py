@@ -187,6 +187,9 @@ class BoundaryRecorder(OpRecorder):  # type: ignore[no-untyped-call]
             text = str(exc).strip().splitlines()
             self.failure = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
+    def keep(self) -> None:
+        """Nothing to keep alive: ``first_uses`` holds weak references."""
+
     def finish(self, raised: BaseException | None = None) -> RunLog:
         """The run's log; empty (and ``failure`` set) when the recorder's own machinery broke.
 

@@ -114,13 +114,6 @@ def parse_runs(value: str, source: str) -> int | None:
     return runs
 
 
-def _getini(config: pytest.Config, name: str) -> Any:
-    """The ini value of ``name``; on/off keys are parsed with the plugin's one vocabulary."""
-    if name in _SWITCHES:
-        return _options.lookup(config, name).value
-    return config.getini(name)
-
-
 def _ini_path(config: pytest.Config, name: str) -> Path | None:
     value = str(config.getini(name) or "").strip()
     if not value:
@@ -143,18 +136,14 @@ def resolve_settings(config: pytest.Config) -> DeterminismSettings | None:
     ``--backends-determinism-all``, ``--backends-census`` and
     ``--backends-baseline`` turn the check on with the default number of runs.
     """
-    select_all = bool(config.getoption("backends_determinism_all", False)) or bool(
-        _getini(config, "backends_determinism_all")
-    )
+    select_all = bool(_options.lookup(config, "backends_determinism_all").value)
     census = _cli_path(config, "backends_census", "--backends-census") or _ini_path(
         config, "backends_census"
     )
     baseline = _cli_path(config, "backends_baseline", "--backends-baseline") or _ini_path(
         config, "backends_baseline"
     )
-    update = bool(config.getoption("backends_baseline_update", False)) or bool(
-        _getini(config, "backends_baseline_update")
-    )
+    update = bool(_options.lookup(config, "backends_baseline_update").value)
     if update and baseline is None:
         raise pytest.UsageError(
             "--backends-baseline-update: name the file to write with --backends-baseline=PATH"
@@ -174,9 +163,6 @@ def resolve_settings(config: pytest.Config) -> DeterminismSettings | None:
     return DeterminismSettings(runs, select_all, census, baseline, update, repeatable)
 
 
-_SWITCHES = frozenset(
-    {"backends_determinism_all", "backends_baseline_update", "backends_determinism_repeatable"}
-)
 _OPTION_NAMES = (
     "backends_determinism",
     "backends_determinism_all",
@@ -189,7 +175,7 @@ _OPTION_NAMES = (
 def configure(config: pytest.Config) -> list[tuple[object, str]]:
     """Resolve the settings; the plugin to register when the feature is on (else none)."""
     # An empty value means "off", not a bad path.
-    if not any(config.getoption(name, None) or _getini(config, name) for name in _OPTION_NAMES):
+    if not any(_options.lookup(config, name).value for name in _OPTION_NAMES):
         return []
     settings = resolve_settings(config)
     if settings is None:
@@ -624,8 +610,7 @@ class _Runs:
         self._previous = recorder  # keys of tensors from outside the run are reused
         if recorder.failure is not None and self.failure is None:
             self.failure = recorder.failure
-        keep = recorder.keep() if hasattr(recorder, "keep") else None
-        self.records.append(RunRecord(log, recorder.first_uses, compiled, keep))
+        self.records.append(RunRecord(log, recorder.first_uses, compiled, recorder.keep()))
 
     def native(self) -> Any:
         """The extension module when the native recorder recorded the runs, else None."""
