@@ -181,7 +181,16 @@ const OpInfo& info_of_locked(const at::RecordFunction& fn) {
 
 // --- keys ----------------------------------------------------------------------
 
-enum class KeyKind : uint8_t { Digest, Pending, View, Uninitialized, Workspace, Opaque, Empty };
+enum class KeyKind : uint8_t {
+  Digest,
+  Pending,
+  View,
+  Uninitialized,
+  Workspace,
+  Opaque,
+  Empty,
+  Value  // a non-tensor output (``item()``, ``equal``): compared by value
+};
 
 struct Key {
   KeyKind kind = KeyKind::Opaque;
@@ -195,6 +204,7 @@ struct Key {
   at::ScalarType dtype = at::ScalarType::Undefined;
   c10::SmallVector<int64_t, 5> shape;
   const char* reason = "";
+  c10::IValue value;  // Value keys
 };
 
 struct Known {
@@ -699,6 +709,16 @@ class Recorder {
       for (size_t j = 0; j < tensors.size(); ++j) {
         record_output(tensors[j], j);
       }
+      if (tensors.empty()) {
+        for (const auto& v : outputs) {
+          if (!v.isNone()) {  // a Python number or other value: its value is the result
+            Key k;
+            k.kind = KeyKind::Value;
+            k.value = v;
+            rec.outputs.push_back(add_key(std::move(k)));
+          }
+        }
+      }
     }
     if (info.overwrites && !tainted_.empty()) {
       clear_taint(ctx.written);
@@ -1041,6 +1061,8 @@ class Recorder {
     uint64_t h = chain(kSeed1, static_cast<uint64_t>(k.kind) + 1);
     if (k.kind == KeyKind::Digest) {
       h = chain(chain(h, k.h0), k.h1);
+    } else if (k.kind == KeyKind::Value) {
+      h = chain(h, value_hash(k.value));
     } else if (k.kind == KeyKind::View) {
       h = chain(h, ops_[static_cast<size_t>(k.op)].info->name_hash);
       h = chain(h, static_cast<uint64_t>(k.index));
@@ -1162,6 +1184,9 @@ class Recorder {
         break;
       case KeyKind::Empty:
         slot = py::make_tuple("empty", dtype_object(k.dtype), shape_tuple(k.shape));
+        break;
+      case KeyKind::Value:
+        slot = value_object(k.value);
         break;
       default:
         slot = py::make_tuple("opaque", dtype_object(k.dtype), shape_tuple(k.shape), k.reason);

@@ -270,9 +270,11 @@ def _switch(ini: object, option: Option) -> bool:
     if isinstance(ini, bool):
         return ini
     text = "" if ini is None else str(ini)
-    if text.strip() == "" or is_off(text):
+    word = text.strip().lower()
+    # pytest's own spellings of a bool ini value ("y", "f", ...) keep working.
+    if word == "" or is_off(word) or word in ("n", "f"):
         return False
-    if is_on(text):
+    if is_on(word) or word in ("y", "t"):
         return True
     raise pytest.UsageError(
         f"ini option {option.ini}: expected on or off ({', '.join(ON_WORDS)} / "

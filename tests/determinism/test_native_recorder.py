@@ -304,3 +304,10 @@ def test_python_values_are_keyed_like_the_python_recorder(native: Any) -> None:
     assert a.inputs[1] == (2.5).hex() and b.inputs[1] == (3.25).hex()
     result = compare_runs(logs)
     assert result.unexplained is not None and result.unexplained.kind == "inputs"
+
+
+def test_a_python_number_an_op_returns_is_compared_by_value(native: Any) -> None:
+    x = torch.full((4,), 0.75)
+    (log,) = _logs(native, lambda _: x.sum().item(), runs=1)
+    item = next(c for c in log.calls if c.name == "aten::_local_scalar_dense")
+    assert item.outputs == ((3.0).hex(),)

@@ -214,6 +214,16 @@ def test_every_switch_takes_none_as_off_in_the_ini(pytester: pytest.Pytester) ->
     result.assert_outcomes(passed=1)
 
 
+@pytest.mark.parametrize(("word", "on"), [("y", True), ("t", True), ("n", False), ("f", False)])
+def test_a_switch_keeps_accepting_pytests_own_bool_spellings(
+    pytester: pytest.Pytester, word: str, on: bool
+) -> None:
+    pytester.makeini(f"[pytest]\nbackends_determinism_all = {word}\nbackends_strict = {word}\n")
+    config = pytester.parseconfig()
+    assert _options.lookup(config, "backends_determinism_all").value is on
+    assert _options.lookup(config, "backends_strict").value is on
+
+
 @pytest.mark.parametrize(
     ("where", "value", "message"),
     [
