@@ -15,9 +15,14 @@ namespace {
 // Words per parallel_for grain: below this a tensor is digested on one thread.
 constexpr int64_t kGrainWords = 1 << 15;
 
-uint64_t header_hash(const at::Tensor& t, int64_t nbytes, int lane) {
-  uint64_t h = lane == 0 ? kSeed0 : kSeed1;
-  auto chain = [&](uint64_t w) { h = lane == 0 ? mix0(h ^ w) : mix1(h ^ w); };
+// Both lanes' header hashes, in one pass over the shape.
+void header_hash(const at::Tensor& t, int64_t nbytes, uint64_t out[2]) {
+  uint64_t h0 = kSeed0;
+  uint64_t h1 = kSeed1;
+  auto chain = [&](uint64_t w) {
+    h0 = mix0(h0 ^ w);
+    h1 = mix1(h1 ^ w);
+  };
   chain(kFormatVersion);
   // c10::ScalarType values are append-only, hence stable across releases.
   chain(static_cast<uint64_t>(t.scalar_type()));
@@ -26,7 +31,8 @@ uint64_t header_hash(const at::Tensor& t, int64_t nbytes, int lane) {
     chain(static_cast<uint64_t>(s));
   }
   chain(static_cast<uint64_t>(nbytes));
-  return h;
+  out[0] = h0;
+  out[1] = h1;
 }
 
 // Sums the terms of whole words [begin, end). Built for several ISA levels so
@@ -51,7 +57,7 @@ void sum_words(const uint8_t* p, int64_t begin, int64_t end, uint64_t* s0_out,
 
 void digest_host_impl(const at::Tensor& t, uint64_t out[2]) {
   const PreparedTensor prep = prepare(t);
-  const auto* p = static_cast<const uint8_t*>(prep.data.const_data_ptr());
+  const auto* p = static_cast<const uint8_t*>(prep.data->const_data_ptr());
   const int64_t full = prep.nbytes / 8;
   std::atomic<uint64_t> acc0{0};
   std::atomic<uint64_t> acc1{0};
@@ -111,13 +117,12 @@ PreparedTensor prepare(const at::Tensor& t) {
   PreparedTensor prep;
   // The common case (contiguous, no lazy conj/neg bit) needs no op call at all.
   if (t.is_conj() || t.is_neg() || !t.is_contiguous()) {
-    prep.data = t.resolve_conj().resolve_neg().contiguous();
+    prep.data = c10::MaybeOwned<at::Tensor>::owned(t.resolve_conj().resolve_neg().contiguous());
   } else {
-    prep.data = t;
+    prep.data = c10::MaybeOwned<at::Tensor>::borrowed(t);
   }
-  prep.nbytes = prep.data.numel() * static_cast<int64_t>(prep.data.element_size());
-  prep.header[0] = header_hash(t, prep.nbytes, 0);
-  prep.header[1] = header_hash(t, prep.nbytes, 1);
+  prep.nbytes = prep.data->numel() * static_cast<int64_t>(prep.data->element_size());
+  header_hash(t, prep.nbytes, prep.header);
   return prep;
 }
 

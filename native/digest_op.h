@@ -2,13 +2,16 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/MaybeOwned.h>
 
 #include <cstdint>
 
 namespace pytest_backends {
 
 struct PreparedTensor {
-  at::Tensor data;       // contiguous, conj/neg bits resolved, same device
+  // Contiguous, conj/neg bits resolved, same device: the tensor itself (borrowed)
+  // unless a copy was needed.
+  c10::MaybeOwned<at::Tensor> data;
   int64_t nbytes;        // bytes of data in logical order
   uint64_t header[2];    // per-lane header hash (dtype, shape, nbytes)
 };

@@ -1,11 +1,15 @@
 // The native op recorder of --backends-determinism.
 //
-// A thread-local RecordFunction callback (propagated by torch to autograd's
-// worker threads) sees every op call at the dispatcher. It records the same
-// ops a Python TorchDispatchMode would see: the outermost op of each call
-// chain that is not CompositeImplicitAutograd (composite ops are looked
-// through, so `linear` is recorded as the `t` and `addmm` it calls). Per op it
-// keeps the op, a key per input and a key per output:
+// A boxed fallback on a dispatch key that no torch op has a kernel for
+// (kHookKey) sees every op call while a recorder has the key in its thread's
+// included set (torch carries that set into autograd's worker threads). It
+// records the same ops a Python TorchDispatchMode would see: the outermost op
+// of each call chain that is not CompositeImplicitAutograd (composite ops are
+// looked through, so `linear` is recorded as the `t` and `addmm` it calls).
+// A recorded op runs with the key excluded, so the ops it calls internally
+// skip the fallback at no cost; this is what makes the hook cheaper than a
+// RecordFunction callback, which boxes every nested call's inputs and outputs.
+// Per op it keeps the op, a key per input and a key per output:
 //
 // * an output is digested when the op returns (on its device; CPU digests are
 //   computed in place, CUDA digests stay on the device until finish());
@@ -28,6 +32,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
+#include <torch/library.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
@@ -45,6 +50,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -63,7 +69,6 @@ struct OpInfo {
   std::string name;      // "aten::add" (no overload)
   std::string overload;  // checked against the call, so a reused address cannot mislead
   uint64_t name_hash = 0;
-  bool op = false;       // a dispatcher op (not a named scope)
   bool composite = false;
   bool pure_view = false;
   bool uninitialized = false;
@@ -110,65 +115,60 @@ std::mutex g_info_mutex;
 std::unordered_map<const char*, std::unique_ptr<OpInfo>> g_infos;
 std::vector<std::unique_ptr<OpInfo>> g_retired;
 
-const OpInfo& info_of_locked(const at::RecordFunction& fn);
+const OpInfo& info_of_locked(const c10::OperatorHandle& op);
 
 // Per thread, so the common lookup takes no lock.
-const OpInfo& info_of(const at::RecordFunction& fn) {
+const OpInfo& info_of(const c10::OperatorHandle& op) {
   thread_local std::unordered_map<const char*, const OpInfo*> cache;
-  const char* key = fn.name();
+  const c10::OperatorName& name = op.operator_name();
+  const char* key = name.name.c_str();
   auto it = cache.find(key);
-  if (it != cache.end() && std::strcmp(it->second->name.c_str(), key) == 0 &&
-      std::strcmp(it->second->overload.c_str(), fn.overload_name()) == 0) {
+  if (it != cache.end() && it->second->name == name.name &&
+      it->second->overload == name.overload_name) {
     return *it->second;
   }
-  const OpInfo& info = info_of_locked(fn);
+  const OpInfo& info = info_of_locked(op);
   cache[key] = &info;
   return info;
 }
 
-const OpInfo& info_of_locked(const at::RecordFunction& fn) {
-  const char* key = fn.name();
+const OpInfo& info_of_locked(const c10::OperatorHandle& op) {
+  const c10::OperatorName& name = op.operator_name();
+  const char* key = name.name.c_str();
   std::lock_guard<std::mutex> lock(g_info_mutex);
   auto it = g_infos.find(key);
-  if (it != g_infos.end() && it->second->name == key &&
-      it->second->overload == fn.overload_name()) {
+  if (it != g_infos.end() && it->second->name == name.name &&
+      it->second->overload == name.overload_name) {
     return *it->second;
   }
   auto info = std::make_unique<OpInfo>();
-  info->name = key;
-  info->overload = fn.overload_name();
+  info->name = name.name;
+  info->overload = name.overload_name;
   info->name_hash = std::hash<std::string>{}(info->name);
-  const auto name = fn.operator_name();
-  if (name.has_value()) {
-    const auto handle = c10::Dispatcher::singleton().findOp(*name);
-    if (handle.has_value()) {
-      info->op = true;
-      info->composite = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
-      const c10::FunctionSchema& schema = handle->schema();
-      const auto& args = schema.arguments();
-      for (size_t i = 0; i < args.size(); ++i) {
-        const auto* alias = args[i].alias_info();
-        if (alias != nullptr && alias->isWrite()) {
-          info->written.push_back(static_cast<int>(i));
-          if (args[i].is_out() || args[i].kwarg_only()) {
-            info->outs.push_back(static_cast<int>(i));
-          }
-        }
-      }
-      bool view = false;
-      for (const auto& ret : schema.returns()) {
-        if (ret.alias_info() != nullptr && !ret.alias_info()->isWrite()) {
-          view = true;
-        }
-      }
-      info->pure_view = view && info->written.empty();
-      info->uninitialized = uninitialized_ops().count(info->name) > 0;
-      info->overwrites = overwrite_ops().count(info->name) > 0;
-      const auto ws = workspace_ops().find(info->name);
-      if (ws != workspace_ops().end()) {
-        info->workspaces = ws->second;
+  info->composite = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  const c10::FunctionSchema& schema = op.schema();
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto* alias = args[i].alias_info();
+    if (alias != nullptr && alias->isWrite()) {
+      info->written.push_back(static_cast<int>(i));
+      if (args[i].is_out() || args[i].kwarg_only()) {
+        info->outs.push_back(static_cast<int>(i));
       }
     }
+  }
+  bool view = false;
+  for (const auto& ret : schema.returns()) {
+    if (ret.alias_info() != nullptr && !ret.alias_info()->isWrite()) {
+      view = true;
+    }
+  }
+  info->pure_view = view && info->written.empty();
+  info->uninitialized = uninitialized_ops().count(info->name) > 0;
+  info->overwrites = overwrite_ops().count(info->name) > 0;
+  const auto ws = workspace_ops().find(info->name);
+  if (ws != workspace_ops().end()) {
+    info->workspaces = ws->second;
   }
   const OpInfo& ref = *info;
   if (it != g_infos.end()) {
@@ -192,19 +192,23 @@ enum class KeyKind : uint8_t {
   Value  // a non-tensor output (``item()``, ``equal``): compared by value
 };
 
+// Small and flat: a run makes one or more per op, and finish() walks them all.
 struct Key {
-  KeyKind kind = KeyKind::Opaque;
-  bool external = false;
-  const c10::StorageImpl* storage = nullptr;
   uint64_t h0 = 0;
   uint64_t h1 = 0;
-  int64_t pending = -1;  // index into Recorder::pending_
-  int64_t op = -1;       // view: the op that made it
-  int32_t index = 0;     // view: which output of that op
+  // View: the op that made it; Pending: index into Recorder::pending_; Value: into
+  // Recorder::values_; the kinds keyed by dtype and shape: into Recorder::shapes_.
+  int64_t ref = -1;
+  const c10::StorageImpl* storage = nullptr;  // external digests
+  int32_t index = 0;                          // view: which output of that op
+  KeyKind kind = KeyKind::Opaque;
+  bool external = false;
   at::ScalarType dtype = at::ScalarType::Undefined;
+};
+
+struct ShapeInfo {
   c10::SmallVector<int64_t, 5> shape;
   const char* reason = "";
-  c10::IValue value;  // Value keys
 };
 
 struct Known {
@@ -219,24 +223,27 @@ struct Exported {
   Key key;
 };
 
-// An input: a tensor's key, a plain value, or a list of inputs.
+// An input: a tensor's key, a plain value, or a list of inputs. Kept flat in
+// Recorder::slots_, a list followed by its items (and theirs).
 struct Slot {
   enum Kind : uint8_t { Tensor, NoTensor, Value, List } kind = Value;
-  int64_t key = -1;
-  c10::IValue value;
-  std::vector<Slot> items;
+  uint32_t span = 0;  // a list: how many slots after it are its items and theirs
+  uint32_t count = 0;  // a list: how many items it has
+  int64_t ref = -1;    // Tensor: the key; Value: index into Recorder::values_
 };
 
 struct OpRecord {
   const OpInfo* info = nullptr;
+  uint32_t inputs_begin = 0;  // slots_[inputs_begin, inputs_end): the inputs, in order
+  uint32_t inputs_end = 0;
+  uint32_t outputs_begin = 0;  // outputs_[outputs_begin, outputs_end): output keys
+  uint32_t outputs_end = 0;
+  int32_t taint = -1;  // index into Recorder::origins_
   c10::DeviceType device = c10::DeviceType::CPU;
-  bool has_device = false;
   at::ScalarType dtype = at::ScalarType::Undefined;
-  c10::SmallVector<Slot, 3> inputs;
-  c10::SmallVector<int64_t, 2> outputs;
+  bool has_device = false;
   bool raised = false;
   bool alerted = false;
-  int64_t taint = -1;  // index into Recorder::origins_
 };
 
 // A census key: (op, device type, dtype), -1 where the op touched no tensor.
@@ -272,44 +279,13 @@ class AlertHandler : public c10::WarningHandler {
   c10::WarningHandler* previous_;
 };
 
-// Contexts are made and freed once per recorded op: recycled per thread, not malloc'ed.
-struct ContextPool {
-  std::vector<void*> free;
-  ~ContextPool() {
-    for (void* p : free) {
-      ::operator delete(p);
-    }
-  }
-};
-
-struct OpContext : public at::ObserverContext {
-  static void* operator new(size_t size) {
-    auto& pool = context_pool();
-    if (size == sizeof(OpContext) && !pool.free.empty()) {
-      void* p = pool.free.back();
-      pool.free.pop_back();
-      return p;
-    }
-    return ::operator new(size);
-  }
-  static void operator delete(void* p, size_t size) {
-    auto& pool = context_pool();
-    if (size == sizeof(OpContext) && pool.free.size() < 64) {
-      pool.free.push_back(p);
-      return;
-    }
-    ::operator delete(p);
-  }
-  static ContextPool& context_pool() {
-    thread_local ContextPool pool;
-    return pool;
-  }
-
+// What one recorded op carries from before its kernel to after it.
+struct OpContext {
   int64_t index = -1;
   const OpInfo* info = nullptr;
   std::string where;  // " (file:line)" of an op making uninitialised memory
   c10::SmallVector<at::Tensor, 2> written;
-  std::unique_ptr<AlertHandler> alerts;
+  std::optional<AlertHandler> alerts;
 };
 
 const c10::StorageImpl* storage_of(const at::Tensor& t) {
@@ -365,6 +341,9 @@ bool wrapper(const c10::IValue& v) {
 bool compiling() {
   using c10::impl::TorchDispatchModeKey;
   using c10::impl::TorchDispatchModeTLS;
+  if (!TorchDispatchModeTLS::any_modes_set()) {
+    return false;  // the common case, without copying a mode's shared_ptr
+  }
   return TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FAKE).has_value() ||
          TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::PROXY).has_value() ||
          TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FUNCTIONAL).has_value();
@@ -384,10 +363,46 @@ class SpinLock {
   std::atomic_flag flag_ = ATOMIC_FLAG_INIT;
 };
 
+// Dead tensors' entries are pruned once this many are known: each entry's weak
+// reference keeps a dead TensorImpl's memory allocated, and fresh memory for every new
+// tensor costs more than the pruning (measured on a loop of tiny ops).
+constexpr size_t kPruneAt = 256;
+
+// The hook's dispatch key: above autograd (so ops are seen as called, before
+// autograd and CPU autocast), no torch op has a kernel for it and torch registers
+// no fallback for it (it is reserved for torchdistx's deferred initialisation).
+constexpr c10::DispatchKey kHookKey = c10::DispatchKey::DeferredInit;
+
 class Recorder;
 std::mutex g_active_mutex;
 std::atomic<Recorder*> g_active{nullptr};
+// Ops the recorder calls itself, and ops nested in a recorded op, are not recorded;
+// the key's exclusion already skips them, this also covers a kernel that resets the
+// thread's dispatch key sets (functorch's layers do).
 thread_local int t_inside = 0;
+
+void record_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+
+// Registers the fallback once per process; "" when it is in place, else why not.
+const std::string& hook_error() {
+  static const std::string error = [] {
+    auto& dispatcher = c10::Dispatcher::singleton();
+    if (dispatcher.hasBackendFallbackForDispatchKey(kHookKey)) {
+      return std::string("another library registered a fallback for dispatch key ") +
+             c10::toString(kHookKey);
+    }
+    try {
+      // Never deregistered: the dispatcher may be torn down before this library.
+      new c10::RegistrationHandleRAII(dispatcher.registerFallback(
+          kHookKey, c10::KernelFunction::makeFromBoxedFunction<&record_op>(),
+          "pytest_backends native op recorder"));
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  }();
+  return error;
+}
 
 class Recorder {
  public:
@@ -396,6 +411,9 @@ class Recorder {
       // The next run of a test records about as many ops: no regrowth while recording.
       ops_.reserve(previous->ops_.size() + 16);
       keys_.reserve(previous->keys_.size() + 16);
+      slots_.reserve(previous->slots_.size() + 16);
+      outputs_.reserve(previous->outputs_.size() + 16);
+      values_.reserve(previous->values_.size() + 16);
       for (const auto& entry : previous->exported_) {
         if (entry.second.weak.expired()) {
           continue;
@@ -410,22 +428,29 @@ class Recorder {
   ~Recorder() { stop(); }
 
   void start() {
+    const std::string& error = hook_error();
+    TORCH_CHECK(error.empty(), "the native op recorder cannot hook the dispatcher: ", error);
     std::lock_guard<std::mutex> lock(g_active_mutex);
     TORCH_CHECK(g_active == nullptr, "another native op recorder is active on this process");
     TORCH_CHECK(!finished_, "a native op recorder records one run");
     g_active = this;
-    handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_start, &on_end)
-                                             .needsInputs(true)
-                                             .needsOutputs(true)
-                                             .scopes({at::RecordScope::FUNCTION}));
+    was_excluded_ = c10::impl::tls_is_dispatch_key_excluded(kHookKey);
+    c10::impl::tls_set_dispatch_key_excluded(kHookKey, false);
+    c10::impl::tls_set_dispatch_key_included(kHookKey, true);
+    thread_ = std::this_thread::get_id();
+    hooked_ = true;
   }
 
   void stop() {
     std::lock_guard<std::mutex> lock(g_active_mutex);
-    if (handle_ != 0) {
-      at::removeCallback(handle_);
-      handle_ = 0;
+    // Another thread's key sets are out of reach; there the fallback, finding no
+    // active recorder, only passes ops on until a recorder stops on that thread (the
+    // key is the recorder's alone, so it leaves it out of the included set).
+    if (hooked_ && thread_ == std::this_thread::get_id()) {
+      c10::impl::tls_set_dispatch_key_included(kHookKey, false);
+      c10::impl::tls_set_dispatch_key_excluded(kHookKey, was_excluded_);
     }
+    hooked_ = false;
     if (g_active == this) {
       g_active = nullptr;
     }
@@ -453,9 +478,9 @@ class Recorder {
       fp = chain(fp, r.has_device ? static_cast<uint64_t>(r.device) + 1 : 0);
       fp = chain(fp, static_cast<uint64_t>(r.dtype));
       fp = chain(fp, inputs_hash(static_cast<int64_t>(i), key_memo, input_memo));
-      fp = chain(fp, r.raised ? 1 : 2 + r.outputs.size());
-      for (int64_t k : r.outputs) {
-        fp = chain(fp, key_hash(k, key_memo, input_memo));
+      fp = chain(fp, r.raised ? 1 : 2 + (r.outputs_end - r.outputs_begin));
+      for (uint32_t j = r.outputs_begin; j < r.outputs_end; ++j) {
+        fp = chain(fp, key_hash(outputs_[j], key_memo, input_memo));
       }
       fp = chain(fp, r.alerted ? 1 : 0);
       fp = chain(fp, r.taint >= 0 ? std::hash<std::string>{}(origins_[static_cast<size_t>(r.taint)])
@@ -511,9 +536,9 @@ class Recorder {
       if (r.raised) {
         outputs = py::make_tuple(py::make_tuple("raised", "exception"));
       } else {
-        outputs = py::tuple(r.outputs.size());
-        for (size_t j = 0; j < r.outputs.size(); ++j) {
-          outputs[j] = key_object(r.outputs[j], key_objs, input_objs);
+        outputs = py::tuple(r.outputs_end - r.outputs_begin);
+        for (uint32_t j = r.outputs_begin; j < r.outputs_end; ++j) {
+          outputs[j - r.outputs_begin] = key_object(outputs_[j], key_objs, input_objs);
         }
       }
       py::object tainted = py::none();
@@ -539,68 +564,37 @@ class Recorder {
 
 
  private:
-  static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-    if (t_inside > 0) {
-      return nullptr;  // inside a recorded op: its own calls are part of it
-    }
-    Recorder* self = g_active;
-    if (self == nullptr) {
-      return nullptr;
-    }
-    const OpInfo& info = info_of(fn);
-    if (!info.op || info.composite || compiling()) {
-      return nullptr;  // looked through: the ops it calls are recorded
-    }
-    for (const auto& v : fn.inputs()) {
-      if (wrapper(v)) {
-        return nullptr;
-      }
-    }
-    ++t_inside;
-    auto ctx = std::make_unique<OpContext>();
-    try {
-      self->begin_op(fn, info, *ctx);
-    } catch (const std::exception& e) {
-      self->fail(e.what());
-      ctx->index = -1;
-    }
-    return ctx;
-  }
+  friend void record_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                        torch::jit::Stack* stack);
 
-  static void on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
-    if (raw == nullptr) {
+  // After the op's kernel (or its exception): its outputs are keyed and the observer told.
+  void after_op(const OpInfo& info, OpContext& ctx, c10::ArrayRef<c10::IValue> outputs,
+                bool raised) {
+    if (ctx.alerts) {
+      c10::WarningUtils::set_warning_handler(ctx.alerts->previous_);
+    }
+    if (ctx.index < 0) {
       return;
     }
-    auto* ctx = static_cast<OpContext*>(raw);
-    if (ctx->alerts) {
-      c10::WarningUtils::set_warning_handler(ctx->alerts->previous_);
-    }
-    Recorder* self = g_active;
-    if (self == nullptr || ctx->index < 0) {
-      --t_inside;
-      return;
-    }
-    const bool raised = std::uncaught_exceptions() > 0;
     try {
-      if (!raised && ctx->info != nullptr && ctx->info->uninitialized) {
+      if (!raised && info.uninitialized) {
         // Python runs here, before the recorder's lock is taken: a thread holding the
         // GIL may be waiting for that lock.
-        ctx->where = self->where();
+        ctx.where = where();
       }
-      self->end_op(fn, *ctx, raised);
+      end_op(ctx, outputs, raised);
     } catch (const std::exception& e) {
-      self->fail(e.what());
+      fail(e.what());
     }
-    if (!raised && self->observer_ && !self->observer_.is_none()) {
+    if (!raised && observer_ && !observer_.is_none()) {
       // After the op: its autograd node exists, as a dispatch mode would see it.
       py::gil_scoped_acquire gil;
       try {
-        self->observer_(ctx->index, fn.name());
+        observer_(ctx.index, info.name);
       } catch (py::error_already_set& e) {
         e.discard_as_unraisable("pytest_backends native recorder observer");
       }
     }
-    --t_inside;
   }
 
   void fail(const char* what) {
@@ -613,18 +607,14 @@ class Recorder {
     broken_ = true;
   }
 
-  void begin_op(const at::RecordFunction& fn, const OpInfo& info, OpContext& ctx) {
+  void begin_op(const OpInfo& info, c10::ArrayRef<c10::IValue> inputs, OpContext& ctx) {
     std::lock_guard<SpinLock> lock(mutex_);
     if (broken_ || finished_) {
       return;
     }
-    // The recorder's own calls (digests) are not recorded because t_inside is raised
-    // around begin_op and end_op (a RecordFunctionGuard would rebuild torch's
-    // callback cache twice per op).
     const int64_t index = static_cast<int64_t>(ops_.size());
     OpRecord& rec = ops_.emplace_back();  // built in place; nothing else grows ops_ here
     rec.info = &info;
-    const auto inputs = fn.inputs();
     for (int w : info.written) {
       if (static_cast<size_t>(w) < inputs.size()) {
         collect_tensors(inputs[static_cast<size_t>(w)], ctx.written);
@@ -632,12 +622,13 @@ class Recorder {
     }
     note_writes(ctx.written);
     const bool unread = !tainted_.empty() && (info.pure_view || info.overwrites);
-    rec.inputs.reserve(inputs.size());
+    rec.inputs_begin = static_cast<uint32_t>(slots_.size());
     for (size_t i = 0; i < inputs.size(); ++i) {
       const bool written = std::find(info.written.begin(), info.written.end(),
                                      static_cast<int>(i)) != info.written.end();
-      rec.inputs.push_back(slot_of(inputs[i], index, unread && (info.pure_view || written)));
+      add_slot(inputs[i], index, unread && (info.pure_view || written));
     }
+    rec.inputs_end = static_cast<uint32_t>(slots_.size());
     if (!tainted_.empty() && !unread) {
       rec.taint = reads_taint(info, inputs);
     }
@@ -648,20 +639,21 @@ class Recorder {
     }
     if (at::globalContext().deterministicAlgorithms() &&
         at::globalContext().deterministicAlgorithmsWarnOnly()) {
-      ctx.alerts = std::make_unique<AlertHandler>(c10::WarningUtils::get_warning_handler());
-      c10::WarningUtils::set_warning_handler(ctx.alerts.get());
+      ctx.alerts.emplace(c10::WarningUtils::get_warning_handler());
+      c10::WarningUtils::set_warning_handler(&*ctx.alerts);
     }
     ctx.index = index;
     ctx.info = &info;
   }
 
-  void end_op(const at::RecordFunction& fn, OpContext& ctx, bool raised) {
+  void end_op(OpContext& ctx, c10::ArrayRef<c10::IValue> outputs, bool raised) {
     std::lock_guard<SpinLock> lock(mutex_);
     if (broken_ || finished_ || ctx.index < 0 || static_cast<size_t>(ctx.index) >= ops_.size()) {
       return;
     }
     OpRecord& rec = ops_[static_cast<size_t>(ctx.index)];
     const OpInfo& info = *rec.info;
+    rec.outputs_begin = rec.outputs_end = static_cast<uint32_t>(outputs_.size());
     if (ctx.alerts && ctx.alerts->alerted) {
       rec.alerted = true;
     }
@@ -683,7 +675,7 @@ class Recorder {
       } else if (info.pure_view) {
         Key k;
         k.kind = KeyKind::View;
-        k.op = ctx.index;
+        k.ref = ctx.index;
         k.index = static_cast<int32_t>(j);
         key = add_key(std::move(k));
       } else if (std::find(info.workspaces.begin(), info.workspaces.end(),
@@ -693,9 +685,8 @@ class Recorder {
         key = digest(t, false);
       }
       remember(t, key);
-      rec.outputs.push_back(key);
+      outputs_.push_back(key);
     };
-    const auto& outputs = fn.outputs();
     if (outputs.size() == 1 && outputs[0].isTensor() && outputs[0].toTensor().defined()) {
       record_output(outputs[0].toTensor(), 0);  // the common case: one tensor, no copy
     } else {
@@ -714,12 +705,14 @@ class Recorder {
           if (!v.isNone()) {  // a Python number or other value: its value is the result
             Key k;
             k.kind = KeyKind::Value;
-            k.value = v;
-            rec.outputs.push_back(add_key(std::move(k)));
+            k.ref = static_cast<int64_t>(values_.size());
+            values_.push_back(v);
+            outputs_.push_back(add_key(k));
           }
         }
       }
     }
+    rec.outputs_end = static_cast<uint32_t>(outputs_.size());
     if (info.overwrites && !tainted_.empty()) {
       clear_taint(ctx.written);
     }
@@ -773,42 +766,50 @@ class Recorder {
     return true;
   }
 
-  Slot slot_of(const c10::IValue& v, int64_t index, bool unread) {
-    Slot s;
+  // Appends v's slot (a list's, then its items') to slots_.
+  void add_slot(const c10::IValue& v, int64_t index, bool unread) {
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
+      Slot s;
       if (!t.defined()) {
         s.kind = Slot::NoTensor;
-        return s;
-      }
-      s.kind = Slot::Tensor;
-      if (unread && taint_of(t) >= 0) {
-        s.key = shape_key(t, KeyKind::Uninitialized);
       } else {
-        s.key = input_key(t, index);
+        s.kind = Slot::Tensor;
+        s.ref = unread && taint_of(t) >= 0 ? shape_key(t, KeyKind::Uninitialized)
+                                            : input_key(t, index);
       }
-      return s;
+      slots_.push_back(s);
+      return;
     }
     if (v.isTensorList() || v.isList() || v.isTuple()) {
-      s.kind = Slot::List;
+      const size_t at = slots_.size();
+      slots_.emplace_back().kind = Slot::List;
+      uint32_t count = 0;
       if (v.isTensorList()) {
         for (const at::Tensor& t : v.toTensorVector()) {
-          s.items.push_back(slot_of(c10::IValue(t), index, unread));
+          add_slot(c10::IValue(t), index, unread);
+          ++count;
         }
       } else if (v.isList()) {
         for (const c10::IValue& e : v.toListRef()) {
-          s.items.push_back(slot_of(e, index, unread));
+          add_slot(e, index, unread);
+          ++count;
         }
       } else {
         for (const c10::IValue& e : v.toTupleRef().elements()) {
-          s.items.push_back(slot_of(e, index, unread));
+          add_slot(e, index, unread);
+          ++count;
         }
       }
-      return s;
+      slots_[at].count = count;
+      slots_[at].span = static_cast<uint32_t>(slots_.size() - at - 1);
+      return;
     }
+    Slot s;
     s.kind = Slot::Value;
-    s.value = v;
-    return s;
+    s.ref = static_cast<int64_t>(values_.size());
+    values_.push_back(v);
+    slots_.push_back(s);
   }
 
   int64_t input_key(const at::Tensor& t, int64_t index) {
@@ -838,7 +839,7 @@ class Recorder {
       for (auto it = known_.begin(); it != known_.end();) {
         it = it->second.weak.expired() ? known_.erase(it) : std::next(it);
       }
-      prune_at_ = std::max<size_t>(2 * known_.size(), 4096);
+      prune_at_ = std::max<size_t>(2 * known_.size(), kPruneAt);
     }
   }
 
@@ -851,8 +852,8 @@ class Recorder {
     }
   }
 
-  int64_t add_key(Key k) {
-    keys_.push_back(std::move(k));
+  int64_t add_key(const Key& k) {
+    keys_.push_back(k);
     return static_cast<int64_t>(keys_.size()) - 1;
   }
 
@@ -860,9 +861,11 @@ class Recorder {
     Key k;
     k.kind = kind;
     k.dtype = t.scalar_type();
-    k.shape.assign(t.sizes().begin(), t.sizes().end());
-    k.reason = reason;
-    return add_key(std::move(k));
+    k.ref = static_cast<int64_t>(shapes_.size());
+    ShapeInfo& info = shapes_.emplace_back();
+    info.shape.assign(t.sizes().begin(), t.sizes().end());
+    info.reason = reason;
+    return add_key(k);
   }
 
   int64_t digest(const at::Tensor& t, bool external) {
@@ -899,13 +902,13 @@ class Recorder {
                                    .findSchemaOrThrow("pytest_backends::digest", "")
                                    .typed<at::Tensor(const at::Tensor&)>();
         k.kind = KeyKind::Pending;
-        k.pending = static_cast<int64_t>(pending_.size());
+        k.ref = static_cast<int64_t>(pending_.size());
         pending_.push_back(op.call(t));
       }
     } catch (const c10::Error&) {
       return shape_key(t, KeyKind::Opaque, "unreadable");
     }
-    return add_key(std::move(k));
+    return add_key(k);
   }
 
   int64_t uninitialized(const at::Tensor& t, const OpInfo& info, const std::string& where) {
@@ -951,7 +954,7 @@ class Recorder {
     return it->second.second;
   }
 
-  int64_t reads_taint(const OpInfo& info, c10::ArrayRef<const c10::IValue> inputs) {
+  int64_t reads_taint(const OpInfo& info, c10::ArrayRef<c10::IValue> inputs) {
     for (size_t i = 0; i < inputs.size(); ++i) {
       const int pos = static_cast<int>(i);
       if (std::find(info.outs.begin(), info.outs.end(), pos) != info.outs.end()) {
@@ -1004,9 +1007,8 @@ class Recorder {
     if (pending_.empty()) {
       return;
     }
-    at::RecordFunctionGuard no_callbacks(false);
-    c10::impl::ExcludeDispatchKeyGuard no_python(
-        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+    c10::impl::ExcludeDispatchKeyGuard no_python(c10::DispatchKeySet(
+        {c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot, kHookKey}));
     at::AutoDispatchBelowADInplaceOrView no_autograd;
     std::vector<std::pair<uint64_t, uint64_t>> values(pending_.size());
     std::unordered_map<std::string, std::vector<size_t>> by_device;
@@ -1028,9 +1030,9 @@ class Recorder {
     for (auto& k : keys_) {
       if (k.kind == KeyKind::Pending) {
         k.kind = KeyKind::Digest;
-        k.h0 = values[static_cast<size_t>(k.pending)].first;
-        k.h1 = values[static_cast<size_t>(k.pending)].second;
-        k.pending = -1;
+        k.h0 = values[static_cast<size_t>(k.ref)].first;
+        k.h1 = values[static_cast<size_t>(k.ref)].second;
+        k.ref = -1;
       }
     }
     pending_.clear();
@@ -1062,18 +1064,19 @@ class Recorder {
     if (k.kind == KeyKind::Digest) {
       h = chain(chain(h, k.h0), k.h1);
     } else if (k.kind == KeyKind::Value) {
-      h = chain(h, value_hash(k.value));
+      h = chain(h, value_hash(values_[static_cast<size_t>(k.ref)]));
     } else if (k.kind == KeyKind::View) {
-      h = chain(h, ops_[static_cast<size_t>(k.op)].info->name_hash);
+      h = chain(h, ops_[static_cast<size_t>(k.ref)].info->name_hash);
       h = chain(h, static_cast<uint64_t>(k.index));
-      h = chain(h, inputs_hash(k.op, memo, input_memo));
+      h = chain(h, inputs_hash(k.ref, memo, input_memo));
     } else {
+      const ShapeInfo& info = shapes_[static_cast<size_t>(k.ref)];
       h = chain(h, static_cast<uint64_t>(k.dtype));
-      h = chain(h, k.shape.size());
-      for (int64_t d : k.shape) {
+      h = chain(h, info.shape.size());
+      for (int64_t d : info.shape) {
         h = chain(h, static_cast<uint64_t>(d));
       }
-      h = chain(h, std::hash<std::string>{}(k.reason));
+      h = chain(h, std::hash<std::string>{}(info.reason));
     }
     slot = h | 1;  // never 0, the "not computed" mark
     return slot;
@@ -1085,28 +1088,30 @@ class Recorder {
       return slot;
     }
     uint64_t h = kSeed0;
-    for (const Slot& s : ops_[static_cast<size_t>(op)].inputs) {
-      h = chain(h, slot_hash(s, memo, input_memo));
+    const OpRecord& r = ops_[static_cast<size_t>(op)];
+    for (uint32_t i = r.inputs_begin; i < r.inputs_end; i += slots_[i].span + 1) {
+      h = chain(h, slot_hash(i, memo, input_memo));
     }
     slot = h | 1;
     return slot;
   }
 
-  uint64_t slot_hash(const Slot& s, std::vector<uint64_t>& memo, std::vector<uint64_t>& input_memo) {
+  uint64_t slot_hash(uint32_t at, std::vector<uint64_t>& memo, std::vector<uint64_t>& input_memo) {
+    const Slot& s = slots_[at];
     switch (s.kind) {
       case Slot::Tensor:
-        return chain(1, key_hash(s.key, memo, input_memo));
+        return chain(1, key_hash(s.ref, memo, input_memo));
       case Slot::NoTensor:
         return 2;
       case Slot::List: {
-        uint64_t h = chain(3, s.items.size());
-        for (const Slot& item : s.items) {
-          h = chain(h, slot_hash(item, memo, input_memo));
+        uint64_t h = chain(3, s.count);
+        for (uint32_t i = at + 1; i <= at + s.span; i += slots_[i].span + 1) {
+          h = chain(h, slot_hash(i, memo, input_memo));
         }
         return h;
       }
       default:
-        return chain(4, value_hash(s.value));
+        return chain(4, value_hash(values_[static_cast<size_t>(s.ref)]));
     }
   }
 
@@ -1152,8 +1157,8 @@ class Recorder {
         reinterpret_cast<PyObject*>(torch::getTHPDtype(t)));
   }
 
-  template <typename Shape>
-  static py::tuple shape_tuple(const Shape& shape) {
+  py::tuple shape_of(const Key& k) const {
+    const auto& shape = shapes_[static_cast<size_t>(k.ref)].shape;
     py::tuple out(shape.size());
     for (size_t i = 0; i < shape.size(); ++i) {
       out[i] = py::int_(shape[i]);
@@ -1173,23 +1178,24 @@ class Recorder {
         slot = py::make_tuple("digest", py::int_(k.h0), py::int_(k.h1));
         break;
       case KeyKind::View:
-        slot = py::make_tuple("view", ops_[static_cast<size_t>(k.op)].info->name, k.index,
-                              op_inputs(k.op, memo, input_memo));
+        slot = py::make_tuple("view", ops_[static_cast<size_t>(k.ref)].info->name, k.index,
+                              op_inputs(k.ref, memo, input_memo));
         break;
       case KeyKind::Uninitialized:
-        slot = py::make_tuple("uninitialized", dtype_object(k.dtype), shape_tuple(k.shape));
+        slot = py::make_tuple("uninitialized", dtype_object(k.dtype), shape_of(k));
         break;
       case KeyKind::Workspace:
-        slot = py::make_tuple("workspace", dtype_object(k.dtype), shape_tuple(k.shape));
+        slot = py::make_tuple("workspace", dtype_object(k.dtype), shape_of(k));
         break;
       case KeyKind::Empty:
-        slot = py::make_tuple("empty", dtype_object(k.dtype), shape_tuple(k.shape));
+        slot = py::make_tuple("empty", dtype_object(k.dtype), shape_of(k));
         break;
       case KeyKind::Value:
-        slot = value_object(k.value);
+        slot = value_object(values_[static_cast<size_t>(k.ref)]);
         break;
       default:
-        slot = py::make_tuple("opaque", dtype_object(k.dtype), shape_tuple(k.shape), k.reason);
+        slot = py::make_tuple("opaque", dtype_object(k.dtype), shape_of(k),
+                              shapes_[static_cast<size_t>(k.ref)].reason);
         break;
     }
     return slot;
@@ -1201,31 +1207,38 @@ class Recorder {
     if (slot) {
       return slot;
     }
-    const auto& inputs = ops_[static_cast<size_t>(op)].inputs;
-    py::tuple out(inputs.size());
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      out[i] = slot_object(inputs[i], memo, input_memo);
-    }
-    slot = out;
+    const OpRecord& r = ops_[static_cast<size_t>(op)];
+    slot = items_object(r.inputs_begin, r.inputs_end, memo, input_memo);
     return slot;
   }
 
-  py::object slot_object(const Slot& s, std::vector<py::object>& memo,
+  // The slots in [begin, end) that are not items of another, as a tuple.
+  py::tuple items_object(uint32_t begin, uint32_t end, std::vector<py::object>& memo,
                          std::vector<py::object>& input_memo) {
+    size_t n = 0;
+    for (uint32_t i = begin; i < end; i += slots_[i].span + 1) {
+      ++n;
+    }
+    py::tuple out(n);
+    n = 0;
+    for (uint32_t i = begin; i < end; i += slots_[i].span + 1) {
+      out[n++] = slot_object(i, memo, input_memo);
+    }
+    return out;
+  }
+
+  py::object slot_object(uint32_t at, std::vector<py::object>& memo,
+                         std::vector<py::object>& input_memo) {
+    const Slot& s = slots_[at];
     switch (s.kind) {
       case Slot::Tensor:
-        return key_object(s.key, memo, input_memo);
+        return key_object(s.ref, memo, input_memo);
       case Slot::NoTensor:
         return py::none();
-      case Slot::List: {
-        py::tuple out(s.items.size());
-        for (size_t i = 0; i < s.items.size(); ++i) {
-          out[i] = slot_object(s.items[i], memo, input_memo);
-        }
-        return out;
-      }
+      case Slot::List:
+        return items_object(at + 1, at + 1 + s.span, memo, input_memo);
       default:
-        return value_object(s.value);
+        return value_object(values_[static_cast<size_t>(s.ref)]);
     }
   }
 
@@ -1265,7 +1278,9 @@ class Recorder {
   }
 
   SpinLock mutex_;
-  at::CallbackHandle handle_ = 0;
+  bool hooked_ = false;  // the key is in the included set of thread_
+  bool was_excluded_ = true;
+  std::thread::id thread_;
   bool finished_ = false;
   bool broken_ = false;
   std::string failure_;
@@ -1273,6 +1288,10 @@ class Recorder {
   py::object observer_;
   std::vector<OpRecord> ops_;
   std::vector<Key> keys_;
+  std::vector<Slot> slots_;
+  std::vector<int64_t> outputs_;
+  std::vector<c10::IValue> values_;  // plain inputs and non-tensor results
+  std::vector<ShapeInfo> shapes_;
   std::vector<at::Tensor> pending_;
   // Open addressing: no allocation per remembered tensor.
   ska::flat_hash_map<c10::TensorImpl*, Known> known_;
@@ -1285,8 +1304,65 @@ class Recorder {
   std::vector<std::pair<int64_t, c10::TensorImpl*>> first_uses_;
   // Keep first-use tensors' addresses from being reused while the record lives.
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> first_use_refs_;
-  size_t prune_at_ = 4096;
+  size_t prune_at_ = kPruneAt;
 };
+
+bool any_wrapper(c10::ArrayRef<c10::IValue> values) {
+  for (const auto& v : values) {
+    if (wrapper(v)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void record_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const auto below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kHookKey);
+  Recorder* self = g_active;
+  if (self == nullptr || t_inside > 0) {
+    op.redispatchBoxed(below, stack);
+    return;
+  }
+  const OpInfo& info = info_of(op);
+  const size_t num_inputs = op.schema().arguments().size();
+  TORCH_INTERNAL_ASSERT(stack->size() >= num_inputs);
+  const c10::ArrayRef<c10::IValue> inputs(stack->data() + stack->size() - num_inputs, num_inputs);
+  if (info.composite || compiling() || any_wrapper(inputs)) {
+    op.redispatchBoxed(below, stack);  // looked through: the ops it calls come back here
+    return;
+  }
+  c10::impl::ExcludeDispatchKeyGuard nested(kHookKey);
+  ++t_inside;
+  OpContext ctx;
+  try {
+    self->begin_op(info, inputs, ctx);
+  } catch (const std::exception& e) {
+    self->fail(e.what());
+    ctx.index = -1;
+  }
+  try {
+    op.redispatchBoxed(below, stack);
+  } catch (...) {
+    if (g_active == self) {
+      self->after_op(info, ctx, {}, /*raised=*/true);
+    } else if (ctx.alerts) {
+      c10::WarningUtils::set_warning_handler(ctx.alerts->previous_);
+    }
+    --t_inside;
+    throw;
+  }
+  const size_t num_outputs = op.schema().returns().size();
+  TORCH_INTERNAL_ASSERT(stack->size() >= num_outputs);
+  if (g_active == self) {
+    self->after_op(info, ctx,
+                   c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - num_outputs,
+                                              num_outputs),
+                   /*raised=*/false);
+  } else if (ctx.alerts) {
+    c10::WarningUtils::set_warning_handler(ctx.alerts->previous_);
+  }
+  --t_inside;
+}
 
 }  // namespace
 
@@ -1306,6 +1382,9 @@ void register_recorder(py::module_& m) {
       .def("rows", &Recorder::rows, "The record as rows of OpCall fields (after finish).")
       .def("note_alert", &Recorder::note_alert,
            "Mark the last op that raised as a determinism alert.");
+  m.def(
+      "recorder_hook_error", [] { return hook_error(); },
+      "Why the native recorder cannot hook the dispatcher here, or '' when it can.");
 }
 
 }  // namespace pytest_backends

@@ -126,7 +126,7 @@ __global__ void digest_finalize(unsigned long long* acc, uint64_t h0, uint64_t h
 at::Tensor digest_cuda(const at::Tensor& t) {
   const c10::cuda::CUDAGuard guard(t.device());
   const PreparedTensor prep = prepare(t);
-  const auto* p = static_cast<const uint8_t*>(prep.data.const_data_ptr());
+  const auto* p = static_cast<const uint8_t*>(prep.data->const_data_ptr());
   const int64_t nbytes = prep.nbytes;
   const int64_t nwords = (nbytes + 7) / 8;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();

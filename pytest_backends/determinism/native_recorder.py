@@ -1,7 +1,8 @@
 """The native op recorder: the per-op path of ``--backends-determinism`` in C++.
 
-``native/recorder.cpp`` registers a thread-local ``RecordFunction`` callback
-(torch carries it into autograd's worker threads) and records, per op, what
+``native/recorder.cpp`` registers a boxed dispatcher fallback on a dispatch key
+no torch op uses, puts that key in the recording thread's included set (torch
+carries the set into autograd's worker threads) and records, per op, what
 :class:`~pytest_backends.determinism.recorder.OpRecorder` records: the op, a
 key per input, a key per output, alerts and reads of uninitialised memory.
 It looks through the same ops a Python dispatch mode looks through
@@ -27,11 +28,17 @@ __all__ = ["NativeRecorder", "native_module"]
 
 
 def native_module() -> Any:
-    """The loaded extension when it has the native recorder, else None."""
+    """The loaded extension when its native recorder can hook the dispatcher, else None.
+
+    The hook cannot be placed where another library already registered a fallback
+    for its dispatch key; the Python recorder records the runs then.
+    """
     from pytest_backends import _native
 
     module = _native.load()
-    return module if module is not None and hasattr(module, "RunRecorder") else None
+    if module is None or not hasattr(module, "RunRecorder"):
+        return None
+    return None if module.recorder_hook_error() else module
 
 
 class NativeRecorder:

@@ -311,3 +311,62 @@ def test_a_python_number_an_op_returns_is_compared_by_value(native: Any) -> None
     (log,) = _logs(native, lambda _: x.sum().item(), runs=1)
     item = next(c for c in log.calls if c.name == "aten::_local_scalar_dense")
     assert item.outputs == ((3.0).hex(),)
+
+
+def _hook_keys() -> tuple[str, str]:
+    """The thread's included and excluded dispatch key sets, as torch prints them."""
+    return (
+        repr(torch._C._dispatch_tls_local_include_set()),
+        repr(torch._C._dispatch_tls_local_exclude_set()),
+    )
+
+
+def test_ops_nested_inside_a_recorded_op_are_not_recorded(native: Any) -> None:
+    # mv runs empty and addmv_ inside its kernel; a Long scalar times a double
+    # tensor runs a dtype conversion inside mul: only the calls the test made count.
+    m, v = torch.randn(4, 4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    (log,) = _logs(native, lambda _: (m @ v) * 2, runs=1)
+    assert _names(log) == ["aten::mv", "aten::mul"]
+
+
+def test_the_hook_leaves_the_threads_dispatch_keys_as_it_found_them(native: Any) -> None:
+    before = _hook_keys()
+    recorder = NativeRecorder(native)
+    with recorder:
+        assert "DeferredInit" in _hook_keys()[0]
+        torch.ones(2).add_(1)
+    assert _hook_keys() == before
+    recorder.finish()
+    failing = NativeRecorder(native)
+    with pytest.raises(RuntimeError, match="must match the size"), failing:
+        torch.ones(2) + torch.ones(3)
+    assert _hook_keys() == before
+    assert [c.name for c in failing.finish().loaded().calls][-1] == "aten::add"
+
+
+def test_ops_after_the_run_are_neither_recorded_nor_hooked(native: Any) -> None:
+    recorder = NativeRecorder(native)
+    with recorder:
+        torch.zeros(3).add_(2)
+    after = torch.ones(3) * 5  # outside the run
+    assert after.tolist() == [5.0, 5.0, 5.0]
+    assert _names(recorder.finish().loaded()) == ["aten::zeros", "aten::add_"]
+
+
+def test_a_recorder_stopped_on_another_thread_stops_recording(native: Any) -> None:
+    import threading
+
+    recorder = native.RunRecorder()
+    recorder.start()
+    torch.ones(2)
+    stopper = threading.Thread(target=recorder.stop)
+    stopper.start()
+    stopper.join()
+    y = torch.ones(2) * 3  # the key is still set on this thread: ops only pass through
+    assert y.tolist() == [3.0, 3.0]
+    recorder.finish()
+    assert [row[0] for row in recorder.rows()] == ["aten::ones"]
+    after = native.RunRecorder()  # the next recorder on this thread cleans the key up
+    after.start()
+    after.stop()
+    assert "DeferredInit" not in _hook_keys()[0]
