@@ -27,7 +27,9 @@ _OTHER.fallback(_pass_on, dispatch_key="DeferredInit", with_keyset=True)
 
 def test_a_taken_key_falls_back_to_the_python_recorder(planted_conftest: pytest.Pytester) -> None:
     if native_module() is None:
-        pytest.skip("the native extension is not built here (python -m pytest_backends build-native)")
+        pytest.skip(
+            "the native extension is not built here (python -m pytest_backends build-native)"
+        )
     conftest = planted_conftest.path / "conftest.py"
     conftest.write_text(conftest.read_text(encoding="utf-8") + TAKE_THE_KEY, encoding="utf-8")
     planted_conftest.makepyfile(
