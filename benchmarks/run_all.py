@@ -54,6 +54,7 @@ def benchmarks(quick: bool) -> list[tuple[str, list[str]]]:
                 str(RESULTS / "suite-determinism-cpu.txt"),
             ],
         ),
+        ("hook-floor", ["bench_hook_floor.py", "--out", str(RESULTS / "hook-floor-cpu.txt")]),
         ("capability", ["bench_capability.py"]),
         (
             "calibration",
