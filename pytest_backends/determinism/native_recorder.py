@@ -36,9 +36,10 @@ def native_module() -> Any:
     from pytest_backends import _native
 
     module = _native.load()
-    if module is None or not hasattr(module, "RunRecorder"):
-        return None
-    return None if module.recorder_hook_error() else module
+    hook_error = getattr(module, "recorder_hook_error", None)
+    if module is None or not hasattr(module, "RunRecorder") or hook_error is None:
+        return None  # not built, or built without the recorder
+    return None if hook_error() else module
 
 
 class NativeRecorder:
