@@ -105,7 +105,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
     from bench_reproducible import FEATURES
-    from bench_suite_determinism import SUITE
+    from bench_suite_determinism import ode_body
     from torch.utils.cpp_extension import load_inline
 
     torch.set_num_threads(1)
@@ -122,9 +122,7 @@ def main() -> None:
         extra_cflags=["-O3", "-DNDEBUG"],
     )
     hooks.register_fallback()
-    namespace: dict[str, Any] = {}
-    exec(compile(SUITE, "suite", "exec"), namespace)
-    body = namespace["ode_body"]
+    body = ode_body()
 
     hooks.callback_start()
     body()

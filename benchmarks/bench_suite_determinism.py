@@ -146,6 +146,13 @@ def run_suite(
     return data, wall
 
 
+def ode_body() -> Any:
+    """The suite's RK4 body, as a function of this process (imports torch)."""
+    namespace: dict[str, Any] = {}
+    exec(compile(SUITE, "suite", "exec"), namespace)
+    return namespace["ode_body"]
+
+
 def per_op_floor() -> tuple[int, dict[str, float]]:
     """Ops per ODE body and microseconds per op: bare, call-only mode, both recorders."""
     import torch
@@ -154,9 +161,7 @@ def per_op_floor() -> tuple[int, dict[str, float]]:
     from pytest_backends.determinism.native_recorder import NativeRecorder, native_module
     from pytest_backends.determinism.recorder import OpRecorder
 
-    namespace: dict[str, Any] = {}
-    exec(compile(SUITE, "suite", "exec"), namespace)
-    body = namespace["ode_body"]
+    body = ode_body()
     module = native_module()
 
     class CallOnly(TorchDispatchMode):  # type: ignore[no-untyped-call]

@@ -227,7 +227,6 @@ struct Exported {
 struct Slot {
   enum Kind : uint8_t { Tensor, NoTensor, Value, List } kind = Value;
   uint32_t span = 0;  // a list: how many slots after it are its items and theirs
-  uint32_t count = 0;  // a list: how many items it has
   int64_t ref = -1;    // Tensor: the key; Value: index into Recorder::values_
 };
 
@@ -783,24 +782,19 @@ class Recorder {
     if (v.isTensorList() || v.isList() || v.isTuple()) {
       const size_t at = slots_.size();
       slots_.emplace_back().kind = Slot::List;
-      uint32_t count = 0;
       if (v.isTensorList()) {
         for (const at::Tensor& t : v.toTensorVector()) {
           add_slot(c10::IValue(t), index, unread);
-          ++count;
         }
       } else if (v.isList()) {
         for (const c10::IValue& e : v.toListRef()) {
           add_slot(e, index, unread);
-          ++count;
         }
       } else {
         for (const c10::IValue& e : v.toTupleRef().elements()) {
           add_slot(e, index, unread);
-          ++count;
         }
       }
-      slots_[at].count = count;
       slots_[at].span = static_cast<uint32_t>(slots_.size() - at - 1);
       return;
     }
@@ -1103,7 +1097,7 @@ class Recorder {
       case Slot::NoTensor:
         return 2;
       case Slot::List: {
-        uint64_t h = chain(3, s.count);
+        uint64_t h = chain(3, s.span);
         for (uint32_t i = at + 1; i <= at + s.span; i += slots_[i].span + 1) {
           h = chain(h, slot_hash(i, memo, input_memo));
         }
@@ -1339,28 +1333,25 @@ void record_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::j
     self->fail(e.what());
     ctx.index = -1;
   }
-  try {
-    op.redispatchBoxed(below, stack);
-  } catch (...) {
+  // Ends the op for a recorder still active, or at least gives back the warning handler.
+  auto end = [&](c10::ArrayRef<c10::IValue> outputs, bool raised) {
     if (g_active == self) {
-      self->after_op(info, ctx, {}, /*raised=*/true);
+      self->after_op(info, ctx, outputs, raised);
     } else if (ctx.alerts) {
       c10::WarningUtils::set_warning_handler(ctx.alerts->previous_);
     }
     --t_inside;
+  };
+  try {
+    op.redispatchBoxed(below, stack);
+  } catch (...) {
+    end({}, /*raised=*/true);
     throw;
   }
   const size_t num_outputs = op.schema().returns().size();
   TORCH_INTERNAL_ASSERT(stack->size() >= num_outputs);
-  if (g_active == self) {
-    self->after_op(info, ctx,
-                   c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - num_outputs,
-                                              num_outputs),
-                   /*raised=*/false);
-  } else if (ctx.alerts) {
-    c10::WarningUtils::set_warning_handler(ctx.alerts->previous_);
-  }
-  --t_inside;
+  end(c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - num_outputs, num_outputs),
+      /*raised=*/false);
 }
 
 }  // namespace
