@@ -289,13 +289,13 @@ class TorchStateWatch:
         if diff:
             self.baseline_changes.append(_Change(source, diff))
 
-    def source_of(self, plugin: object, name: str | None) -> str | None:
+    def source_of(self, plugin: object) -> str | None:
         """A readable source for a registered plugin module (conftest paths relative)."""
         if not isinstance(plugin, types.ModuleType):
             return None
         file = getattr(plugin, "__file__", None)
         if not file:
-            return f"plugin {name or plugin.__name__}"
+            return f"plugin {plugin.__name__}"
         if self.rootpath is not None:
             try:
                 return os.path.relpath(file, self.rootpath)
@@ -323,9 +323,9 @@ class TorchStateWatch:
 
     # -- hooks (the watch is registered as a plugin before conftests load) --
 
-    def pytest_plugin_registered(self, plugin: object, plugin_name: str) -> None:
+    def pytest_plugin_registered(self, plugin: object) -> None:
         """A conftest (or plugin module) was imported: its changes become the baseline."""
-        source = self.source_of(plugin, plugin_name)
+        source = self.source_of(plugin)
         if source is not None:
             self.checkpoint(source)
 

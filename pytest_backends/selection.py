@@ -79,7 +79,6 @@ class SelectionPlugin:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
 
-    @property
     def selection(self) -> Selection:
         """Everything recorded in this process (merged worker counts in an xdist controller)."""
         return self.config.stash.setdefault(SELECTION_KEY, Selection())
@@ -87,24 +86,24 @@ class SelectionPlugin:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         workeroutput = getattr(self.config, "workeroutput", None)
         if workeroutput is not None:
-            workeroutput[WORKEROUTPUT_KEY] = self.selection.to_plain()
+            workeroutput[WORKEROUTPUT_KEY] = self.selection().to_plain()
             return
         # A run whose option selected nothing may also have deselected every test
         # (--backends-config): that too fails as a usage error, as the summary says.
         passing = (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
-        if strict(self.config) and self.selection.empty() and session.exitstatus in passing:
+        if strict(self.config) and self.selection().empty() and session.exitstatus in passing:
             session.exitstatus = pytest.ExitCode.USAGE_ERROR
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: object) -> None:
         plain = getattr(node, "workeroutput", {}).get(WORKEROUTPUT_KEY)
         if plain:
-            self.selection.merge(plain)
+            self.selection().merge(plain)
 
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
         if hasattr(config, "workerinput"):
             return
-        empty = self.selection.empty()
+        empty = self.selection().empty()
         if not empty:
             return
         is_strict = strict(config)

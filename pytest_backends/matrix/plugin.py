@@ -453,7 +453,6 @@ class MatrixPlugin:
 
     # registry and machine ------------------------------------------------------------------
 
-    @property
     def registry(self) -> AxisRegistry:
         """Built-in axes plus those from ``pytest_backends_configurations`` (built once)."""
         if self._registry is None:
@@ -471,12 +470,6 @@ class MatrixPlugin:
             self.config.stash[REGISTRY_KEY] = registry
         return self._registry
 
-    @property
-    def probed(self) -> Availability | None:
-        """The availability if it was probed in this process, else ``None``."""
-        return self._availability
-
-    @property
     def availability(self) -> Availability:
         """What this machine can run (imports torch on first use)."""
         if self._availability is None:
@@ -487,8 +480,8 @@ class MatrixPlugin:
         """The config for ``choices`` (cached; raises ``ConfigError`` on conflicting flags)."""
         config = self._configs.get(choices)
         if config is None:
-            avail = self.availability
-            config = self.registry.make(
+            avail = self.availability()
+            config = self.registry().make(
                 choices, available_flags=avail.flags, cuda_available=avail.cuda
             )
             self._configs[choices] = config
@@ -500,7 +493,7 @@ class MatrixPlugin:
             return None
         if config not in self._reasons:
             self._reasons[config] = availability.unavailable_reason(
-                config, self.registry, self.availability
+                config, self.registry(), self.availability()
             )
         return self._reasons[config]
 
@@ -508,7 +501,7 @@ class MatrixPlugin:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        registry = self.registry
+        registry = self.registry()
         if self.settings.axes:
             check_axes(self.settings.axes, registry, self.settings.axes_source)
         self._select = check_config_ids(self.settings.select, registry, self.settings.select_source)
@@ -516,7 +509,7 @@ class MatrixPlugin:
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         lines: list[str] = []
         if self.settings.enabled or availability.torch_imported():
-            lines += availability.header_lines(self.availability)
+            lines += availability.header_lines(self.availability())
             self._header_shown = True
         else:
             lines.append(availability.HINT)
@@ -531,7 +524,7 @@ class MatrixPlugin:
         """
         self._seen[defid] = list(marks)
         try:
-            selection = markers.resolve(marks, self.registry)
+            selection = markers.resolve(marks, self.registry())
         except markers.MarkerError as exc:
             self._errors[defid] = f"invalid @pytest.mark.backends on {defid}: {exc}"
             return []
@@ -539,7 +532,7 @@ class MatrixPlugin:
         if not self.settings.enabled:
             return []
         try:
-            combos = expand(selection, self.registry, self.settings, defid)
+            combos = expand(selection, self.registry(), self.settings, defid)
             return [self.build(c) for c in combos]
         except ConfigError as exc:
             self._errors[defid] = f"invalid backend configuration for {defid}: {exc}"
@@ -798,7 +791,7 @@ class MatrixPlugin:
                 reporter.write_line(f"ERROR {message}", red=True)
             return
         if self._selections and not self._header_shown and not session.config.option.no_header:
-            for line in availability.header_lines(self.availability):
+            for line in availability.header_lines(self.availability()):
                 reporter.write_line(line)
             self._header_shown = True
         for message in self._errors.values():

@@ -508,7 +508,7 @@ class ReportPlugin:
                 known.config
                 if known is not None
                 else (
-                    config_in_nodeid(report.nodeid, self.matrix.registry.parse_id)
+                    config_in_nodeid(report.nodeid, self.matrix.registry().parse_id)
                     if self.settings.enabled
                     else None
                 )
@@ -522,7 +522,7 @@ class ReportPlugin:
         update(self.results[report.nodeid], report)
 
     def _order(self) -> list[str]:
-        registry = self.matrix.registry
+        registry = self.matrix.registry()
         ids = {r.config for r in self.results.values()}
 
         def key(config_id: str) -> tuple[int, tuple[tuple[int, int], ...], str]:
