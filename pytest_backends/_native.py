@@ -346,7 +346,7 @@ def _announce(message: str) -> None:
             listener(message)
 
 
-def build(*, force: bool = False, verbose: bool = False) -> ModuleType:
+def build(*, force: bool = False, verbose: bool = False, announce: bool = False) -> ModuleType:
     """Build the extension into :func:`cache_dir` unless an up-to-date build is there; load it.
 
     Holds an exclusive lock on the cache directory while deciding and
@@ -354,7 +354,10 @@ def build(*, force: bool = False, verbose: bool = False) -> ModuleType:
     A cached library is loaded only when its size and hash match its build
     record; otherwise it is deleted and rebuilt. ``force`` rebuilds and
     ignores a failure marker from an earlier attempt (which is also ignored
-    once the compiler or ninja changes). Raises :class:`NativeBuildError`.
+    once the compiler or ninja changes). ``announce`` tells the build listener
+    (see :func:`set_build_listener`) before compiling: :func:`load` sets it,
+    because its builds are implicit; a caller of ``build()`` asked for one.
+    Raises :class:`NativeBuildError`.
     """
     files = sources()
     directory = _private_dir(cache_dir())
@@ -383,7 +386,8 @@ def build(*, force: bool = False, verbose: bool = False) -> ModuleType:
             # Never let the build tool reuse a library nobody vouches for: it would
             # see it as up to date and import it.
             library.unlink(missing_ok=True)
-            _announce(why)
+            if announce:
+                _announce(why)
             try:
                 module = _jit_build(directory, files, verbose)
                 _write_record(stamp, key, library)
@@ -498,7 +502,7 @@ def _decide() -> ModuleType | None:
         _state.reason = "; ".join(reasons)
         return None
     try:
-        return build()
+        return build(announce=True)
     except NativeBuildError as exc:
         reasons.append(str(exc))
     except OSError as exc:

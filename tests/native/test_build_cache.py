@@ -310,3 +310,31 @@ def test_a_listener_that_raises_never_breaks_a_build(
             _native.build()
     finally:
         _native.set_build_listener(outer)
+
+
+def test_only_implicit_builds_are_announced(
+    cache_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``build()`` is asked for by its caller (build-native, a test); ``load()`` builds implicitly."""
+
+    def no_compiler(*args: object, **kwargs: object) -> ModuleType:
+        raise RuntimeError("no compiler in this test")
+
+    heard: list[str] = []
+    monkeypatch.setattr(_native, "_jit_build", no_compiler)
+    monkeypatch.setattr(_native, "_load_aot", lambda: None)
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "jit")
+    previous = _native.build_listener()
+    saved = (_native._state.tried, _native._state.module, _native._state.reason)
+    _native.set_build_listener(heard.append)
+    try:
+        with pytest.raises(_native.NativeBuildError, match="no compiler in this test"):
+            _native.build(force=True)
+        assert heard == []
+        (_native.cache_dir() / _native._FAILED_MARKER).unlink()
+        _native._reset_for_tests()
+        assert _native.load() is None
+        assert len(heard) == 1, heard
+    finally:
+        _native.set_build_listener(previous)
+        _native._state.tried, _native._state.module, _native._state.reason = saved

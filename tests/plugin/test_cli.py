@@ -231,6 +231,12 @@ def _torch(jobs: Path) -> str:
     return str(_load(jobs / "report-a.json")["torch"])
 
 
+def _cuda(jobs: Path) -> str | None:
+    """The CUDA version the jobs' torch was built with (a CUDA build reports one without a GPU)."""
+    cuda = _load(jobs / "report-a.json")["cuda"]
+    return None if cuda is None else str(cuda)
+
+
 def test_mixed_versions_are_merged_with_a_warning_on_stderr(jobs: Path, tmp_path: Path) -> None:
     gpu = _load(jobs / "report-b.json")
     gpu.update(torch="2.11.0+cu130", cuda="13.0")
@@ -242,7 +248,10 @@ def test_mixed_versions_are_merged_with_a_warning_on_stderr(jobs: Path, tmp_path
     assert warning.startswith(
         "pytest-backends merge: warning: the reports come from different torch/CUDA versions"
     )
-    assert f"torch {_torch(jobs)} (CUDA none): job-a ({jobs / 'report-a.json'})" in warning
+    assert (
+        f"torch {_torch(jobs)} (CUDA {_cuda(jobs) or 'none'}): job-a ({jobs / 'report-a.json'})"
+        in warning
+    )
     assert f"torch 2.11.0+cu130 (CUDA 13.0): job-b ({tmp_path / 'gpu.json'})" in warning
     assert "warning" not in result.stdout
     assert (
@@ -251,7 +260,7 @@ def test_mixed_versions_are_merged_with_a_warning_on_stderr(jobs: Path, tmp_path
     )
     sources = _load(out)["sources"]
     assert [(s["label"], s["torch"], s["cuda"]) for s in sources] == [
-        ("job-a", _torch(jobs), None),
+        ("job-a", _torch(jobs), _cuda(jobs)),
         ("job-b", "2.11.0+cu130", "13.0"),
     ]
 
