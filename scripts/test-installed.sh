@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Test the package as users install it: build the sdist and the wheel, check their
+# metadata, install the wheel (not editable) into a fresh virtualenv, build the native
+# harness from the installed package, and run the test suite from a copy of the
+# repository that has no pytest_backends/ or native/ in it, so every import resolves
+# to site-packages.
+#
+#   scripts/test-installed.sh [full|min|latest] [pytest args...]
+#
+#   full    torch $TORCH (default torch==2.13.0) and the newest pytest: the whole suite
+#   min     the declared floor (pytest, pluggy, pytest-xdist, hypothesis): the hooks,
+#           the leak guard, --backends-verify, packaging and the idle-import promise
+#   latest  the newest torch pip allows here ($TORCH_LATEST, a CUDA build): the flag
+#           registry, leak guard, plugin and packaging tests
+#
+# Environments live in .whl/ (ignored by git); each run starts them afresh.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+flavor=${1:-full}
+[ $# -gt 0 ] && shift
+PYTHON=${PYTHON:-python3}
+TORCH=${TORCH:-torch==2.13.0}
+TORCH_LATEST=${TORCH_LATEST:-torch==2.14.1}
+# The floor the metadata admits (pyproject.toml), pinned exactly.
+MIN_PINS=("pytest==8.0.0" "pluggy==1.3.0" "pytest-xdist==3.3.0" "hypothesis==6.80.0")
+PIP=(pip install -q --disable-pip-version-check)
+work=$root/.whl
+dist=$work/dist
+start=$SECONDS
+say() { printf '\n== %s (%ds)\n' "$*" "$((SECONDS - start))"; }
+
+say "building the sdist and the wheel from a clean export of the tree"
+rm -rf "$dist" "$work/src"
+mkdir -p "$dist" "$work/src"
+# git archive of the working tree's tracked files (a stale build/ cannot leak in);
+# outside a git checkout (an unpacked sdist) the tree is copied as it is.
+if git rev-parse --git-dir >/dev/null 2>&1; then
+    git ls-files -z --cached --others --exclude-standard | \
+        (cd "$root" && xargs -0 cp --parents -t "$work/src" 2>/dev/null || true)
+else
+    cp -r pyproject.toml setup.py README.md LICENSE CHANGELOG.md pytest_backends native "$work/src"/
+fi
+"$PYTHON" -m venv "$work/build-venv"
+"$work/build-venv/bin/python" -m "${PIP[@]}" build twine
+"$work/build-venv/bin/python" -m build -q --outdir "$dist" "$work/src" >/dev/null
+"$work/build-venv/bin/python" -m twine check --strict "$dist"/*
+wheel=$(ls "$dist"/*.whl)
+sdist=$(ls "$dist"/*.tar.gz)
+
+venv=$work/venv-$flavor
+say "fresh virtualenv $venv with the wheel alone (no torch)"
+rm -rf "$venv"
+"$PYTHON" -m venv "$venv"
+"$venv/bin/python" -m "${PIP[@]}" "$wheel"
+# A suite that never uses torch runs with the plugin loaded and torch absent.
+idle=$(mktemp -d)
+printf 'def test_plain():\n    assert 1 + 1 == 2\n' > "$idle/test_idle.py"
+(cd "$idle" && "$venv/bin/python" -m pytest -q -p no:cacheprovider test_idle.py)
+(cd "$idle" && "$venv/bin/python" -m pytest --trace-config -q -p no:cacheprovider test_idle.py) \
+    | grep -q "pytest_backends/plugin.py" || { echo "the installed plugin did not load"; exit 1; }
+rm -rf "$idle"
+
+case $flavor in
+    full) torch=$TORCH; pins=() ;;
+    min) torch=$TORCH; pins=("${MIN_PINS[@]}") ;;
+    latest) torch=$TORCH_LATEST; pins=() ;;
+    *) echo "unknown flavor $flavor (full, min, latest)"; exit 2 ;;
+esac
+say "installing $torch and the test requirements ${pins[*]:-}"
+"$venv/bin/python" -m "${PIP[@]}" "$torch"
+"$venv/bin/python" -m "${PIP[@]}" "${wheel}[test]" "$torch" "${pins[@]}"
+"$venv/bin/python" -m pip list --disable-pip-version-check 2>/dev/null \
+    | grep -Ei '^(torch|pytest|pluggy|pytest-xdist|hypothesis|pytest-backends) '
+
+say "building the native harness from the installed package"
+(cd "$work" && "$venv/bin/python" -m pytest_backends build-native) \
+    || echo "no native harness: the tests use the pure-Python fallback"
+
+say "copying the tests out of the source tree"
+suite=$work/suite-$flavor
+rm -rf "$suite"
+cp -r "$work/src" "$suite"
+rm -rf "$suite/pytest_backends" "$suite/native" "$suite/setup.py"
+
+case $flavor in
+    full) paths=() ;;
+    min) paths=(tests/packaging tests/plugin tests/matrix/test_import_cost.py
+                tests/matrix/test_verify_e2e.py tests/matrix/test_markers.py
+                tests/unit/test_tracked_state.py tests/capability/test_scheduler.py) ;;
+    latest) paths=(tests/packaging tests/plugin tests/unit tests/native/test_digest.py
+                   tests/determinism/test_reproducible_api.py tests/matrix/test_matrix_e2e.py) ;;
+esac
+say "running the suite against the installed package ($flavor)"
+cd "$suite"
+PYTEST_BACKENDS_SOURCE_TREE=$root PYTEST_BACKENDS_EXPECT_INSTALLED=1 \
+    "$venv/bin/python" -m pytest -n 2 -q -p no:cacheprovider "${paths[@]}" "$@"
+say "the sdist installs and its plugin runs a user suite"
+if [ "$flavor" = full ]; then
+    cd "$root"
+    sd=$work/venv-sdist
+    rm -rf "$sd"
+    "$PYTHON" -m venv "$sd"
+    "$sd/bin/python" -m "${PIP[@]}" "$torch"
+    "$sd/bin/python" -m "${PIP[@]}" "$sdist" "$torch"
+    # the demo, copied out of the repository, checks its own outcomes
+    user=$(mktemp -d)
+    cp -r "$root/demo" "$user/demo"
+    (cd "$user" && "$sd/bin/python" demo/run_demo.py "$user/out" > "$user/log" 2>&1) \
+        || { tail -40 "$user/log"; exit 1; }
+    tail -3 "$user/log"
+    rm -rf "$user"
+fi
+say "done"
