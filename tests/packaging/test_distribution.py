@@ -27,7 +27,7 @@ NEEDED = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "pytest_backends
 
 
 def _source_tree() -> Path:
-    """The checkout the package is built from (``PYTEST_BACKENDS_SOURCE_TREE`` when tests were copied)."""
+    """The checkout the package is built from (``PYTEST_BACKENDS_SOURCE_TREE`` for copied tests)."""
     root = Path(os.environ.get("PYTEST_BACKENDS_SOURCE_TREE", HERE))
     if not all((root / name).exists() for name in NEEDED):
         pytest.skip(f"no source tree at {root} (set PYTEST_BACKENDS_SOURCE_TREE)")
@@ -57,8 +57,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             shutil.copy2(source, copy / name)
     out = tmp_path_factory.mktemp("dist")
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
-        + ["--disable-pip-version-check", "-w", str(out), str(copy)],
+        [
+            *(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"),
+            *("--disable-pip-version-check", "-w", str(out), str(copy)),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -74,7 +76,8 @@ def test_wheel_holds_every_module_and_native_source(wheel: Path) -> None:
     assert not missing, f"the wheel lacks {len(missing)} file(s): {missing[:10]}"
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     # subpackages are real packages in the wheel, not stray files
-    assert {"pytest_backends/matrix/__init__.py", "pytest_backends/determinism/__init__.py"} <= names
+    packages = {"pytest_backends/matrix/__init__.py", "pytest_backends/determinism/__init__.py"}
+    assert packages <= names
 
 
 def test_wheel_metadata(wheel: Path) -> None:
