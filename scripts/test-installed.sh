@@ -57,8 +57,8 @@ rm -rf "$venv"
 idle=$(mktemp -d)
 printf 'def test_plain():\n    assert 1 + 1 == 2\n' > "$idle/test_idle.py"
 (cd "$idle" && "$venv/bin/python" -m pytest -q -p no:cacheprovider test_idle.py)
-(cd "$idle" && "$venv/bin/python" -m pytest --help) | grep -q -- "--backends-matrix" \
-    || { echo "the installed plugin did not load"; exit 1; }
+help=$(cd "$idle" && "$venv/bin/python" -m pytest --help)
+grep -q -- "--backends-matrix" <<<"$help" || { echo "the installed plugin did not load"; exit 1; }
 rm -rf "$idle"
 
 case $flavor in
