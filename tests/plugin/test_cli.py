@@ -173,10 +173,11 @@ def test_merge_shows_conflicts_and_never_overwrites_an_outcome(jobs: Path, tmp_p
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     lines = result.stdout.splitlines()
+    built = f"torch {_torch(jobs)}" + (f", CUDA {_cuda(jobs)}" if _cuda(jobs) else "")
     assert lines[:3] == [
         "merged 2 source(s):",
-        f"  [1] job-a: 4 tests from {jobs / 'report-a.json'} (torch {_torch(jobs)})",
-        f"  [2] job-b: 4 tests from {jobs / 'report-b.json'} (torch {_torch(jobs)})",
+        f"  [1] job-a: 4 tests from {jobs / 'report-a.json'} ({built})",
+        f"  [2] job-b: 4 tests from {jobs / 'report-b.json'} ({built})",
     ]
     grid = lines.index("config      passed  failed  skipped  conflict")
     assert " ".join(lines[grid + 3].split()) == "total 1 0 0 3"
