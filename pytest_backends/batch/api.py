@@ -13,12 +13,19 @@ This module imports torch only when the check is called.
 from __future__ import annotations
 
 import contextvars
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pytest_backends import _tree
+from pytest_backends.batch.runs import (
+    Case,
+    Plan,
+    Run,
+    call,
+    differences,
+    rows_differ,
+    sub_batches,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -31,9 +38,6 @@ __all__ = [
     "CaseResult",
     "assert_batch_invariant",
 ]
-
-#: Batches up to this size are checked with every row alone; larger ones at three offsets.
-EVERY_ROW_UP_TO = 32
 
 
 class BatchInvarianceError(AssertionError):
@@ -138,45 +142,6 @@ class BatchInvariance:
 _SESSION: contextvars.ContextVar[Any] = contextvars.ContextVar("batch_invariance", default=None)
 
 
-@dataclass(frozen=True)
-class _Case:
-    label: str
-    rows: tuple[int, ...]
-
-    @property
-    def size(self) -> int:
-        return len(self.rows)
-
-
-def _cases(
-    n: int, sizes: Sequence[int], offsets: Sequence[int] | None, permute: bool, seed: int
-) -> list[_Case]:
-    import torch
-
-    cases: list[_Case] = []
-    for size in sizes:
-        if size >= n:
-            continue
-        if offsets is not None:
-            starts = sorted({o for o in offsets if 0 <= o <= n - size})
-        elif size == 1 and n <= EVERY_ROW_UP_TO:
-            starts = list(range(n))
-        else:
-            starts = sorted({0, (n - size) // 2, n - size})
-        for start in starts:
-            rows = tuple(range(start, start + size))
-            label = f"row {start} alone" if size == 1 else f"rows {start}..{start + size - 1}"
-            cases.append(_Case(label, rows))
-    if permute and n > 1:
-        gen = torch.Generator()
-        gen.manual_seed(seed)
-        order = tuple(int(i) for i in torch.randperm(n, generator=gen))
-        if order == tuple(range(n)):
-            order = tuple(reversed(order))
-        cases.append(_Case("the batch permuted", order))
-    return cases
-
-
 def _dims(inputs: Sequence[object], dim: int | Sequence[int | None] | None) -> list[int | None]:
     import torch
 
@@ -248,202 +213,6 @@ def _tolerance(
     return (float(rtol or 0.0), float(atol or 0.0))
 
 
-class _Run:
-    """One call of ``fn`` on (a selection of) the batch: its outputs and input gradients."""
-
-    def __init__(self, parts: list[tuple[str, torch.Tensor, int]]) -> None:
-        self.parts = parts  # (label, tensor, batch dim)
-
-
-def _select(x: torch.Tensor, d: int, rows: Sequence[int]) -> torch.Tensor:
-    import torch
-
-    index = torch.tensor(list(rows), dtype=torch.long, device=x.device)
-    return x.detach().index_select(d, index)
-
-
-def _prepare(
-    inputs: Sequence[object], dims: Sequence[int | None], rows: Sequence[int] | None
-) -> list[object]:
-    """The inputs of one run: batched ones selected (detached leaves), others as given."""
-    import torch
-
-    prepared: list[object] = []
-    for x, d in zip(inputs, dims):
-        if d is None:
-            prepared.append(x)
-            continue
-        assert isinstance(x, torch.Tensor)
-        y = x.detach().clone() if rows is None else _select(x, d, rows)
-        if x.requires_grad:
-            y.requires_grad_(True)
-        prepared.append(y)
-    return prepared
-
-
-def _outputs(result: object, out_dim: int, n: int) -> list[tuple[str, torch.Tensor]]:
-    import torch
-
-    found: list[tuple[str, torch.Tensor]] = []
-    for path, leaf in _tree.leaves(result, "output"):
-        if not isinstance(leaf, torch.Tensor):
-            raise TypeError(
-                f"assert_batch_invariant: {path} is a {type(leaf).__name__}, not a tensor: fn "
-                "must return tensors (or containers of them) batched along out_dim"
-            )
-        if leaf.dim() <= out_dim or leaf.shape[out_dim] != n:
-            raise ValueError(
-                f"assert_batch_invariant: {path} has shape {list(leaf.shape)}, which has no "
-                f"batch dimension {out_dim} of size {n}; return per-row results (a loss "
-                "reduced over the batch cannot be compared row by row)"
-            )
-        found.append((path, leaf))
-    if not found:
-        raise ValueError("assert_batch_invariant: fn returned no tensor")
-    return found
-
-
-def _upstream(outputs: Sequence[torch.Tensor], seed: int) -> list[torch.Tensor]:
-    import torch
-
-    grads = []
-    for i, out in enumerate(outputs):
-        gen = torch.Generator(device=out.device)
-        gen.manual_seed(seed + i)
-        grads.append(torch.randn(out.shape, dtype=out.dtype, device=out.device, generator=gen))
-    return grads
-
-
-def _differentiable(t: torch.Tensor) -> bool:
-    return bool(t.requires_grad and (t.is_floating_point() or t.is_complex()))
-
-
-@dataclass
-class _Plan:
-    fn: Callable[..., object]
-    inputs: Sequence[object]
-    dims: list[int | None]
-    n: int
-    out_dim: int
-    backward: bool
-    seed: int
-
-
-def _arguments(
-    plan: _Plan, rows: Sequence[int] | None, grads: list[torch.Tensor] | None
-) -> tuple[list[object], list[torch.Tensor] | None]:
-    """The arguments of one run and its upstream gradients (rows of the full batch's)."""
-    args = _prepare(plan.inputs, plan.dims, rows)
-    upstream = None
-    if plan.backward and grads is not None:
-        upstream = grads if rows is None else [_select(g, plan.out_dim, rows) for g in grads]
-    return args, upstream
-
-
-def _call(
-    plan: _Plan,
-    rows: Sequence[int] | None,
-    grads: list[torch.Tensor] | None,
-    watch: Any = None,
-    prepared: tuple[list[object], list[torch.Tensor] | None] | None = None,
-) -> tuple[_Run, list[torch.Tensor] | None]:
-    """Run ``fn`` on ``rows`` of the batch (None: the whole batch) and collect its parts.
-
-    ``grads`` are the full batch's upstream gradients; a sub-batch uses their rows.
-    The whole batch draws them (seeded) when the plan asks for a backward check
-    and none are given. Returns the run and the upstream gradients used (None:
-    no backward). Only ``fn`` and its backward run inside ``watch`` (a context
-    manager such as an op recorder); selecting the rows happens outside it,
-    or before, in :func:`_arguments` (``prepared``).
-    """
-    import contextlib
-
-    import torch
-
-    args, upstream = prepared if prepared is not None else _arguments(plan, rows, grads)
-    n = plan.n if rows is None else len(rows)
-    with watch if watch is not None else contextlib.nullcontext():
-        result = plan.fn(*args)
-        outs = _outputs(result, plan.out_dim, n)
-        parts = [(label, t.detach(), plan.out_dim) for label, t in outs]
-        if plan.backward and grads is None and rows is None:
-            with torch.utils._python_dispatch._disable_current_modes():
-                grads = upstream = _upstream([t for _, t in outs], plan.seed)
-        used = None
-        if upstream is not None:
-            wrt = [
-                (i, a, d)
-                for i, (a, d) in enumerate(zip(args, plan.dims))
-                if d is not None and isinstance(a, torch.Tensor) and a.requires_grad
-            ]
-            diff = [(t, g) for (_, t), g in zip(outs, upstream) if _differentiable(t)]
-            if wrt and diff:
-                got = torch.autograd.grad(
-                    [t for t, _ in diff],
-                    [a for _, a, _ in wrt],
-                    [g for _, g in diff],
-                    allow_unused=True,
-                )
-                used = grads
-                for (i, _, d), g in zip(wrt, got):
-                    if g is not None:
-                        parts.append((f"grad of input {i}", g, d))
-    return _Run(parts), used
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    import torch
-
-    flat = t.detach().contiguous().reshape(-1)
-    if flat.dtype == torch.bool:
-        return flat.view(torch.uint8)
-    return flat.view(torch.uint8) if flat.element_size() == 1 else flat.view(_int_of(flat))
-
-
-def _int_of(t: torch.Tensor) -> torch.dtype:
-    import torch
-
-    return {2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}[t.element_size()]
-
-
-def rows_differ(full_rows: torch.Tensor, sub: torch.Tensor, d: int) -> torch.Tensor:
-    """A bool per row (along ``d``): whether the two tensors' rows differ bitwise."""
-    import torch
-
-    a = torch.movedim(full_rows.detach(), d, 0).contiguous()
-    b = torch.movedim(sub.detach(), d, 0).contiguous()
-    if a.is_complex():
-        a, b = torch.view_as_real(a), torch.view_as_real(b)
-    rows = a.shape[0]
-    if a.numel() == 0:
-        return torch.zeros(rows, dtype=torch.bool, device=a.device)
-    return (_bits(a) != _bits(b)).reshape(rows, -1).any(dim=1)
-
-
-def differences(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
-    """``(max abs, max rel)`` difference of ``a`` from the reference ``b``; NaN vs number is inf."""
-    import torch
-
-    if a.numel() == 0 or not (a.is_floating_point() or a.is_complex()):
-        if torch.equal(a, b):
-            return 0.0, 0.0
-        diff = (a.double() - b.double()).abs()
-        m = float(diff.max())
-        return m, m
-    x, y = (
-        a.detach().to(torch.complex128 if a.is_complex() else torch.float64),
-        b.detach().to(torch.complex128 if b.is_complex() else torch.float64),
-    )
-    diff = (x - y).abs()
-    same_nan = torch.isnan(x) & torch.isnan(y) if not x.is_complex() else torch.isnan(diff) & False
-    diff = torch.where(same_nan, torch.zeros_like(diff), diff)
-    diff = torch.nan_to_num(diff, nan=math.inf)
-    max_abs = float(diff.max())
-    scale = y.abs()
-    rel = torch.where(scale > 0, diff / torch.where(scale > 0, scale, torch.ones_like(scale)), diff)
-    return max_abs, float(rel.max())
-
-
 def _within(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> bool:
     import torch
 
@@ -453,7 +222,7 @@ def _within(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> bool:
 
 
 def _compare(
-    full: _Run, sub: _Run, case: _Case, tol: tuple[float, float] | str | None
+    full: Run, sub: Run, case: Case, tol: tuple[float, float] | str | None
 ) -> list[CaseResult]:
     import torch
 
@@ -566,33 +335,37 @@ def assert_batch_invariant(
     for s in sizes:
         if isinstance(s, bool) or not isinstance(s, int) or s < 1:
             raise ValueError(f"assert_batch_invariant: sizes must be positive ints, got {s!r}")
-    cases = _cases(n, sizes, offsets, permute, seed)
-    plan = _Plan(fn, inputs, dims, n, out_dim, backward, seed)
+    cases = sub_batches(n, sizes, offsets, permute, seed)
+    plan = Plan(fn, inputs, dims, n, out_dim, backward, seed)
     result = BatchInvariance(n, tolerance=tol if isinstance(tol, tuple) else None)
     start = RngState.capture()
     try:
         start.restore()
-        full, grads = _call(plan, None, None)
+        full, grads = call(plan, None, None)
         if backward:
             result.backward = _backward_note(plan, grads)
         for case in cases:
             start.restore()
-            sub, _ = _call(plan, case.rows, grads)
+            sub, _ = call(plan, case.rows, grads)
             result.cases.extend(_compare(full, sub, case, tol))
+        findings: dict[str, Finding] = {}
         if session is not None:
-            session.record(plan, cases, grads, result, start)
+            findings = session.record(plan, cases, grads, result, start)
     finally:
         start.restore()
     failing = _first_failure(result, tol)
     if failing is not None:
-        finding = None
+        finding = findings.get(failing.case)
         if locate:
-            from pytest_backends.batch.locate import find_op
+            from pytest_backends.batch.locate import find_op, with_location
 
             case = next(c for c in cases if c.label == failing.case)
             start.restore()
             try:
-                finding = find_op(plan, case, grads, failing.part)
+                if finding is None:
+                    finding = find_op(plan, case, grads)
+                else:
+                    finding = with_location(finding, plan, case.rows, grads)
             finally:
                 start.restore()
         if session is not None and session.accepts(finding):
@@ -603,7 +376,7 @@ def assert_batch_invariant(
     return result
 
 
-def _backward_note(plan: _Plan, grads: list[torch.Tensor] | None) -> str:
+def _backward_note(plan: Plan, grads: list[torch.Tensor] | None) -> str:
     import torch
 
     wanted = [

@@ -31,11 +31,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pytest_backends import _tree
-from pytest_backends.batch.api import rows_differ
+from pytest_backends.batch.runs import rows_differ
 from pytest_backends.determinism.recorder import Comparison, Divergence, Location, locate
 
 if TYPE_CHECKING:
-    from pytest_backends.batch.api import _Case, _Plan
+    from pytest_backends.batch.runs import Case, Plan
 
 __all__ = ["Finding", "OpLog", "RowRecorder", "compare_ops", "find_op", "record"]
 
@@ -106,15 +106,15 @@ class RowRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return out
 
 
-def record(plan: _Plan, rows: Sequence[int] | None, grads: list[torch.Tensor] | None) -> OpLog:
+def record(plan: Plan, rows: Sequence[int] | None, grads: list[torch.Tensor] | None) -> OpLog:
     """The ops of one run of the plan (forward, and backward where ``grads`` are given)."""
-    from pytest_backends.batch.api import _call
+    from pytest_backends.batch.runs import call
 
     plan = dataclasses.replace(plan, backward=grads is not None)
     recorder = RowRecorder()
     # The ops recorded before fn raised are still compared.
     with contextlib.suppress(Exception):
-        _call(plan, rows, grads, recorder)
+        call(plan, rows, grads, recorder)
     return OpLog(recorder.ops)
 
 
@@ -276,9 +276,9 @@ def _merge(
         verdicts[key] = verdict
 
 
-def with_location(finding: Finding, plan: _Plan, rows: Sequence[int], grads: Any) -> Finding:
+def with_location(finding: Finding, plan: Plan, rows: Sequence[int], grads: Any) -> Finding:
     """``finding`` with the source line of its op, found by running the sub-batch once more."""
-    from pytest_backends.batch.api import _arguments, _call
+    from pytest_backends.batch.runs import arguments, call
 
     if finding.op_index is None or finding.op is None:
         return finding
@@ -286,17 +286,17 @@ def with_location(finding: Finding, plan: _Plan, rows: Sequence[int], grads: Any
     if name is None or name.startswith("("):
         return finding
     plan = dataclasses.replace(plan, backward=grads is not None)
-    prepared = _arguments(plan, rows, grads)
+    prepared = arguments(plan, rows, grads)
     divergence = Divergence("op", 1, finding.op_index, name, finding.device, finding.dtype)
     comparison = Comparison(2, [divergence], None, {})
-    placed = locate(comparison, lambda: _call(plan, rows, grads, prepared=prepared))
+    placed = locate(comparison, lambda: call(plan, rows, grads, prepared=prepared))
     location = placed.blamed[0].location if placed.blamed else None
     if location is None:
         return finding
     return dataclasses.replace(finding, location=location)
 
 
-def find_op(plan: _Plan, case: _Case, grads: list[torch.Tensor] | None, part: str) -> Finding:
+def find_op(plan: Plan, case: Case, grads: list[torch.Tensor] | None) -> Finding:
     """Record the full batch and ``case``'s sub-batch op by op and locate the first variant op."""
     if case.size == plan.n:
         _, finding = compare_ops(OpLog([]), OpLog([]), plan.n, case.rows, case.label)
