@@ -130,8 +130,9 @@ class BatchInvariance:
         for size in self.sizes:
             cases = [c for c in self.cases if c.size == size]
             bad = [c for c in cases if not c.identical]
+            what = f"size {size}" if size < self.batch else f"size {size} (the batch permuted)"
             lines.append(
-                f"  size {size}: {len(bad)} of {len(cases)} compared parts differ; "
+                f"  {what}: {len(bad)} of {len(cases)} compared parts differ; "
                 f"max abs {max(c.max_abs for c in cases):.3g}, "
                 f"max rel {max(c.max_rel for c in cases):.3g}"
             )

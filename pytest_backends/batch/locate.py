@@ -5,10 +5,11 @@ which keeps a copy of every op's tensor inputs and outputs. The two op
 sequences are then walked together. For each tensor the batch dimension is
 read from the shapes: the one dimension whose size is ``N * k`` in the full
 run and ``n * k`` in the sub-batch (``k > 1`` when the batch was flattened
-with another dimension); a tensor of the same shape in both runs is not
-batched. An op is blamed only when every tensor input it received is proven
-equal (its rows, for a batched input; its whole value otherwise) and an
-output row differs: its output rows differ for identical input rows. An op
+with another dimension, batch-major or batch-minor: both are tried); a
+tensor of the same shape in both runs is not batched. An op is blamed only
+when every tensor input it received is proven equal (its rows, for a batched
+input; its whole value otherwise) and an output row differs: its output rows
+differ for identical input rows. An op
 whose output is not batched although an input is (a reduction over the
 batch, a weight gradient) cannot be compared row by row and is not blamed;
 ops fed by it are not either. The op's source line and module path come
@@ -42,7 +43,7 @@ __all__ = ["Finding", "OpLog", "RowRecorder", "compare_ops", "find_op", "record"
 #: Verdicts per op, strongest first.
 VERDICTS = ("batch_variant", "no_difference", "inconclusive")
 
-# Ops whose output is uninitialised memory: not data, so equal by definition.
+# Ops whose output is uninitialised memory: not data, never compared.
 _UNINITIALIZED = frozenset(
     {
         "aten::empty",
@@ -158,11 +159,21 @@ class Finding:
         return f"no op located: {self.reason}"
 
 
-def _block_index(rows: Sequence[int], k: int, device: torch.device) -> torch.Tensor:
+def _row_indices(rows: Sequence[int], n: int, k: int, device: torch.device) -> list[torch.Tensor]:
+    """Where the sub-batch's elements sit along a batched dimension of the full run.
+
+    With ``k > 1`` the batch was flattened with another dimension of size
+    ``k``, either batch-major (``[N, k] -> N * k``) or batch-minor
+    (``[k, N] -> k * N``); the shapes do not tell which, so both are tried.
+    """
     base = torch.tensor(list(rows), dtype=torch.long, device=device)
     if k == 1:
-        return base
-    return (base[:, None] * k + torch.arange(k, device=device)).reshape(-1)
+        return [base]
+    inner = torch.arange(k, device=device)
+    return [
+        (base[:, None] * k + inner).reshape(-1),
+        (inner[:, None] * n + base).reshape(-1),
+    ]
 
 
 def _batch_dim(full: torch.Tensor, sub: torch.Tensor, n: int, m: int) -> tuple[str, int, int]:
@@ -181,15 +192,29 @@ def _batch_dim(full: torch.Tensor, sub: torch.Tensor, n: int, m: int) -> tuple[s
 
 
 def _same(
-    full: torch.Tensor, sub: torch.Tensor, how: tuple[str, int, int], rows: Sequence[int]
-) -> bool:
+    full: torch.Tensor,
+    sub: torch.Tensor,
+    how: tuple[str, int, int],
+    rows: Sequence[int],
+    n: int,
+) -> bool | None:
+    """Whether the sub-batch's tensor equals its rows of the full run's; None: cannot tell.
+
+    A flattened batch (``k > 1``) that matches neither layout cannot be told
+    apart from a layout this comparison does not know, so it proves nothing
+    either way.
+    """
     kind, d, k = how
+    if kind == "unknown":
+        return None
     if kind == "whole":
         return full.shape == sub.shape and not bool(
             rows_differ(full.reshape(1, -1), sub.reshape(1, -1), 0).any()
         )
-    index = _block_index(rows, k, full.device)
-    return not bool(rows_differ(full.index_select(d, index), sub, d).any())
+    for index in _row_indices(rows, n, k, full.device):
+        if not bool(rows_differ(full.index_select(d, index), sub, d).any()):
+            return True
+    return False if k == 1 else None
 
 
 def compare_ops(
@@ -211,15 +236,14 @@ def compare_ops(
                 finding = Finding("sequence", case, a.name, a.device, a.dtype, i, other_op=b.name)
             break
         if a.name in _UNINITIALIZED:
-            _merge(verdicts, key, "no_difference")
-            continue
+            continue  # not data: neither compared nor blamed
         inputs_equal = True
         batched_input = False
         for x, y in zip(a.inputs, b.inputs):
             how = _batch_dim(x, y, n, m)
             if how[0] == "batched":
                 batched_input = True
-            if how[0] == "unknown" or not _same(x, y, how, rows):
+            if _same(x, y, how, rows, n) is not True:
                 inputs_equal = False
                 break
         if len(a.inputs) != len(b.inputs):
@@ -230,10 +254,13 @@ def compare_ops(
         compared = differs = False
         for x, y in zip(a.outputs, b.outputs):
             how = _batch_dim(x, y, n, m)
-            if how[0] == "unknown" or (how[0] == "whole" and batched_input):
+            if how[0] == "whole" and batched_input:
                 continue  # a reduction over the batch: not comparable row by row
+            same = _same(x, y, how, rows, n)
+            if same is None:
+                continue
             compared = True
-            if not _same(x, y, how, rows):
+            if not same:
                 differs = True
         if differs:
             _merge(verdicts, key, "batch_variant")

@@ -248,3 +248,51 @@ def test_bad_arguments_raise_clear_errors() -> None:
         assert_batch_invariant(torch.sin, torch.randn(1, 3))
     with pytest.raises(TypeError, match="not both"):
         assert_batch_invariant(torch.sin, x, rtol=1e-3, tolerance=(1e-3, 0))
+
+
+# --- the op-by-op comparison's proof rule ---------------------------------------------------
+
+
+def _verdicts(fn: object, x: torch.Tensor, rows: tuple[int, ...]) -> tuple[dict[str, str], object]:
+    from pytest_backends.batch.locate import compare_ops, record
+    from pytest_backends.batch.runs import Plan
+
+    plan = Plan(fn, (x,), [0], x.shape[0], 0, False, 0)  # type: ignore[arg-type]
+    full, sub = record(plan, None, None), record(plan, rows, None)
+    verdicts, finding = compare_ops(full, sub, x.shape[0], rows, "case")
+    return {op: v for (op, _, _), v in verdicts.items()}, finding
+
+
+def test_a_batch_flattened_batch_minor_is_not_blamed() -> None:
+    # Sequence-first flattening puts the batch inside another dimension ([T, N, C] ->
+    # [T * N, C]): its rows are not contiguous blocks, and no op may be blamed for that.
+    def seq_first(x: torch.Tensor) -> torch.Tensor:
+        n, t, c = x.shape
+        flat = x.transpose(0, 1).reshape(t * n, c)
+        return torch.tanh(flat).reshape(t, n, c).transpose(0, 1)
+
+    x = torch.randn(6, 5, 4)
+    verdicts, finding = _verdicts(seq_first, x, (2, 3))
+    assert "batch_variant" not in verdicts.values()
+    assert verdicts["aten::tanh"] == "no_difference"
+    assert finding.kind == "none"  # type: ignore[attr-defined]
+
+
+def test_a_reduction_over_the_batch_is_inconclusive_not_blamed() -> None:
+    verdicts, finding = _verdicts(lambda t: t - t.mean(dim=0), torch.randn(8, 4), (0,))
+    assert verdicts["aten::mean"] == "inconclusive"
+    assert verdicts["aten::sub"] == "inconclusive"
+    assert finding.kind == "none"  # type: ignore[attr-defined]
+
+
+def test_matmul_verdicts_name_the_variant_op_and_the_invariant_ones() -> None:
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(512, 1024, generator=gen)
+    x = torch.randn(64, 512, generator=gen)
+    if torch.equal(torch.mm(x[:1], w), torch.mm(x, w)[:1]):
+        pytest.skip("torch.mm is batch-invariant here at 64x512 (row 0 measured equal)")
+    verdicts, finding = _verdicts(lambda t: torch.softmax(torch.tanh(t) @ w, -1), x, (0,))
+    assert verdicts["aten::tanh"] == "no_difference"
+    assert verdicts["aten::mm"] == "batch_variant"
+    assert verdicts["aten::_softmax"] == "inconclusive"  # its input rows already differ
+    assert finding.op == "aten::mm"  # type: ignore[attr-defined]
