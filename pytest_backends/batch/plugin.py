@@ -183,6 +183,8 @@ class TestCheck:
         self.baseline = baseline
         self.update = update
         self.calls = 0
+        #: Why the op-by-op recording failed (its verdicts are then incomplete), or None.
+        self.failure: str | None = None
         self.accepted: list[Key] = []
         # key -> (verdict, sizes without difference, sizes differing)
         self._verdicts: dict[Key, tuple[str, set[int], set[int]]] = {}
@@ -211,18 +213,22 @@ class TestCheck:
         from pytest_backends.batch.locate import compare_ops, record
 
         self.calls += 1
-        start.restore()
-        full = record(plan, None, grads)
         findings: dict[str, Finding] = {}
-        for case in cases:
-            if case.size == plan.n:
-                continue
+        try:
             start.restore()
-            sub = record(plan, case.rows, grads)
-            verdicts, finding = compare_ops(full, sub, plan.n, case.rows, case.label)
-            findings[case.label] = finding
-            for key, verdict in verdicts.items():
-                self._add(key, verdict, case.size)
+            full = record(plan, None, grads)
+            for case in cases:
+                if case.size == plan.n:
+                    continue
+                start.restore()
+                sub = record(plan, case.rows, grads)
+                verdicts, finding = compare_ops(full, sub, plan.n, case.rows, case.label)
+                findings[case.label] = finding
+                for key, verdict in verdicts.items():
+                    self._add(key, verdict, case.size)
+        except Exception as exc:  # the census's own failure is never the test's
+            text = str(exc).strip().splitlines()
+            self.failure = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
         return findings
 
     def _add(self, key: Key, verdict: str, size: int) -> None:
@@ -281,6 +287,7 @@ class BatchPlugin:
         self.census = BatchCensus()
         self._errors: list[str] = []
         self._marked = 0
+        self._unrecorded: dict[str, str] = {}
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -306,7 +313,11 @@ class BatchPlugin:
             result = yield
         finally:
             _SESSION.reset(token)
-            item.stash[_ROWS_KEY] = {"config": _config_id(item), "rows": check.rows()}
+            item.stash[_ROWS_KEY] = {
+                "config": _config_id(item),
+                "rows": check.rows(),
+                "failure": check.failure,
+            }
         if check.calls == 0:
             pytest.fail(
                 f"{item.nodeid} is marked @pytest.mark.{MARKER} but never called "
@@ -332,6 +343,8 @@ class BatchPlugin:
         if str(report.outcome) == "rerun":
             return
         self._marked += 1
+        if data.get("failure"):
+            self._unrecorded[report.nodeid] = str(data["failure"])
         try:
             self.census.add_test(report.nodeid, str(data.get("config")), data.get("rows") or [])
         except CensusFileError as exc:
@@ -378,6 +391,10 @@ class BatchPlugin:
         terminalreporter.section("batch invariance", sep="=")
         for error in self._errors:
             write(f"ERROR: {error}", red=True)
+        for nodeid, reason in sorted(self._unrecorded.items()):
+            write(
+                f"census incomplete: {nodeid}: the op-by-op recording failed: {reason}", yellow=True
+            )
         variant = self.census.variant()
         write(
             f"{len(self.census)} op keys (op, device, dtype) checked in {self._marked} test(s); "
