@@ -35,17 +35,21 @@ EVERY_ROW_UP_TO = 32
 
 @dataclass(frozen=True)
 class Case:
+    """One sub-batch: a label (``"row 3 alone"``) and the full-batch indices of its rows."""
+
     label: str
     rows: tuple[int, ...]
 
     @property
     def size(self) -> int:
+        """The number of rows."""
         return len(self.rows)
 
 
 def sub_batches(
     n: int, sizes: Sequence[int], offsets: Sequence[int] | None, permute: bool, seed: int
 ) -> list[Case]:
+    """The sub-batches of a batch of ``n`` rows (see ``assert_batch_invariant``)."""
     import torch
 
     cases: list[Case] = []
@@ -80,6 +84,7 @@ class Run:
 
 
 def select_rows(x: torch.Tensor, d: int, rows: Sequence[int]) -> torch.Tensor:
+    """A detached copy of ``rows`` of ``x`` along ``d``, in that order."""
     import torch
 
     index = torch.tensor(list(rows), dtype=torch.long, device=x.device)
@@ -106,10 +111,13 @@ def prepare(
 
 
 def outputs_of(result: object, out_dim: int, n: int) -> list[tuple[str, torch.Tensor]]:
+    """The output tensors of one call with their paths; None leaves are skipped."""
     import torch
 
     found: list[tuple[str, torch.Tensor]] = []
     for path, leaf in _tree.leaves(result, "output"):
+        if leaf is None:
+            continue  # an absent optional output (attention weights not asked for)
         if not isinstance(leaf, torch.Tensor):
             raise TypeError(
                 f"assert_batch_invariant: {path} is a {type(leaf).__name__}, not a tensor: fn "
@@ -128,6 +136,7 @@ def outputs_of(result: object, out_dim: int, n: int) -> list[tuple[str, torch.Te
 
 
 def upstream_grads(outputs: Sequence[torch.Tensor], seed: int) -> list[torch.Tensor]:
+    """Seeded random upstream gradients, one per output (``seed + i`` for output ``i``)."""
     import torch
 
     grads = []
@@ -139,11 +148,14 @@ def upstream_grads(outputs: Sequence[torch.Tensor], seed: int) -> list[torch.Ten
 
 
 def differentiable(t: torch.Tensor) -> bool:
+    """Whether ``t`` can be back-propagated (requires grad, floating point or complex)."""
     return bool(t.requires_grad and (t.is_floating_point() or t.is_complex()))
 
 
 @dataclass
 class Plan:
+    """What one check runs: ``fn``, its inputs and their batch dims, ``N`` and options."""
+
     fn: Callable[..., object]
     inputs: Sequence[object]
     dims: list[int | None]
@@ -227,7 +239,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def _int_of(t: torch.Tensor) -> torch.dtype:
     import torch
 
-    return {2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}[t.element_size()]
+    return {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
 
 
 def rows_differ(full_rows: torch.Tensor, sub: torch.Tensor, d: int) -> torch.Tensor:

@@ -296,3 +296,11 @@ def test_matmul_verdicts_name_the_variant_op_and_the_invariant_ones() -> None:
     assert verdicts["aten::mm"] == "batch_variant"
     assert verdicts["aten::_softmax"] == "inconclusive"  # its input rows already differ
     assert finding.op == "aten::mm"  # type: ignore[attr-defined]
+
+
+def test_nested_outputs_are_compared_by_path_and_none_is_skipped() -> None:
+    x = torch.randn(6, 3)
+    result = assert_batch_invariant(lambda t: {"a": t.sin(), "b": (t * 2, None)}, x, backward=False)
+    assert {c.part for c in result.cases} == {"output['a']", "output['b'][0]"}
+    with pytest.raises(TypeError, match=r"output\[1\] is a str"):
+        assert_batch_invariant(lambda t: (t, "label"), x)
