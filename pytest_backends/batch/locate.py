@@ -61,8 +61,8 @@ class _Op:
     name: str
     device: str | None
     dtype: str | None
-    inputs: list[torch.Tensor]
-    outputs: list[torch.Tensor]
+    inputs: list[torch.Tensor | _Ref]
+    outputs: list[torch.Tensor | _Ref]
 
 
 @dataclass
@@ -74,6 +74,35 @@ class OpLog:
 
 def _tensors(value: object) -> list[torch.Tensor]:
     return [x for x in _tree.iter_leaves(value) if isinstance(x, torch.Tensor)]
+
+
+class _Ref:
+    """A parameter (or a view of one) kept by reference with its version, not copied.
+
+    Parameters are the same tensors in both runs and rarely written, so copying
+    them for every op would cost most of the recording. If one is written
+    later in the run, its version moves and it proves nothing either way.
+    """
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.version = tensor._version
+
+
+def _keep(t: torch.Tensor) -> torch.Tensor | _Ref:
+    base = t._base if t._base is not None else t
+    if isinstance(base, torch.nn.Parameter):
+        return _Ref(t)
+    return t.detach().clone()
+
+
+def _resolve(value: torch.Tensor | _Ref) -> torch.Tensor | None:
+    """The recorded value, or None when a kept reference was written since."""
+    if isinstance(value, _Ref):
+        return value.tensor if value.tensor._version == value.version else None
+    return value
 
 
 class RowRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
@@ -91,10 +120,11 @@ class RowRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        ins = [t.detach().clone() for t in _tensors([list(args), kwargs])]
+        ins = [_keep(t) for t in _tensors([list(args), kwargs])]
         out = func(*args, **kwargs)
-        outs = [t.detach().clone() for t in _tensors(out)]
-        ref = ins[0] if ins else (outs[0] if outs else None)
+        outs = [_keep(t) for t in _tensors(out)]
+        first = _tensors([list(args), kwargs]) or _tensors(out)
+        ref = first[0] if first else None
         self.ops.append(
             _Op(
                 func.name().split(".", 1)[0],
@@ -208,9 +238,11 @@ def _same(
     if kind == "unknown":
         return None
     if kind == "whole":
-        return full.shape == sub.shape and not bool(
-            rows_differ(full.reshape(1, -1), sub.reshape(1, -1), 0).any()
-        )
+        if full.shape != sub.shape:
+            return False
+        if (full.data_ptr(), full.stride()) == (sub.data_ptr(), sub.stride()):
+            return True  # the same memory (a parameter in both runs)
+        return not bool(rows_differ(full.unsqueeze(0), sub.unsqueeze(0), 0).any())
     for index in _row_indices(rows, n, k, full.device):
         if not bool(rows_differ(full.index_select(d, index), sub, d).any()):
             return True
@@ -239,7 +271,11 @@ def compare_ops(
             continue  # not data: neither compared nor blamed
         inputs_equal = True
         batched_input = False
-        for x, y in zip(a.inputs, b.inputs):
+        for kept_x, kept_y in zip(a.inputs, b.inputs):
+            x, y = _resolve(kept_x), _resolve(kept_y)
+            if x is None or y is None:
+                inputs_equal = False
+                break
             how = _batch_dim(x, y, n, m)
             if how[0] == "batched":
                 batched_input = True
@@ -252,7 +288,10 @@ def compare_ops(
             _merge(verdicts, key, "inconclusive")
             continue
         compared = differs = False
-        for x, y in zip(a.outputs, b.outputs):
+        for kept_x, kept_y in zip(a.outputs, b.outputs):
+            x, y = _resolve(kept_x), _resolve(kept_y)
+            if x is None or y is None:
+                continue
             how = _batch_dim(x, y, n, m)
             if how[0] == "whole" and batched_input:
                 continue  # a reduction over the batch: not comparable row by row

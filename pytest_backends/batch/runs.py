@@ -228,32 +228,30 @@ def call(
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t`` viewed as integers of its element size (no copy), so NaNs and -0.0 compare by bits."""
     import torch
 
-    flat = t.detach().contiguous().reshape(-1)
-    if flat.dtype == torch.bool:
-        return flat.view(torch.uint8)
-    return flat.view(torch.uint8) if flat.element_size() == 1 else flat.view(_int_of(flat))
-
-
-def _int_of(t: torch.Tensor) -> torch.dtype:
-    import torch
-
-    return {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    if t.dtype == torch.bool:
+        return t.view(torch.uint8)
+    size = t.element_size()
+    if size == 1:
+        return t.view(torch.uint8)
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
 
 
 def rows_differ(full_rows: torch.Tensor, sub: torch.Tensor, d: int) -> torch.Tensor:
     """A bool per row (along ``d``): whether the two tensors' rows differ bitwise."""
     import torch
 
-    a = torch.movedim(full_rows.detach(), d, 0).contiguous()
-    b = torch.movedim(sub.detach(), d, 0).contiguous()
+    a = torch.movedim(full_rows.detach(), d, 0)
+    b = torch.movedim(sub.detach(), d, 0)
     if a.is_complex():
         a, b = torch.view_as_real(a), torch.view_as_real(b)
-    rows = a.shape[0]
+    if a.dim() == 1:
+        return _bits(a) != _bits(b)
     if a.numel() == 0:
-        return torch.zeros(rows, dtype=torch.bool, device=a.device)
-    return (_bits(a) != _bits(b)).reshape(rows, -1).any(dim=1)
+        return torch.zeros(a.shape[0], dtype=torch.bool, device=a.device)
+    return (_bits(a) != _bits(b)).sum(dim=tuple(range(1, a.dim()))) > 0
 
 
 def differences(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
