@@ -277,6 +277,7 @@ def assert_batch_invariant(
     atol: float | None = None,
     tolerance: object = None,
     locate: bool = True,
+    per_sample_grads: bool = False,
 ) -> BatchInvariance:
     """Assert that each row of ``fn(*inputs)`` is the same whatever batch it is computed in.
 
@@ -296,7 +297,11 @@ def assert_batch_invariant(
     outputs are back-propagated with seeded random upstream gradients (the
     sub-batch gets the rows of the full batch's) and the input gradients,
     which are per-sample gradients, are compared row by row too. Parameter
-    gradients sum over the batch, so they are not compared.
+    gradients sum over the batch, so they are not compared; with
+    ``per_sample_grads=True`` (``fn`` an ``nn.Module``), each parameter's
+    per-sample gradients, computed for the whole batch in one
+    ``torch.func.vmap`` pass, are compared with those of each row alone (the
+    rows of the size-1 sub-batches).
 
     ``rtol``/``atol`` or ``tolerance=(rtol, atol)`` (a
     :class:`~pytest_backends.tolerance.Tolerance` works) switch to tolerance
@@ -328,6 +333,8 @@ def assert_batch_invariant(
         )
     if not callable(fn):
         raise TypeError(f"assert_batch_invariant: fn must be callable, got {fn!r}")
+    if per_sample_grads and not backward:
+        raise ValueError("assert_batch_invariant: per_sample_grads needs backward=True")
     tol = _tolerance(rtol, atol, tolerance)
     dims = _dims(inputs, dim)
     n = _batch_size(inputs, dims)
@@ -349,6 +356,8 @@ def assert_batch_invariant(
             start.restore()
             sub, _ = call(plan, case.rows, grads)
             result.cases.extend(_compare(full, sub, case, tol))
+        if per_sample_grads:
+            _per_sample(plan, full, cases, grads, result, tol, start)
         findings: dict[str, Finding] = {}
         if session is not None:
             findings = session.record(plan, cases, grads, result, start)
@@ -357,7 +366,16 @@ def assert_batch_invariant(
     failing = _first_failure(result, tol)
     if failing is not None:
         finding = findings.get(failing.case)
-        if locate:
+        if failing.part.startswith("per-sample"):
+            from pytest_backends.batch.locate import Finding as _Finding
+
+            finding = _Finding(
+                "none",
+                failing.case,
+                reason="per-sample gradients come from one torch.func.vmap pass, which the "
+                "op-by-op comparison does not follow",
+            )
+        elif locate:
             from pytest_backends.batch.locate import find_op, with_location
 
             case = next(c for c in cases if c.label == failing.case)
@@ -377,6 +395,30 @@ def assert_batch_invariant(
     return result
 
 
+def _per_sample(
+    plan: Plan,
+    full: Run,
+    cases: list[Case],
+    grads: list[torch.Tensor] | None,
+    result: BatchInvariance,
+    tol: tuple[float, float] | str | None,
+    start: Any,
+) -> None:
+    from pytest_backends.batch.per_sample import per_sample_runs
+    from pytest_backends.batch.runs import upstream_grads
+
+    outputs = [t for label, t, _ in full.parts if not label.startswith("grad of")]
+    upstream = grads if grads is not None else upstream_grads(outputs, plan.seed)
+    rows = sorted({c.rows[0] for c in cases if c.size == 1}) or [0]
+    batched, alone = per_sample_runs(plan, rows, upstream, start)
+    for r, run in alone.items():
+        result.cases.extend(_compare(batched, run, Case(f"row {r} alone", (r,)), tol))
+    result.backward += (
+        "; per-sample parameter gradients compared (torch.func.vmap over the batch against "
+        "each row alone)"
+    )
+
+
 def _backward_note(plan: Plan, grads: list[torch.Tensor] | None) -> str:
     import torch
 
@@ -386,9 +428,12 @@ def _backward_note(plan: Plan, grads: list[torch.Tensor] | None) -> str:
         if d is not None and isinstance(x, torch.Tensor) and x.requires_grad
     ]
     if not wanted:
-        return "not checked: no batched input requires grad"
+        return "input gradients not checked: no batched input requires grad"
     if grads is None:
-        return "not checked: no output is differentiable with respect to a batched input"
+        return (
+            "input gradients not checked: no output is differentiable with respect to a "
+            "batched input"
+        )
     return "input gradients compared (seeded random upstream gradients)"
 
 

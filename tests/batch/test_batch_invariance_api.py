@@ -173,7 +173,7 @@ def test_backward_without_batched_grad_inputs_says_not_checked() -> None:
     x = torch.randn(8, 5)  # does not require grad
     result = assert_batch_invariant(lambda t: doubled(t) + 1, x)
     assert result.invariant
-    assert result.backward == "not checked: no batched input requires grad"
+    assert result.backward == "input gradients not checked: no batched input requires grad"
 
 
 # --- tolerance mode -----------------------------------------------------------------------
@@ -321,3 +321,55 @@ def test_a_parameter_written_during_the_run_proves_nothing() -> None:
     verdicts, finding = _verdicts(writes_its_weight, x, (0,))
     assert verdicts["aten::mm"] == "inconclusive"
     assert finding.kind != "op" or finding.op != "aten::mm"  # type: ignore[attr-defined]
+
+
+# --- per-sample parameter gradients ----------------------------------------------------------
+
+
+class _Scale(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x * self.w)
+
+
+def test_per_sample_grads_of_a_row_wise_module_are_invariant() -> None:
+    result = assert_batch_invariant(_Scale(), torch.randn(6, 8), per_sample_grads=True)
+    assert result.invariant
+    parts = {c.part for c in result.cases}
+    assert "per-sample grad of parameter 'w'" in parts
+    alone = {c.rows for c in result.cases if c.part.startswith("per-sample")}
+    assert alone == {(r,) for r in range(6)}
+    assert "per-sample parameter gradients compared" in result.backward
+
+
+def test_per_sample_grads_of_linear_layers_are_compared_with_each_row_alone() -> None:
+    from torch.func import functional_call, grad, vmap
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    x = torch.randn(6, 8)
+    result = assert_batch_invariant(model, x, per_sample_grads=True, tolerance="report")
+    per_sample = [c for c in result.cases if c.part.startswith("per-sample")]
+    assert len(per_sample) == 4 * 6  # four parameters, every row alone
+    # Measured here directly: vmap's per-sample gradient of row 0 against row 0 alone.
+    g = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p: dict[str, torch.Tensor], xr: torch.Tensor, gr: torch.Tensor) -> torch.Tensor:
+        return (functional_call(model, p, (xr.unsqueeze(0),)) * gr.unsqueeze(0)).sum()
+
+    batched = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, g)
+    alone = torch.autograd.grad(model(x[:1]), list(model.parameters()), g[:1])
+    differs = any(not torch.equal(batched[k][0], a) for k, a in zip(params, alone))
+    row0 = [c for c in per_sample if c.rows == (0,)]
+    assert any(not c.identical for c in row0) == differs
+
+
+def test_per_sample_grads_need_a_module_and_backward() -> None:
+    with pytest.raises(TypeError, match=r"needs fn to be an nn\.Module"):
+        assert_batch_invariant(torch.sin, torch.randn(4, 2), per_sample_grads=True)
+    with pytest.raises(ValueError, match="needs backward=True"):
+        assert_batch_invariant(_Scale(), torch.randn(4, 8), per_sample_grads=True, backward=False)
