@@ -143,10 +143,12 @@ def bench(name: str, model: torch.nn.Module, x: torch.Tensor, repeat: int) -> li
     try:
         with torch.no_grad():
             assert_batch_invariant(model, x, backward=False)
-        found = "batch-invariant here (no row differs)"
+        found = "batch-invariant here under no_grad (no row differs)"
     except BatchInvarianceError as error:
         op = error.finding.op if error.finding is not None else None
-        found = f"batch-variant here: max abs {report.max_abs:.3g}, first op {op}"
+        found = f"batch-variant here under no_grad: max abs {report.max_abs:.3g}, first op {op}"
+    graded = assert_batch_invariant(model, x.detach().requires_grad_(True), tolerance="report")
+    found += f"; with autograd: max abs {graded.max_abs:.3g} (outputs and input gradients)"
     forward = _time(
         {
             "bare": _bare(model, x, backward=False),

@@ -360,7 +360,7 @@ class BatchPlugin:
             return
         determinism = config.stash.get(_keys.DETERMINISM_KEY, None)
         census_path = getattr(determinism, "census", None)
-        if census_path is not None and Path(census_path).is_file():
+        if self._marked and census_path is not None and Path(census_path).is_file():
             from pytest_backends.determinism.census import add_section
 
             try:
