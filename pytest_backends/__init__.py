@@ -29,6 +29,9 @@ _EXPORTS: dict[str, str] = {
     "NotReproducibleError": "determinism.api",
     "NondeterministicOpError": "determinism.api",
     "AlertExpectationError": "determinism.api",
+    "assert_batch_invariant": "batch.api",
+    "BatchInvariance": "batch.api",
+    "BatchInvarianceError": "batch.api",
     "use_config": "matrix.plugin",
     "BackendConfig": "matrix.configs",
     "Axis": "matrix.configs",
@@ -44,6 +47,9 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
+    from pytest_backends.batch.api import BatchInvariance as BatchInvariance
+    from pytest_backends.batch.api import BatchInvarianceError as BatchInvarianceError
+    from pytest_backends.batch.api import assert_batch_invariant as assert_batch_invariant
     from pytest_backends.determinism.api import (
         AlertExpectationError as AlertExpectationError,
     )

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from pytest_backends.batch.plugin import BatchSettings
     from pytest_backends.capability.plugin import CapabilitySettings, WorkerPlan
     from pytest_backends.determinism.plugin import DeterminismSettings
     from pytest_backends.isolation import LeakSettings
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
     from pytest_backends.selection import Selection
 
 __all__ = [
+    "BATCH_KEY",
+    "BATCH_ROWS_KEY",
+    "BATCH_SPEC_KEY",
     "CAPABILITY_KEY",
     "CHECK_KEY",
     "CONFIG_KEY",
@@ -35,6 +39,7 @@ __all__ = [
     "PROPERTY_VERIFY_DETAIL",
     "PROPERTY_VERIFY_STATUS",
     "REGISTRY_KEY",
+    "REPORT_ATTR_BATCH",
     "REPORT_ATTR_CENSUS",
     "REPORT_ATTR_CHECK",
     "SELECTION_KEY",
@@ -105,3 +110,11 @@ CHECK_KEY: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
 REPORT_ATTR_CHECK = "backends_determinism_check"
 #: A change of the torch state found before an item's setup (made between tests).
 DRIFT_KEY: pytest.StashKey[str] = pytest.StashKey()
+#: The resolved batch-invariance settings.
+BATCH_KEY: pytest.StashKey[BatchSettings] = pytest.StashKey()
+#: The bound arguments of an item's ``@pytest.mark.batch_invariant`` marker.
+BATCH_SPEC_KEY: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
+#: One item's batch-invariance census rows and config, until its report is made.
+BATCH_ROWS_KEY: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
+#: Report attribute carrying those rows to the controller.
+REPORT_ATTR_BATCH = "backends_batch_invariance"

@@ -205,6 +205,23 @@ OPTIONS: tuple[Option, ...] = (
         "fail tests that are not repeatable under the determinism check",
     ),
     Option(
+        "backends_batch_baseline",
+        "value",
+        "PATH",
+        "baseline JSON file of accepted batch-variant ops: tests marked "
+        "@pytest.mark.batch_invariant pass when their first batch-variant op is in it, and "
+        "the run fails only for batch-variant ops not in it",
+        "baseline JSON file of accepted batch-variant ops",
+    ),
+    Option(
+        "backends_batch_baseline_update",
+        "flag",
+        "",
+        "rewrite the --backends-batch-baseline file with this run's batch-variant ops "
+        "instead of failing on them",
+        "rewrite the batch-invariance baseline file",
+    ),
+    Option(
         "backends_label",
         "value",
         "NAME",

@@ -17,6 +17,7 @@ import pytest
 
 from pytest_backends import _keys, _native_plugin, _options, hookspecs, isolation, selection
 from pytest_backends import label as _label
+from pytest_backends.batch import plugin as batch_plugin
 from pytest_backends.capability import levels as capability_levels
 from pytest_backends.capability import plugin as capability
 from pytest_backends.determinism import plugin as determinism_plugin
@@ -74,6 +75,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "backends_leaks(mode): override --backends-leaks (fail, warn, off) for one test",
     )
     config.addinivalue_line("markers", markers.marker_line())
+    config.addinivalue_line("markers", batch_plugin.marker_line())
     resolve(config)
     _register_watch(config)
     plugins: list[tuple[object, str]] = [
@@ -82,6 +84,7 @@ def pytest_configure(config: pytest.Config) -> None:
     plugins += matrix.configure(config, config.stash[_keys.MATRIX_KEY])
     plugins += capability.configure(config, config.stash[_keys.CAPABILITY_KEY])
     plugins += determinism_plugin.configure(config)
+    plugins += batch_plugin.configure(config)
     _label.configure(config)
     plugins += selection.configure(config)
     plugins += _native_plugin.configure(config)

@@ -35,6 +35,7 @@ __all__ = [
     "CensusFileError",
     "Key",
     "Versions",
+    "add_section",
     "atomic_write_json",
     "read_census",
     "read_census_file",
@@ -453,3 +454,14 @@ class Baseline:
             },
             _files.BASELINE,
         )
+
+
+def add_section(path: Path, name: str, section: Any) -> None:
+    """Add (or replace) the top-level ``name`` of the census file at ``path``, atomically.
+
+    Other checks (batch invariance) keep their verdicts in sections of their
+    own beside the determinism entries.
+    """
+    data = _load(path, "census", CENSUS_FORMAT)
+    data[name] = section
+    atomic_write_json(path, data, _files.CENSUS)

@@ -1,0 +1,1 @@
+"""Batch invariance: the same row gives the same bits whatever batch it is computed in."""

@@ -1,0 +1,475 @@
+"""Batch invariance: :func:`assert_batch_invariant`.
+
+A function is *batch-invariant* when row ``i`` of its output is the same, bit
+for bit, whether row ``i`` of its input is computed alone, in a slice of the
+batch, at another position, or in the whole batch. GEMM kernels pick their
+blocking (and on GPUs their split-K reduction) from the batch size, so a
+``torch.mm`` row usually changes in its last bits with the number of other
+rows; see the explanation page of the documentation.
+
+This module imports torch only when the check is called.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pytest_backends.batch.runs import (
+    Case,
+    Plan,
+    Run,
+    call,
+    differences,
+    rows_differ,
+    sub_batches,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_backends.batch.locate import Finding
+
+__all__ = [
+    "BatchInvariance",
+    "BatchInvarianceError",
+    "CaseResult",
+    "assert_batch_invariant",
+]
+
+
+class BatchInvarianceError(AssertionError):
+    """:func:`assert_batch_invariant` saw a row differ between the full batch and a sub-batch.
+
+    ``result`` is the :class:`BatchInvariance` of the check (every case's
+    figures); ``case`` the first failing case; ``finding`` the op located as
+    the cause (``finding.op``, ``finding.location``), or None when the check
+    was not asked to locate it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        result: BatchInvariance,
+        case: CaseResult,
+        finding: Finding | None,
+    ) -> None:
+        super().__init__(message)
+        self.result = result
+        self.case = case
+        self.finding = finding
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One compared part (an output or an input's gradient) of one sub-batch.
+
+    ``rows`` are the full-batch indices of the sub-batch's rows, in its order;
+    ``first_row`` the first of them (full-batch index) whose values differ
+    bitwise, None when all are identical; ``differing`` how many differ.
+    ``within`` is whether every element is within the tolerance (None in
+    bitwise mode).
+    """
+
+    case: str
+    size: int
+    rows: tuple[int, ...]
+    part: str
+    first_row: int | None
+    differing: int
+    max_abs: float
+    max_rel: float
+    within: bool | None = None
+
+    @property
+    def identical(self) -> bool:
+        """Whether every row is bitwise identical to the full batch's."""
+        return self.first_row is None
+
+
+@dataclass
+class BatchInvariance:
+    """The outcome of :func:`assert_batch_invariant`: figures for every case and part.
+
+    ``max_abs`` and ``max_rel`` are the largest differences over all cases
+    (0.0 when the function is batch-invariant). ``backward`` says whether
+    gradients were compared, and if not, why.
+    """
+
+    batch: int
+    cases: list[CaseResult] = field(default_factory=list)
+    backward: str = "not requested"
+    tolerance: tuple[float, float] | None = None
+
+    @property
+    def invariant(self) -> bool:
+        """Whether every compared row was bitwise identical."""
+        return all(c.identical for c in self.cases)
+
+    @property
+    def max_abs(self) -> float:
+        """The largest absolute difference seen."""
+        return max((c.max_abs for c in self.cases), default=0.0)
+
+    @property
+    def max_rel(self) -> float:
+        """The largest relative difference seen (against the full batch's value)."""
+        return max((c.max_rel for c in self.cases), default=0.0)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The sub-batch sizes compared."""
+        return tuple(sorted({c.size for c in self.cases}))
+
+    def describe(self) -> str:
+        """One line per sub-batch size: how many cases, rows differing, max difference."""
+        lines = [f"batch of {self.batch}; backward: {self.backward}"]
+        for size in self.sizes:
+            cases = [c for c in self.cases if c.size == size]
+            bad = [c for c in cases if not c.identical]
+            what = f"size {size}" if size < self.batch else f"size {size} (the batch permuted)"
+            lines.append(
+                f"  {what}: {len(bad)} of {len(cases)} compared parts differ; "
+                f"max abs {max(c.max_abs for c in cases):.3g}, "
+                f"max rel {max(c.max_rel for c in cases):.3g}"
+            )
+        return "\n".join(lines)
+
+
+# Set by the batch_invariant marker for the duration of a test's call phase.
+_SESSION: contextvars.ContextVar[Any] = contextvars.ContextVar("batch_invariance", default=None)
+
+
+def _dims(inputs: Sequence[object], dim: int | Sequence[int | None] | None) -> list[int | None]:
+    import torch
+
+    if dim is None or isinstance(dim, int):
+        return [
+            dim if isinstance(x, torch.Tensor) and x.dim() > 0 and dim is not None else None
+            for x in inputs
+        ]
+    dims = list(dim)
+    if len(dims) != len(inputs):
+        raise ValueError(
+            f"assert_batch_invariant: dim gives {len(dims)} entries for {len(inputs)} inputs; "
+            "give one per input (None for an input that is not batched)"
+        )
+    for i, (x, d) in enumerate(zip(inputs, dims)):
+        if d is None:
+            continue
+        if isinstance(d, bool) or not isinstance(d, int):
+            raise TypeError(f"assert_batch_invariant: dim[{i}] must be an int or None, got {d!r}")
+        if not isinstance(x, torch.Tensor) or x.dim() == 0:
+            raise TypeError(
+                f"assert_batch_invariant: input {i} ({type(x).__name__}) has no dimension "
+                f"{d} to batch over; give dim=None for it"
+            )
+    return dims
+
+
+def _batch_size(inputs: Sequence[object], dims: Sequence[int | None]) -> int:
+    sizes = {i: x.shape[d] for i, (x, d) in enumerate(zip(inputs, dims)) if d is not None}  # type: ignore[attr-defined]
+    if not sizes:
+        raise ValueError(
+            "assert_batch_invariant: no input is batched (every dim is None); give the batch "
+            "dimension of at least one tensor input"
+        )
+    if len(set(sizes.values())) > 1:
+        shown = ", ".join(f"input {i}: {n}" for i, n in sizes.items())
+        raise ValueError(
+            f"assert_batch_invariant: the batched inputs disagree on the batch size ({shown})"
+        )
+    n = next(iter(sizes.values()))
+    if n < 2:
+        raise ValueError(
+            f"assert_batch_invariant: the batch has {n} row(s); it needs at least 2 to compare "
+            "a row alone with the row in a batch"
+        )
+    return int(n)
+
+
+def _tolerance(
+    rtol: float | None, atol: float | None, tolerance: object
+) -> tuple[float, float] | str | None:
+    if tolerance is not None:
+        if rtol is not None or atol is not None:
+            raise TypeError("assert_batch_invariant: give tolerance= or rtol/atol, not both")
+        if tolerance == "report":
+            return "report"
+        try:
+            pair: tuple[Any, ...] = tuple(tolerance)  # type: ignore[arg-type]
+            if len(pair) != 2:
+                raise ValueError
+            return float(pair[0]), float(pair[1])
+        except (TypeError, ValueError):
+            raise TypeError(
+                "assert_batch_invariant: tolerance must be (rtol, atol), a Tolerance or "
+                f"'report', got {tolerance!r}"
+            ) from None
+    if rtol is None and atol is None:
+        return None
+    return (float(rtol or 0.0), float(atol or 0.0))
+
+
+def _within(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> bool:
+    import torch
+
+    if not (a.is_floating_point() or a.is_complex()):
+        return bool(torch.equal(a, b))
+    return bool(torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True).all())
+
+
+def _compare(
+    full: Run, sub: Run, case: Case, tol: tuple[float, float] | str | None
+) -> list[CaseResult]:
+    import torch
+
+    results: list[CaseResult] = []
+    full_parts = {label: (t, d) for label, t, d in full.parts}
+    for label, t, d in sub.parts:
+        if label not in full_parts:
+            continue
+        ref, _ = full_parts[label]
+        index = torch.tensor(case.rows, dtype=torch.long, device=ref.device)
+        ref_rows = ref.index_select(d, index)
+        if ref_rows.shape != t.shape or ref_rows.dtype != t.dtype:
+            raise AssertionError(
+                f"assert_batch_invariant: {label} of {case.label} has shape "
+                f"{list(t.shape)} ({t.dtype}), but the full batch's rows have "
+                f"{list(ref_rows.shape)} ({ref_rows.dtype})"
+            )
+        differ = rows_differ(ref_rows, t, d).cpu().tolist()
+        bad = [case.rows[j] for j, x in enumerate(differ) if x]
+        max_abs, max_rel = differences(t, ref_rows) if bad else (0.0, 0.0)
+        within = None
+        if isinstance(tol, tuple):
+            within = True if not bad else _within(t, ref_rows, tol[0], tol[1])
+        results.append(
+            CaseResult(
+                case.label,
+                case.size,
+                case.rows,
+                label,
+                bad[0] if bad else None,
+                len(bad),
+                max_abs,
+                max_rel,
+                within,
+            )
+        )
+    return results
+
+
+def assert_batch_invariant(
+    fn: Callable[..., object],
+    *inputs: Any,
+    dim: int | Sequence[int | None] | None = 0,
+    sizes: Sequence[int] | None = None,
+    offsets: Sequence[int] | None = None,
+    permute: bool = True,
+    backward: bool = True,
+    out_dim: int = 0,
+    seed: int = 0,
+    rtol: float | None = None,
+    atol: float | None = None,
+    tolerance: object = None,
+    locate: bool = True,
+    per_sample_grads: bool = False,
+) -> BatchInvariance:
+    """Assert that each row of ``fn(*inputs)`` is the same whatever batch it is computed in.
+
+    ``fn`` runs once on the whole batch of ``N`` rows and once per sub-batch:
+    slices of each size in ``sizes`` (default ``(1, 2, N // 2)``) at offsets
+    0, the middle and the end (each row alone when ``N <= 32``; ``offsets``
+    overrides), and, with ``permute``, the whole batch in a seeded random
+    order. Every output row of a sub-batch must equal, **bitwise**, the
+    corresponding row of the full batch's output.
+
+    ``dim`` is the batch dimension of every tensor input, or one entry per
+    input, with None for inputs that are not batched (parameters, masks,
+    lookup tables): they are passed unchanged to every call. Outputs are
+    batched along ``out_dim``.
+
+    With ``backward`` (default), where batched inputs require grad, the
+    outputs are back-propagated with seeded random upstream gradients (the
+    sub-batch gets the rows of the full batch's) and the input gradients,
+    which are per-sample gradients, are compared row by row too. Parameter
+    gradients sum over the batch, so they are not compared; with
+    ``per_sample_grads=True`` (``fn`` an ``nn.Module``), each parameter's
+    per-sample gradients, computed for the whole batch in one
+    ``torch.func.vmap`` pass, are compared with those of each row alone (the
+    rows of the size-1 sub-batches).
+
+    ``rtol``/``atol`` or ``tolerance=(rtol, atol)`` (a
+    :class:`~pytest_backends.tolerance.Tolerance` works) switch to tolerance
+    mode: the check fails only where ``|sub - full| > atol + rtol * |full|``;
+    ``tolerance="report"`` never fails. Either way the returned
+    :class:`BatchInvariance` says how far from invariant ``fn`` is
+    (``max_abs``, ``max_rel``, per case).
+
+    On failure, raises :class:`BatchInvarianceError` (an ``AssertionError``)
+    naming the output or gradient, the first differing row, the sub-batch and
+    the max difference; with ``locate`` (default) the ops of both runs are
+    recorded once more and the first op whose output rows differ for
+    identical input rows is named, with its source line and module path.
+    The global RNGs are reset to the call's state before every run.
+    """
+    from pytest_backends.determinism.api import RngState
+
+    session = _SESSION.get()
+    if session is not None:
+        overrides = session.defaults(
+            sizes=sizes, rtol=rtol, atol=atol, tolerance=tolerance, permute=permute
+        )
+        sizes, rtol, atol, tolerance, permute = (
+            overrides["sizes"],
+            overrides["rtol"],
+            overrides["atol"],
+            overrides["tolerance"],
+            overrides["permute"],
+        )
+    if not callable(fn):
+        raise TypeError(f"assert_batch_invariant: fn must be callable, got {fn!r}")
+    if per_sample_grads and not backward:
+        raise ValueError("assert_batch_invariant: per_sample_grads needs backward=True")
+    tol = _tolerance(rtol, atol, tolerance)
+    dims = _dims(inputs, dim)
+    n = _batch_size(inputs, dims)
+    if sizes is None:
+        sizes = sorted({1, 2, n // 2})
+    for s in sizes:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+            raise ValueError(f"assert_batch_invariant: sizes must be positive ints, got {s!r}")
+    cases = sub_batches(n, sizes, offsets, permute, seed)
+    plan = Plan(fn, inputs, dims, n, out_dim, backward, seed)
+    result = BatchInvariance(n, tolerance=tol if isinstance(tol, tuple) else None)
+    start = RngState.capture()
+    try:
+        start.restore()
+        full, grads = call(plan, None, None)
+        if backward:
+            result.backward = _backward_note(plan, grads)
+        for case in cases:
+            start.restore()
+            sub, _ = call(plan, case.rows, grads)
+            result.cases.extend(_compare(full, sub, case, tol))
+        if per_sample_grads:
+            _per_sample(plan, full, cases, grads, result, tol, start)
+        findings: dict[str, Finding] = {}
+        if session is not None:
+            findings = session.record(plan, cases, grads, result, start)
+    finally:
+        start.restore()
+    failing = _first_failure(result, tol)
+    if failing is not None:
+        finding = findings.get(failing.case)
+        if failing.part.startswith("per-sample"):
+            from pytest_backends.batch.locate import Finding as _Finding
+
+            finding = _Finding(
+                "none",
+                failing.case,
+                reason="per-sample gradients come from one torch.func.vmap pass, which the "
+                "op-by-op comparison does not follow",
+            )
+        elif locate:
+            from pytest_backends.batch.locate import find_op, with_location
+
+            case = next(c for c in cases if c.label == failing.case)
+            start.restore()
+            try:
+                if finding is None:
+                    finding = find_op(plan, case, grads)
+                else:
+                    finding = with_location(finding, plan, case.rows, grads)
+            finally:
+                start.restore()
+        if session is not None and session.accepts(finding):
+            return result
+        raise BatchInvarianceError(
+            _message(result, failing, finding, tol), result=result, case=failing, finding=finding
+        )
+    return result
+
+
+def _per_sample(
+    plan: Plan,
+    full: Run,
+    cases: list[Case],
+    grads: list[torch.Tensor] | None,
+    result: BatchInvariance,
+    tol: tuple[float, float] | str | None,
+    start: Any,
+) -> None:
+    from pytest_backends.batch.per_sample import per_sample_runs
+    from pytest_backends.batch.runs import upstream_grads
+
+    outputs = [t for label, t, _ in full.parts if not label.startswith("grad of")]
+    upstream = grads if grads is not None else upstream_grads(outputs, plan.seed)
+    rows = sorted({c.rows[0] for c in cases if c.size == 1}) or [0]
+    batched, alone = per_sample_runs(plan, rows, upstream, start)
+    for r, run in alone.items():
+        result.cases.extend(_compare(batched, run, Case(f"row {r} alone", (r,)), tol))
+    result.backward += (
+        "; per-sample parameter gradients compared (torch.func.vmap over the batch against "
+        "each row alone)"
+    )
+
+
+def _backward_note(plan: Plan, grads: list[torch.Tensor] | None) -> str:
+    import torch
+
+    wanted = [
+        x
+        for x, d in zip(plan.inputs, plan.dims)
+        if d is not None and isinstance(x, torch.Tensor) and x.requires_grad
+    ]
+    if not wanted:
+        return "input gradients not checked: no batched input requires grad"
+    if grads is None:
+        return (
+            "input gradients not checked: no output is differentiable with respect to a "
+            "batched input"
+        )
+    return "input gradients compared (seeded random upstream gradients)"
+
+
+def _first_failure(
+    result: BatchInvariance, tol: tuple[float, float] | str | None
+) -> CaseResult | None:
+    for c in result.cases:
+        if tol is None and not c.identical:
+            return c
+        if isinstance(tol, tuple) and c.within is False:
+            return c
+    return None
+
+
+def _message(
+    result: BatchInvariance,
+    c: CaseResult,
+    finding: Finding | None,
+    tol: tuple[float, float] | str | None,
+) -> str:
+    size = f"a sub-batch of size {c.size} ({c.case})" if c.size < result.batch else c.case
+    mode = "compared bitwise"
+    if isinstance(tol, tuple):
+        mode = f"beyond rtol={tol[0]:g}, atol={tol[1]:g}"
+    lines = [
+        f"assert_batch_invariant: {c.part} row {c.first_row} differs between the full batch "
+        f"(size {result.batch}) and {size}: max abs difference {c.max_abs:.3g}, max rel "
+        f"{c.max_rel:.3g}; {c.differing} of {c.size} rows differ ({mode})"
+    ]
+    others = [x for x in result.cases if not x.identical and x is not c]
+    if others:
+        worst = max(others, key=lambda x: x.max_abs)
+        lines.append(
+            f"  {len(others)} other compared part(s) differ too; worst: {worst.part} in "
+            f"{worst.case} (max abs {worst.max_abs:.3g})"
+        )
+    if finding is not None:
+        lines.append(f"  {finding.describe()}")
+    return "\n".join(lines)

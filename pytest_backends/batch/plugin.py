@@ -1,0 +1,437 @@
+"""Suite-level batch invariance: ``@pytest.mark.batch_invariant``, census rows and baseline.
+
+A test marked ``@pytest.mark.batch_invariant(...)`` declares that the
+functions it checks with :func:`~pytest_backends.batch.api.assert_batch_invariant`
+are batch-invariant. The marker's arguments are defaults for those calls
+(bound through :func:`batch_invariant`, whose signature is the marker's).
+Inside a marked test every check also records both runs op by op, so each
+op the function ran gets a verdict (``batch_variant``, ``no_difference``,
+``inconclusive``) under the test's backend config. The verdicts travel on the
+test's call report (so xdist loses nothing); the controller adds them up in a
+:class:`~pytest_backends.batch.census.BatchCensus`, writes them as the
+``batch_invariance`` section of the ``--backends-census`` file and, with
+``--backends-batch-baseline``, fails the run only for a batch-variant op the
+baseline does not accept (a marked test whose first batch-variant op is
+accepted passes). A marked test that never calls the check fails: the marker
+promises a check.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_backends import _keys, _options
+from pytest_backends.batch.census import SECTION, BatchCensus, updated_baseline
+from pytest_backends.determinism.census import (
+    Baseline,
+    BaselineVersionWarning,
+    CensusFileError,
+    Key,
+    Versions,
+)
+
+if TYPE_CHECKING:
+    from pytest_backends.batch.api import BatchInvariance
+    from pytest_backends.batch.locate import Finding
+    from pytest_backends.batch.runs import Case, Plan
+
+__all__ = [
+    "MARKER",
+    "BatchPlugin",
+    "BatchSettings",
+    "MarkerError",
+    "batch_invariant",
+    "bind",
+    "configure",
+    "marker_line",
+    "resolve_settings",
+]
+
+MARKER = "batch_invariant"
+_SPEC_KEY = _keys.BATCH_SPEC_KEY
+_ROWS_KEY = _keys.BATCH_ROWS_KEY
+REPORT_ATTR = _keys.REPORT_ATTR_BATCH
+
+
+class MarkerError(ValueError):
+    """A ``@pytest.mark.batch_invariant`` marker whose arguments are invalid."""
+
+
+def batch_invariant(
+    *,
+    sizes: Sequence[int] | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    tolerance: object = None,
+    permute: bool = True,
+) -> dict[str, Any]:
+    """The marker's signature: defaults for the test's ``assert_batch_invariant`` calls.
+
+    ``sizes``: sub-batch sizes; ``rtol``/``atol`` or ``tolerance`` (``(rtol,
+    atol)`` or ``"report"``): tolerance mode; ``permute``: also compare the
+    batch permuted. A value given in the call itself wins.
+    """
+    if sizes is not None and (
+        isinstance(sizes, (str, bytes))
+        or not isinstance(sizes, Sequence)
+        or not sizes
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes)
+    ):
+        raise MarkerError(f"sizes must be a non-empty list of positive ints, got {sizes!r}")
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+        ):
+            raise MarkerError(f"{name} must be a number >= 0, got {value!r}")
+    if tolerance is not None and (rtol is not None or atol is not None):
+        raise MarkerError("give tolerance= or rtol/atol, not both")
+    if tolerance is not None and tolerance != "report":
+        try:
+            pair: tuple[Any, ...] = tuple(tolerance)  # type: ignore[arg-type]
+            ok = len(pair) == 2 and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair
+            )
+        except TypeError:
+            ok = False
+        if not ok:
+            raise MarkerError(f"tolerance must be (rtol, atol) or 'report', got {tolerance!r}")
+    if not isinstance(permute, bool):
+        raise MarkerError(f"permute must be True or False, got {permute!r}")
+    return {"sizes": sizes, "rtol": rtol, "atol": atol, "tolerance": tolerance, "permute": permute}
+
+
+def bind(args: Sequence[object], kwargs: dict[str, object]) -> dict[str, Any]:
+    """Bind one marker's arguments through :func:`batch_invariant` (raises :class:`MarkerError`)."""
+    try:
+        inspect.signature(batch_invariant).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise MarkerError(str(exc)) from None
+    return batch_invariant(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def marker_line() -> str:
+    """The ``markers`` ini line, built from :func:`batch_invariant`'s signature."""
+    params = ", ".join(p.name for p in inspect.signature(batch_invariant).parameters.values())
+    return (
+        f"{MARKER}(*, {params}): the test's assert_batch_invariant checks are recorded op by "
+        "op in the batch-invariance census and gated by --backends-batch-baseline"
+    )
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """The resolved batch-invariance options."""
+
+    baseline: Path | None = None
+    baseline_update: bool = False
+
+
+def resolve_settings(config: pytest.Config) -> BatchSettings:
+    """Resolve ``--backends-batch-baseline`` and ``--backends-batch-baseline-update`` once."""
+    raw = _options.lookup(config, "backends_batch_baseline")
+    baseline: Path | None = None
+    if raw.text.strip():
+        base = Path(config.invocation_params.dir) if raw.from_cli else config.rootpath
+        baseline = base / raw.text.strip()
+    elif raw.from_cli:
+        raise pytest.UsageError(
+            "--backends-batch-baseline: expected a file path, got an empty value"
+        )
+    update = bool(_options.lookup(config, "backends_batch_baseline_update").value)
+    if update and baseline is None:
+        raise pytest.UsageError(
+            "--backends-batch-baseline-update: name the file to write with "
+            "--backends-batch-baseline=PATH"
+        )
+    return BatchSettings(baseline, update)
+
+
+def configure(config: pytest.Config) -> list[tuple[object, str]]:
+    """Resolve the settings and load the baseline; the plugin to register."""
+    settings = resolve_settings(config)
+    config.stash[_keys.BATCH_KEY] = settings
+    baseline = Baseline()
+    worker = hasattr(config, "workerinput")
+    if settings.baseline is not None:
+        try:
+            baseline = Baseline.load(settings.baseline)
+        except CensusFileError as exc:
+            missing = not settings.baseline.exists()
+            if not (missing and settings.baseline_update):
+                hint = " (create it with --backends-batch-baseline-update)" if missing else ""
+                raise pytest.UsageError(f"--backends-batch-baseline: {exc}{hint}") from None
+        if not worker and baseline.versions is not None:
+            message = baseline.version_mismatch(settings.baseline, Versions.current())
+            if message:
+                config.issue_config_time_warning(BaselineVersionWarning(message), stacklevel=2)
+    return [(BatchPlugin(config, settings, baseline), "backends-batch")]
+
+
+class TestCheck:
+    """The batch-invariance checks of one marked test (set as the API's active session)."""
+
+    __test__ = False  # not a test class, whatever pytest's collection rules say
+
+    def __init__(self, spec: dict[str, Any], baseline: Baseline, update: bool) -> None:
+        self.spec = spec
+        self.baseline = baseline
+        self.update = update
+        self.calls = 0
+        #: Why the op-by-op recording failed (its verdicts are then incomplete), or None.
+        self.failure: str | None = None
+        self.accepted: list[Key] = []
+        # key -> (verdict, sizes without difference, sizes differing)
+        self._verdicts: dict[Key, tuple[str, set[int], set[int]]] = {}
+
+    def defaults(self, **given: Any) -> dict[str, Any]:
+        """The call's arguments, with the marker's where the call left the default."""
+        defaults = {"sizes": None, "rtol": None, "atol": None, "tolerance": None, "permute": True}
+        out = dict(given)
+        explicit_tol = any(given[k] is not None for k in ("rtol", "atol", "tolerance"))
+        for name, default in defaults.items():
+            if given[name] == default and self.spec[name] != default:
+                if name in ("rtol", "atol", "tolerance") and explicit_tol:
+                    continue
+                out[name] = self.spec[name]
+        return out
+
+    def record(
+        self,
+        plan: Plan,
+        cases: Sequence[Case],
+        grads: Any,
+        result: BatchInvariance,
+        start: Any,
+    ) -> dict[str, Finding]:
+        """Record every sub-batch op by op; keep the verdicts; the finding per case."""
+        from pytest_backends.batch.locate import compare_ops, record
+
+        self.calls += 1
+        findings: dict[str, Finding] = {}
+        try:
+            start.restore()
+            full = record(plan, None, grads)
+            for case in cases:
+                if case.size == plan.n:
+                    continue
+                start.restore()
+                sub = record(plan, case.rows, grads)
+                verdicts, finding = compare_ops(full, sub, plan.n, case.rows, case.label)
+                findings[case.label] = finding
+                for key, verdict in verdicts.items():
+                    self._add(key, verdict, case.size)
+        except Exception as exc:  # the census's own failure is never the test's
+            text = str(exc).strip().splitlines()
+            self.failure = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+        return findings
+
+    def _add(self, key: Key, verdict: str, size: int) -> None:
+        from pytest_backends.batch.census import VERDICTS
+
+        old, same, differ = self._verdicts.get(key, ("inconclusive", set(), set()))
+        if verdict == "no_difference":
+            same.add(size)
+        elif verdict == "batch_variant":
+            differ.add(size)
+        if VERDICTS.index(verdict) < VERDICTS.index(old):
+            old = verdict
+        self._verdicts[key] = (old, same, differ)
+
+    def accepts(self, finding: Finding | None) -> bool:
+        """Whether the failure's first batch-variant op is accepted (or being added)."""
+        if finding is None or finding.kind != "op" or finding.op is None:
+            return False
+        key: Key = (finding.op, finding.device, finding.dtype)
+        if self.update or self.baseline.accepts(key):
+            self.accepted.append(key)
+            return True
+        return False
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The test's census rows."""
+        rows = []
+        for (op, device, dtype), (verdict, same, differ) in sorted(
+            self._verdicts.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2] or "")
+        ):
+            sizes = differ if verdict == "batch_variant" else same
+            rows.append(
+                {
+                    "op": op,
+                    "device": device,
+                    "dtype": dtype,
+                    "verdict": verdict,
+                    "sizes": sorted(sizes),
+                }
+            )
+        return rows
+
+
+def _config_id(item: pytest.Item) -> str:
+    config = item.stash.get(_keys.CONFIG_KEY, None)
+    return str(getattr(config, "id", None) or "default")
+
+
+class BatchPlugin:
+    """Runs marked tests with the census recorder and gates the run on the baseline."""
+
+    def __init__(self, config: pytest.Config, settings: BatchSettings, baseline: Baseline) -> None:
+        self.config = config
+        self.settings = settings
+        self.baseline = baseline
+        self.census = BatchCensus()
+        self._errors: list[str] = []
+        self._marked = 0
+        self._unrecorded: dict[str, str] = {}
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        marks = list(item.iter_markers(MARKER))
+        if not marks:
+            return
+        try:
+            spec = bind(marks[0].args, dict(marks[0].kwargs))
+        except MarkerError as exc:
+            pytest.fail(f"@pytest.mark.{MARKER} on {item.nodeid}: {exc}", pytrace=False)
+        item.stash[_SPEC_KEY] = spec
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
+        spec = item.stash.get(_SPEC_KEY, None)
+        if spec is None:
+            return (yield)
+        from pytest_backends.batch.api import _SESSION
+
+        check = TestCheck(spec, self.baseline, self.settings.baseline_update)
+        token = _SESSION.set(check)
+        try:
+            result = yield
+        finally:
+            _SESSION.reset(token)
+            item.stash[_ROWS_KEY] = {
+                "config": _config_id(item),
+                "rows": check.rows(),
+                "failure": check.failure,
+            }
+        if check.calls == 0:
+            pytest.fail(
+                f"{item.nodeid} is marked @pytest.mark.{MARKER} but never called "
+                "assert_batch_invariant: the marker declares a check, and none ran",
+                pytrace=False,
+            )
+        return result
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        data = item.stash.get(_ROWS_KEY, None)
+        if data is not None and call.when == "call":
+            setattr(report, REPORT_ATTR, data)
+        return report
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = getattr(report, REPORT_ATTR, None)
+        if not isinstance(data, dict) or hasattr(self.config, "workerinput"):
+            return
+        if str(report.outcome) == "rerun":
+            return
+        self._marked += 1
+        if data.get("failure"):
+            self._unrecorded[report.nodeid] = str(data["failure"])
+        try:
+            self.census.add_test(report.nodeid, str(data.get("config")), data.get("rows") or [])
+        except CensusFileError as exc:
+            self._errors.append(str(exc))
+
+    def _unaccepted(self) -> dict[Key, list[str]]:
+        return {k: t for k, t in self.census.variant().items() if not self.baseline.accepts(k)}
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        config = session.config
+        if hasattr(config, "workerinput"):
+            return
+        determinism = config.stash.get(_keys.DETERMINISM_KEY, None)
+        census_path = getattr(determinism, "census", None)
+        if self._marked and census_path is not None and Path(census_path).is_file():
+            from pytest_backends.determinism.census import add_section
+
+            try:
+                add_section(Path(census_path), SECTION, self.census.to_data())
+            except CensusFileError as exc:
+                self._errors.append(f"--backends-census: {exc}")
+        settings = self.settings
+        if settings.baseline is not None:
+            if settings.baseline_update:
+                try:
+                    updated_baseline(self.baseline, self.census).write(
+                        settings.baseline, Versions.current()
+                    )
+                except CensusFileError as exc:
+                    self._errors.append(f"--backends-batch-baseline-update: {exc}")
+            elif self._unaccepted() and session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self._errors and session.exitstatus in (
+            pytest.ExitCode.OK,
+            pytest.ExitCode.NO_TESTS_COLLECTED,
+        ):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
+        if hasattr(config, "workerinput") or not (self._marked or self._errors):
+            return
+        write = terminalreporter.write_line
+        terminalreporter.section("batch invariance", sep="=")
+        for error in self._errors:
+            write(f"ERROR: {error}", red=True)
+        for nodeid, reason in sorted(self._unrecorded.items()):
+            write(
+                f"census incomplete: {nodeid}: the op-by-op recording failed: {reason}", yellow=True
+            )
+        variant = self.census.variant()
+        write(
+            f"{len(self.census)} op keys (op, device, dtype) checked in {self._marked} test(s); "
+            f"{len(variant)} batch-variant"
+        )
+        settings = self.settings
+        for key, tests in variant.items():
+            if settings.baseline is None:
+                status = "BATCH-VARIANT"
+            elif self.baseline.accepts(key):
+                status = "accepted by the baseline"
+            elif settings.baseline_update:
+                status = "added to the baseline"
+            else:
+                status = "NEW, not in the baseline"
+            per_config = ", ".join(f"{c}: {v}" for c, v in self.census.configs(key).items())
+            shown = ", ".join(tests[:3]) + (f" (+{len(tests) - 3} more)" if len(tests) > 3 else "")
+            write(
+                f"{_format_key(key)}: {status}; {self.census.describe(key)}; "
+                f"per config: {per_config}; in {shown}"
+            )
+        if settings.baseline is not None and not settings.baseline_update:
+            unaccepted = self._unaccepted()
+            if unaccepted:
+                ops = ", ".join(_format_key(k) for k in unaccepted)
+                write(
+                    f"FAILED: {len(unaccepted)} batch-variant op(s) not in the baseline "
+                    f"{settings.baseline}: {ops}",
+                    red=True,
+                )
+            else:
+                write(f"every batch-variant op is in the baseline {settings.baseline}")
+        elif settings.baseline_update:
+            write(f"batch baseline updated: {settings.baseline}")
+
+
+def _format_key(key: Key) -> str:
+    op, device, dtype = key
+    where = ", ".join(x for x in (device, dtype) if x)
+    return f"{op} ({where})" if where else op
