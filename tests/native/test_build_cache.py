@@ -315,7 +315,7 @@ def test_a_listener_that_raises_never_breaks_a_build(
 def test_only_implicit_builds_are_announced(
     cache_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``build()`` is asked for by its caller (build-native, a test); ``load()`` builds implicitly."""
+    """``build()`` is asked for by its caller (build-native, a test); ``load()`` is implicit."""
 
     def no_compiler(*args: object, **kwargs: object) -> ModuleType:
         raise RuntimeError("no compiler in this test")
