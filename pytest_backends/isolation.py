@@ -10,8 +10,10 @@ From there the state is followed through the session:
 * changes made while a ``conftest.py`` (or plugin) is imported or configured
   become the suite's baseline, listed after collection with the file that
   made them;
-* changes made while a test module is imported are reported naming the module
-  and undone (under ``fail`` the run fails);
+* changes made while a test module is imported belong to that module: they
+  are applied around each of its own tests (as a module-scoped autouse fixture
+  would) and undone for every other module's tests, whatever the collection
+  order; they are reported once, as a warning naming the module;
 * around every test the flags are compared before setup and after teardown; a
   test that leaves one changed is reported with ``before -> after`` and the
   state is put back.  A fixture owns what it changes for its scope and is
@@ -382,6 +384,8 @@ class IsolationPlugin:
         self._ambient: dict[str, object] | None = None
         self._ambient_fp: tuple[object, ...] | None = None
         self._current: _ItemState | None = None
+        # flags each test module set while imported (by the module's node id)
+        self._module_flags: dict[str, dict[str, object]] = {}
         self._owned: dict[Any, _Owned] = {}
         # fixture leaks waiting for the teardown of the test that finalised them
         self._pending: list[tuple[str, str]] = []
@@ -504,23 +508,44 @@ class IsolationPlugin:
         if fp == watch.baseline_fp:
             return
         diff = reg.diff(watch.baseline, reg.to_plain(fp))
-        mode, _error = marker_mode(collector, self.settings.mode)
-        if mode == "off" or not diff:
+        if not diff:
+            return
+        if self.settings.mode == "off":
+            # the guard is off: nothing restores, so the change is the baseline from now on
             watch.checkpoint(f"{collector.nodeid} (import, not checked)")
             return
+        mode, _error = marker_mode(collector, self.settings.mode)
+        # What a module sets while imported is what it means for its own tests
+        # (like a module-scoped autouse fixture): those tests run under it,
+        # every other module's tests under the baseline, whatever the order.
+        self._module_flags[collector.nodeid] = {name: a for name, (_b, a) in diff.items()}
         self._restore(reg, watch.baseline)
         watch.baseline_fp = reg.fingerprint()
+        if mode == "off":
+            return
         self._add(
-            "torch backend flags changed while importing test modules",
+            "torch backend flags set while importing test modules (warning)",
             f"{collector.nodeid} changed torch backend flags while it was imported:\n"
             f"{_lines(diff)}\n"
-            "pytest imports every test module before running any test, so this would change "
-            "the tests of every module collected after it; the flags were restored. Set them "
-            "in a fixture (scope='module', autouse=True) that restores them, with "
-            "pytest_backends.override_flags(), or in conftest.py to make them the "
-            "suite's baseline.",
-            fails=mode == "fail",
+            "pytest imports every test module before running any test, so these flags would "
+            "also reach the tests of every module collected after it. pytest-backends applies "
+            "them to this module's own tests only and restores the baseline for every other "
+            "module's tests. To make this explicit, set them in a fixture (scope='module', "
+            "autouse=True) with pytest_backends.override_flags(), or in conftest.py to make "
+            "them the suite's baseline.",
+            fails=False,
         )
+
+    def _module_flags_of(self, item: pytest.Item) -> dict[str, object] | None:
+        """The flags ``item``'s module set while it was imported, if any."""
+        if not self._module_flags:
+            return None
+        node: Any = item
+        while node is not None:
+            if isinstance(node, pytest.File):
+                return self._module_flags.get(node.nodeid)
+            node = node.parent
+        return None
 
     def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str]:
         """The suite's baseline, when conftest files or plugins changed torch's defaults."""
@@ -577,6 +602,11 @@ class IsolationPlugin:
         reg = _registry()
         self._check_drift(reg, item)
         expected_fp, expected = self._ambient_fp, dict(self._ensure_ambient())
+        module_flags = self._module_flags_of(item)
+        if module_flags:
+            self._restore(reg, module_flags)
+            expected_fp = reg.fingerprint()
+            expected = reg.to_plain(expected_fp)
         if flags:
             try:
                 reg.apply(reg.validate(flags))
