@@ -510,19 +510,17 @@ class IsolationPlugin:
         diff = reg.diff(watch.baseline, reg.to_plain(fp))
         if not diff:
             return
-        if self.settings.mode == "off":
-            # the guard is off: nothing restores, so the change is the baseline from now on
+        mode, _error = marker_mode(collector, self.settings.mode)
+        if mode == "off":
+            # not guarded: nothing restores, so the change is the baseline from now on
             watch.checkpoint(f"{collector.nodeid} (import, not checked)")
             return
-        mode, _error = marker_mode(collector, self.settings.mode)
         # What a module sets while imported is what it means for its own tests
         # (like a module-scoped autouse fixture): those tests run under it,
         # every other module's tests under the baseline, whatever the order.
         self._module_flags[collector.nodeid] = {name: a for name, (_b, a) in diff.items()}
         self._restore(reg, watch.baseline)
         watch.baseline_fp = reg.fingerprint()
-        if mode == "off":
-            return
         self._add(
             "torch backend flags set while importing test modules (warning)",
             f"{collector.nodeid} changed torch backend flags while it was imported:\n"
