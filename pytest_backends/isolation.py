@@ -356,6 +356,9 @@ class _Owned:
     scope: str
     before: dict[str, object]
     mode: str
+    # the between-tests values of those flags before the fixture (without the
+    # import-time flags of the module whose test set it up)
+    ambient_before: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -628,6 +631,15 @@ class IsolationPlugin:
         expected_fp, expected = self._ambient_fp, dict(self._ensure_ambient())
         module_flags = self._module_flags_of(item)
         if module_flags:
+            # a module-, package- or session-scoped fixture set up after the import
+            # owns what it changed since, as it would without the plugin
+            baseline = watch.baseline
+            module_flags = {
+                name: value
+                for name, value in module_flags.items()
+                if expected.get(name) == baseline.get(name)
+            }
+        if module_flags:
             self._restore(reg, module_flags)
             expected_fp = reg.fingerprint()
             expected = reg.to_plain(expected_fp)
@@ -727,11 +739,13 @@ class IsolationPlugin:
         # A function-scoped fixture is part of its test; a wider one is judged by
         # the session's mode, never by the marker of whichever test set it up.
         mode = state.mode if fixturedef.scope == "function" else self.settings.mode
+        ambient = self._ensure_ambient()
         self._owned[fixturedef] = _Owned(
             _fixture_label(fixturedef),
             fixturedef.scope,
             {name: b for name, (b, _a) in delta.items()},
             mode,
+            {name: ambient.get(name) for name in delta},
         )
         after = {name: a for name, (_b, a) in delta.items()}
         if fixturedef.scope != "function":
@@ -777,7 +791,7 @@ class IsolationPlugin:
                     "torch backend flags leaked by fixtures", message, fails=owned.mode == "fail"
                 )
         if owned.scope != "function":
-            self._ensure_ambient().update(owned.before)
+            self._ensure_ambient().update(owned.ambient_before)
             self._ambient_fp = None
         state = self._current
         if state is not None and state.expected is not None:

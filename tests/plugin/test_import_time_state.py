@@ -161,3 +161,39 @@ def test_a_test_that_changes_its_modules_import_flags_is_still_a_leak(
             "  default_dtype: 'float64' -> 'float32'",
         ]
     )
+
+
+def test_a_wider_fixture_set_up_after_the_import_still_wins(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_mod="""
+        import pytest
+        import torch
+        from pytest_backends import override_flags
+
+        torch.set_default_dtype(torch.float64)
+        torch.backends.mkldnn.enabled = False
+
+        @pytest.fixture(scope="module", autouse=True)
+        def half_default():
+            with override_flags({"default_dtype": "bfloat16"}):
+                yield
+
+        def test_one():
+            assert torch.get_default_dtype() == torch.bfloat16
+            assert not torch.backends.mkldnn.enabled
+
+        def test_two():
+            assert torch.get_default_dtype() == torch.bfloat16
+            assert not torch.backends.mkldnn.enabled
+        """,
+        test_other="""
+        import torch
+
+        def test_other():
+            assert torch.get_default_dtype() == torch.float32
+            assert torch.backends.mkldnn.enabled
+        """,
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    result.assert_outcomes(passed=3)
+    assert result.ret == pytest.ExitCode.OK
