@@ -354,7 +354,7 @@ def _fp32_path(
             continue
         if kernel:
             used, source, why = kernel_precision(
-                device, name, found[1], view.overlay, shape=shape, k=k
+                device, name, found[1], view.overlay, shape=_row_shape(name, op, shape), k=k
             )
         else:
             used, source, why = True, "worst case", "the flag's worst case (kernel=False)"
@@ -370,6 +370,22 @@ def _fp32_path(
 
 
 # --------------------------------------------------------- kernel precision
+
+
+def _row_shape(row: str, op: str | None, shape: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The result shape to ask ``row``'s kernels about, for a result of ``op`` of ``shape``.
+
+    A convolution that oneDNN lowers to a GEMM multiplies its ``(out_channels x k)``
+    weights by ``(k x output pixels)`` columns per image, so its matmul row is
+    asked about a ``(batch, out_channels, pixels)`` result; an RNN's GEMMs have
+    shapes the result does not tell, so they are asked about the family.
+    """
+    if shape is None or _ROW_FAMILY.get(row) != "matmul" or op in ("matmul", None):
+        return shape
+    if op == "conv" and len(shape) >= 3:
+        return (shape[0], shape[1], math.prod(shape[2:]))
+    return None
+
 
 # The op family each precision row governs (its probe computes one of those).
 _ROW_FAMILY = {

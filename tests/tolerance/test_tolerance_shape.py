@@ -250,3 +250,21 @@ def test_a_reduced_precision_config_captures_the_log_by_default(pytester: pytest
         else:  # pragma: no cover - a torch built without oneDNN
             assert seen[mode][1] == "probe"
     assert any(seen[mode][0] == "True" for mode in reduced) or not torch._C._has_mkldnn
+
+
+def test_a_conv_lowered_to_a_gemm_is_judged_by_that_gemm() -> None:
+    # oneDNN may run a convolution as a matmul of the weights (out_channels x k)
+    # by the columns (k x output pixels): the conv's matmul row asks about that GEMM
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(1, 64, 10, 10, generator=gen), torch.randn(32, 64, 3, 3, generator=gen)
+    with override_flags(BF16), observe() as log:
+        out = F.conv2d(x, w)
+        tol = tolerance_for(torch.float32, op="conv", k=576, shape=out.shape)
+        gemms = [p for p in log.primitives() if p.family == "matmul"]
+    if log.error is not None or not gemms:
+        pytest.skip(f"oneDNN did not run this conv as a matmul here ({log.error or 'a conv'})")
+    assert computes_shape(gemms[-1], (1, 32, 64), 576), gemms[-1].problem
+    matmul_lines = [line for line in tol.path if "mkldnn.matmul.fp32_precision" in line]
+    assert any(gemms[-1].impl in line and "primitive log" in line for line in matmul_lines) or (
+        _reduced(tol) and gemms[-1].precision == "bf16"
+    ), tol.path
