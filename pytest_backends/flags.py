@@ -786,7 +786,7 @@ def _process_rows(torch: Any, add: Callable[..., None], c_flag: Callable[..., No
     ):
         add(
             name,
-            has_attr(C, swap) or "not in this torch",
+            _has_attr(C, swap) or "not in this torch",
             functools.partial(_read_by_swap, getattr(C, swap, _missing)),
             getattr(C, swap, _missing),
             _bool,
@@ -805,7 +805,9 @@ def _process_rows(torch: Any, add: Callable[..., None], c_flag: Callable[..., No
     ):
         c_flag(name, getter, setter, f"TorchScript: {doc} fusion/optimization (torch._C.{setter})")
     # the GPU fuser switch reads False whatever is set on a build without CUDA
-    gpu_fuser = has_attr(C, "_jit_can_fuse_on_gpu") and has_attr(C, "_jit_override_can_fuse_on_gpu")
+    gpu_fuser = _has_attr(C, "_jit_can_fuse_on_gpu") and _has_attr(
+        C, "_jit_override_can_fuse_on_gpu"
+    )
     add(
         "jit.can_fuse_on_gpu",
         (gpu_fuser and bool(torch.backends.cuda.is_built())) or "needs a CUDA build",
@@ -841,7 +843,7 @@ def _process_rows(torch: Any, add: Callable[..., None], c_flag: Callable[..., No
         "_set_miopen_immediate",
         "MIOpen immediate mode (torch.backends.miopen.immediate)",
     )
-    rocm_fa = has_attr(C, "_get_rocm_fa_preferred_backend") and hasattr(
+    rocm_fa = _has_attr(C, "_get_rocm_fa_preferred_backend") and hasattr(
         torch.backends.cuda, "preferred_rocm_fa_library"
     )
     add(
@@ -857,8 +859,8 @@ def _process_rows(torch: Any, add: Callable[..., None], c_flag: Callable[..., No
     add(
         "cuda.matmul.prefer_cublaslt_grouped_gemm",
         (
-            has_attr(C, "_get_cublaslt_prefer_grouped_gemm")
-            and has_attr(C, "_set_cublaslt_prefer_grouped_gemm")
+            _has_attr(C, "_get_cublaslt_prefer_grouped_gemm")
+            and _has_attr(C, "_set_cublaslt_prefer_grouped_gemm")
         )
         or "needs torch >= 2.14",
         getattr(C, "_get_cublaslt_prefer_grouped_gemm", _missing),
@@ -870,7 +872,7 @@ def _process_rows(torch: Any, add: Callable[..., None], c_flag: Callable[..., No
     _python_native_rows(torch, add)
 
 
-def has_attr(obj: object, name: str) -> bool:
+def _has_attr(obj: object, name: str) -> bool:
     """``hasattr`` that never raises (module wrappers with a strict ``__getattr__``)."""
     try:
         return hasattr(obj, name)
@@ -984,7 +986,7 @@ def _device_rows(torch: Any, add: Callable[..., None]) -> None:
         ),
     ):
         exists: bool | str = need
-        if available and has_attr(C, getter) and has_attr(C, setter):
+        if available and _has_attr(C, getter) and _has_attr(C, setter):
             try:
                 getattr(C, getter)()
                 exists = True
