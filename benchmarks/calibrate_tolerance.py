@@ -12,9 +12,11 @@ inputs, and checks the model's bound:
 A flag only allows a path; whether the path ran depends on the hardware and
 the shape.  The bound follows the kernel, as in tests: for each case the op
 runs once under oneDNN's primitive log (``pytest_backends.kernels.observe``)
-and ``tolerance_for`` reads the precision the primitive computed in (on a
-CPU without AMX, ``fp32_precision="bf16"`` runs an f32 kernel, and the bound
-is the fp32 one).  Each trial of a flagged mode is also run on the mode's
+and ``tolerance_for`` reads the precision the primitive that computed a result
+of that shape computed in (on a CPU without AMX, ``fp32_precision="bf16"``
+runs an f32 kernel, and the bound is the fp32 one; on a CPU with AMX some
+shapes take the bf16 kernel and others stay in f32), else a probe of the same
+shape.  Each trial of a flagged mode is also run on the mode's
 baseline path and compared bitwise.  Every row is held to (a) and (b),
 except a row whose bound assumed the reduced-precision path when no trial
 took it (a path that did not run cannot be calibrated).
@@ -25,6 +27,7 @@ oneDNN paths (AMX, AVX512-BF16, AVX512-FP16).
 Usage::
 
     python benchmarks/calibrate_tolerance.py [--trials 1000] [--out FILE]
+        [--modes "fp32 ieee,fp32 oneDNN bf16"] [--cases "mm ,mv "]
 
 Exit status 1 when a check fails.  The output for this project's CPU machine
 is kept in ``benchmarks/results/calibration-cpu.txt``; on a CUDA machine the
@@ -179,12 +182,25 @@ def round_mantissa(bits: int) -> Callable[[torch.Tensor], torch.Tensor]:
 def cases() -> list[Case]:
     """The ops and shapes calibrated: GEMMs over a range of k, and convolutions."""
     out: list[Case] = []
-    for m, k, n in ((64, 8, 64), (64, 64, 64), (64, 256, 64), (32, 1024, 32), (16, 4096, 16)):
+    # 64x8, 16x4096 and 4x1024 are shapes oneDNN keeps in f32 on a CPU with AMX
+    # under fp32_precision="bf16" while 64x256 computes in bf16 there
+    for m, k, n in (
+        (64, 8, 64),
+        (64, 64, 64),
+        (64, 256, 64),
+        (32, 1024, 32),
+        (16, 4096, 16),
+        (4, 1024, 4),
+    ):
         out.append(
             Case(
                 f"mm {m}x{k}@{k}x{n}", "matmul", k, _pair(_randn(m, k), _randn(k, n)), torch.matmul
             )
         )
+    # a matrix-vector product: no oneDNN bf16 path on the AMX machine
+    out.append(
+        Case("mv 64x256@256", "matmul", 256, _pair(_randn(64, 256), _randn(256)), torch.matmul)
+    )
     out.append(
         Case(
             "bmm 4x32x512@512x32",
@@ -345,9 +361,13 @@ def _kernel_tolerance(mode: Mode, case: Case, row: Row, seed: int) -> Tolerance:
     gen = torch.Generator().manual_seed(seed)
     inputs = tuple(t.to(mode.dtype) for t in case.make(gen, mode.device))
     with observe() as log:
+        shape: tuple[int, ...] | None = None
         with contextlib.suppress(RuntimeError):  # _trial reports it
-            case.run(*inputs)
-        tol = tolerance_for(mode.dtype, device=mode.device, op=case.op, k=case.k, scale=case.scale)
+            shape = tuple(case.run(*inputs).shape)
+        # as assert_close does: the bound follows the kernel of this result's shape
+        tol = tolerance_for(
+            mode.dtype, device=mode.device, op=case.op, k=case.k, scale=case.scale, shape=shape
+        )
         primitives = [p for p in log.primitives() if p.family]
     row.kernel = ", ".join(dict.fromkeys(f"{p.impl} {p.precision}" for p in primitives))
     row.bound_reduced = any(line.startswith("inputs rounded") for line in tol.path) or (
@@ -487,7 +507,8 @@ def report(rows: Sequence[Row], seconds: float, trials: int) -> Iterator[str]:
     )
     yield (
         "bound = the precision the bound assumed and what told it: log = oneDNN's "
-        "primitive log of the case's op, probe = the one-time probe; kernels = what the log showed"
+        "primitive log of the case's own shape, probe = the one-time probe of that shape; "
+        "kernels = what the log showed"
     )
     yield ""
     header = (
@@ -555,9 +576,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=1000)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="also write the report here")
+    parser.add_argument(
+        "--modes", default=None, help="comma-separated mode name prefixes (default: all)"
+    )
+    parser.add_argument(
+        "--cases", default=None, help="comma-separated case name prefixes (default: all)"
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    rows = run_calibration(args.trials, args.device, progress=True)
+    rows = run_calibration(
+        args.trials,
+        args.device,
+        mode_names=args.modes.split(",") if args.modes else None,
+        case_names=args.cases.split(",") if args.cases else None,
+        progress=True,
+    )
     text = "\n".join(report(rows, time.perf_counter() - start, args.trials))
     print(text)
     if args.out is not None:

@@ -10,8 +10,10 @@ From there the state is followed through the session:
 * changes made while a ``conftest.py`` (or plugin) is imported or configured
   become the suite's baseline, listed after collection with the file that
   made them;
-* changes made while a test module is imported are reported naming the module
-  and undone (under ``fail`` the run fails);
+* changes made while a test module is imported belong to that module: they
+  are applied around each of its own tests (as a module-scoped autouse fixture
+  would) and undone for every other module's tests, whatever the collection
+  order; they are reported once, as a warning naming the module;
 * around every test the flags are compared before setup and after teardown; a
   test that leaves one changed is reported with ``before -> after`` and the
   state is put back.  A fixture owns what it changes for its scope and is
@@ -354,6 +356,9 @@ class _Owned:
     scope: str
     before: dict[str, object]
     mode: str
+    # the between-tests values of those flags before the fixture (without the
+    # import-time flags of the module whose test set it up)
+    ambient_before: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -382,6 +387,8 @@ class IsolationPlugin:
         self._ambient: dict[str, object] | None = None
         self._ambient_fp: tuple[object, ...] | None = None
         self._current: _ItemState | None = None
+        # flags each test module set while imported (by the module's node id)
+        self._module_flags: dict[str, dict[str, object]] = {}
         self._owned: dict[Any, _Owned] = {}
         # fixture leaks waiting for the teardown of the test that finalised them
         self._pending: list[tuple[str, str]] = []
@@ -504,23 +511,42 @@ class IsolationPlugin:
         if fp == watch.baseline_fp:
             return
         diff = reg.diff(watch.baseline, reg.to_plain(fp))
+        if not diff:
+            return
         mode, _error = marker_mode(collector, self.settings.mode)
-        if mode == "off" or not diff:
+        if mode == "off":
+            # not guarded: nothing restores, so the change is the baseline from now on
             watch.checkpoint(f"{collector.nodeid} (import, not checked)")
             return
+        # What a module sets while imported is what it means for its own tests
+        # (like a module-scoped autouse fixture): those tests run under it,
+        # every other module's tests under the baseline, whatever the order.
+        self._module_flags[collector.nodeid] = {name: a for name, (_b, a) in diff.items()}
         self._restore(reg, watch.baseline)
         watch.baseline_fp = reg.fingerprint()
         self._add(
-            "torch backend flags changed while importing test modules",
+            "torch backend flags set while importing test modules (warning)",
             f"{collector.nodeid} changed torch backend flags while it was imported:\n"
             f"{_lines(diff)}\n"
-            "pytest imports every test module before running any test, so this would change "
-            "the tests of every module collected after it; the flags were restored. Set them "
-            "in a fixture (scope='module', autouse=True) that restores them, with "
-            "pytest_backends.override_flags(), or in conftest.py to make them the "
-            "suite's baseline.",
-            fails=mode == "fail",
+            "pytest imports every test module before running any test, so these flags would "
+            "also reach the tests of every module collected after it. pytest-backends applies "
+            "them to this module's own tests only and restores the baseline for every other "
+            "module's tests. To make this explicit, set them in a fixture (scope='module', "
+            "autouse=True) with pytest_backends.override_flags(), or in conftest.py to make "
+            "them the suite's baseline.",
+            fails=False,
         )
+
+    def _module_flags_of(self, item: pytest.Item) -> dict[str, object] | None:
+        """The flags ``item``'s module set while it was imported, if any."""
+        if not self._module_flags:
+            return None
+        node: Any = item
+        while node is not None:
+            if isinstance(node, pytest.File):
+                return self._module_flags.get(node.nodeid)
+            node = node.parent
+        return None
 
     def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str]:
         """The suite's baseline, when conftest files or plugins changed torch's defaults."""
@@ -558,6 +584,32 @@ class IsolationPlugin:
             if state is not None:
                 self._end(item, state)
 
+    # trylast: inside pytest's capture wrapper, which points fd 1 at its own file
+    # when the call starts; the primitive log must redirect fd 1 after it.
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
+        """Under a reduced oneDNN precision, capture oneDNN's primitive log during the call.
+
+        The tolerance model then bounds each result by the precision of the
+        kernel that computed it (``pytest_backends.tolerance.kernel_precision``),
+        not by the flag's worst case.  About 0.3 ms a test; only for items whose
+        flags set ``fp32_precision`` to ``bf16`` or ``tf32``.
+        """
+        flags = item.stash.get(ITEM_FLAGS_KEY, None)
+        if not flags or not _reduces_onednn_precision(flags):
+            return (yield)
+        from pytest_backends import kernels
+
+        if kernels.active_log() is not None:  # --backends-verify or the test captures already
+            return (yield)
+        log = kernels.PrimitiveLog()
+        started = log.start()
+        try:
+            return (yield)
+        finally:
+            if started:
+                log.stop()
+
     def _begin(
         self,
         item: pytest.Item,
@@ -577,6 +629,20 @@ class IsolationPlugin:
         reg = _registry()
         self._check_drift(reg, item)
         expected_fp, expected = self._ambient_fp, dict(self._ensure_ambient())
+        module_flags = self._module_flags_of(item)
+        if module_flags:
+            # a module-, package- or session-scoped fixture set up after the import
+            # owns what it changed since, as it would without the plugin
+            baseline = watch.baseline
+            module_flags = {
+                name: value
+                for name, value in module_flags.items()
+                if expected.get(name) == baseline.get(name)
+            }
+        if module_flags:
+            self._restore(reg, module_flags)
+            expected_fp = reg.fingerprint()
+            expected = reg.to_plain(expected_fp)
         if flags:
             try:
                 reg.apply(reg.validate(flags))
@@ -673,11 +739,13 @@ class IsolationPlugin:
         # A function-scoped fixture is part of its test; a wider one is judged by
         # the session's mode, never by the marker of whichever test set it up.
         mode = state.mode if fixturedef.scope == "function" else self.settings.mode
+        ambient = self._ensure_ambient()
         self._owned[fixturedef] = _Owned(
             _fixture_label(fixturedef),
             fixturedef.scope,
             {name: b for name, (b, _a) in delta.items()},
             mode,
+            {name: ambient.get(name) for name in delta},
         )
         after = {name: a for name, (_b, a) in delta.items()}
         if fixturedef.scope != "function":
@@ -723,7 +791,7 @@ class IsolationPlugin:
                     "torch backend flags leaked by fixtures", message, fails=owned.mode == "fail"
                 )
         if owned.scope != "function":
-            self._ensure_ambient().update(owned.before)
+            self._ensure_ambient().update(owned.ambient_before)
             self._ambient_fp = None
         state = self._current
         if state is not None and state.expected is not None:
@@ -880,6 +948,15 @@ class IsolationPlugin:
                 "pytest-backends: the run fails because of the torch backend flag changes "
                 "above (--backends-leaks=fail)."
             )
+
+
+def _reduces_onednn_precision(flags: Mapping[str, object]) -> bool:
+    """Whether ``flags`` let oneDNN compute fp32 ops in a reduced precision."""
+    return any(
+        (name == "fp32_precision" or (name.startswith("mkldnn.") and "fp32_precision" in name))
+        and value in ("bf16", "tf32")
+        for name, value in flags.items()
+    )
 
 
 @dataclass

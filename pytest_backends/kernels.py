@@ -28,6 +28,7 @@ import contextlib
 import contextvars
 import ctypes
 import dataclasses
+import math
 import os
 import re
 import sys
@@ -364,13 +365,18 @@ def paused_log() -> Iterator[None]:
         _set_verbose(1)
 
 
-def computed_precision(family: str, fpmath: str) -> tuple[str, Primitive] | None:
+def computed_precision(
+    family: str, fpmath: str, result: Sequence[int] | None = None, k: int | None = None
+) -> tuple[str, Primitive] | None:
     """How the f32 kernels of ``family`` with ``attr-fpmath:<fpmath>`` computed so far.
 
     Reads the active log (``None`` when nothing is captured or no such
     primitive ran yet).  Returns ``(precision, primitive)`` where the
     primitive is one that computed in the reduced precision if any did,
-    else the last one seen.
+    else the last one seen.  With ``result`` (the shape of the op's result)
+    and ``k`` (its reduction length), only primitives that computed a result
+    of that shape count (:func:`computes_shape`): oneDNN picks the kernel
+    per shape, so another shape's primitive says nothing about this one.
     """
     log = active_log()
     if log is None:
@@ -378,13 +384,64 @@ def computed_precision(family: str, fpmath: str) -> tuple[str, Primitive] | None
     seen = [
         p
         for p in log.primitives()
-        if p.family == family and p.fpmath == fpmath and "f32" in p.input_dtypes()
+        if p.family == family
+        and p.fpmath == fpmath
+        and "f32" in p.input_dtypes()
+        and (result is None or computes_shape(p, result, k))
     ]
     if not seen:
         return None
     reduced = [p for p in seen if p.precision != "f32"]
     chosen = reduced[0] if reduced else seen[-1]
     return chosen.precision, chosen
+
+
+def _ints(text: str) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(x) for x in text.split("x"))
+    except ValueError:
+        return None
+
+
+def computes_shape(primitive: Primitive, result: Sequence[int], k: int | None) -> bool:
+    """Whether ``primitive`` computed a result of shape ``result`` reducing over ``k``.
+
+    A matmul problem ``[B x]M x K : [B x]K x N`` matches a result whose last
+    dimension is ``N`` and whose other dimensions hold ``B * M`` elements (a
+    1-D result of length ``M`` is a matrix-vector product, ``N = 1``); a
+    convolution problem matches the result's batch, output channels and
+    spatial size, and ``k = ic / groups * kernel size``.
+    """
+    dims = tuple(int(d) for d in result)
+    if primitive.family == "matmul":
+        parts = primitive.problem.split(":")
+        if len(parts) < 2:
+            return False
+        a, b = _ints(parts[0]), _ints(parts[1])
+        if not a or not b or len(a) < 2 or len(b) < 2:
+            return False
+        rows = math.prod(a[:-1])
+        kk, n = a[-1], b[-1]
+        if len(dims) == 1:
+            want_rows, want_n = dims[0], 1
+        elif not dims:
+            want_rows, want_n = 1, 1
+        else:
+            want_rows, want_n = math.prod(dims[:-1]), dims[-1]
+        return rows == want_rows and n == want_n and (k is None or kk == k)
+    if primitive.family == "conv":
+        numbers = {name: int(v) for name, v in re.findall(r"([a-z]+)(\d+)", primitive.problem)}
+        if len(dims) < 3 or "mb" not in numbers or "oc" not in numbers:
+            return False
+        spatial = [numbers[d] for d in ("od", "oh", "ow") if d in numbers]
+        if (numbers["mb"], numbers["oc"]) != dims[:2] or tuple(spatial) != dims[2:]:
+            return False
+        if k is None:
+            return True
+        groups = numbers.get("g", 1)
+        window = math.prod(numbers.get(d, 1) for d in ("kd", "kh", "kw"))
+        return numbers.get("ic", 0) // max(groups, 1) * window == k
+    return False
 
 
 # ---------------------------------------------------------------- attribution

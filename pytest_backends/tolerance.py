@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,6 +132,17 @@ class Tolerance:
         yield self.rtol
         yield self.atol
 
+    def _source_lines(self) -> list[str]:
+        if not self.precision_source:
+            return []
+        line = f"  precision from: {self.precision_source}"
+        if self.precision_source == "worst case":
+            line += (
+                " (the kernel that ran could not be observed or probed: the bound assumes "
+                "the reduced precision the flag allows, so it may be far looser than needed)"
+            )
+        return [line]
+
     def describe(self) -> str:
         """The model's inputs and the bound, as a few human-readable lines."""
         flags = ", ".join(f"{n}={v!r}" for n, v in self.flags) or "none apply"
@@ -142,6 +153,7 @@ class Tolerance:
                 f"scale={self.scale:g}",
                 f"  flags consulted: {flags}",
                 *(f"  path: {line}" for line in self.path),
+                *self._source_lines(),
                 f"  bound: |actual - expected| <= atol + rtol * |expected| with "
                 f"rtol={self.rtol:.3g}, atol={self.atol:.3g}",
             ]
@@ -194,6 +206,18 @@ def _check_op(op: object) -> str | None:
     if op is None or (isinstance(op, str) and op in OP_FAMILIES):
         return op
     raise ValueError(f"unknown op {op!r}; choose one of {', '.join(map(repr, OP_FAMILIES))}")
+
+
+def _check_shape(shape: object) -> tuple[int, ...] | None:
+    if shape is None:
+        return None
+    if isinstance(shape, (tuple, list, torch.Size)) and all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        return tuple(int(d) for d in shape)
+    raise ValueError(
+        f"shape must be a sequence of non-negative ints (a result's shape), got {shape!r}"
+    )
 
 
 def _check_scale(scale: object) -> float:
@@ -297,7 +321,15 @@ def _precision_u(value: object) -> tuple[float, str] | None:
     return None
 
 
-def _fp32_path(view: _FlagView, device: str, op: str | None, path: _Path, kernel: bool) -> None:
+def _fp32_path(
+    view: _FlagView,
+    device: str,
+    op: str | None,
+    path: _Path,
+    kernel: bool,
+    shape: tuple[int, ...] | None = None,
+    k: int | None = None,
+) -> None:
     rows = _PRECISION_ROWS.get(device, {}).get(op, ())
     worst: tuple[float, str, str] | None = None
     for name in rows:
@@ -321,7 +353,9 @@ def _fp32_path(view: _FlagView, device: str, op: str | None, path: _Path, kernel
         if found is None:
             continue
         if kernel:
-            used, source, why = kernel_precision(device, name, found[1], view.overlay)
+            used, source, why = kernel_precision(
+                device, name, found[1], view.overlay, shape=_row_shape(name, op, shape), k=k
+            )
         else:
             used, source, why = True, "worst case", "the flag's worst case (kernel=False)"
         path.sources.append(source)
@@ -336,6 +370,22 @@ def _fp32_path(view: _FlagView, device: str, op: str | None, path: _Path, kernel
 
 
 # --------------------------------------------------------- kernel precision
+
+
+def _row_shape(row: str, op: str | None, shape: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The result shape to ask ``row``'s kernels about, for a result of ``op`` of ``shape``.
+
+    A convolution that oneDNN lowers to a GEMM multiplies its ``(out_channels x k)``
+    weights by ``(k x output pixels)`` columns per image, so its matmul row is
+    asked about a ``(batch, out_channels, pixels)`` result; an RNN's GEMMs have
+    shapes the result does not tell, so they are asked about the family.
+    """
+    if shape is None or _ROW_FAMILY.get(row) != "matmul" or op in ("matmul", None):
+        return shape
+    if op == "conv" and len(shape) >= 3:
+        return (shape[0], shape[1], math.prod(shape[2:]))
+    return None
+
 
 # The op family each precision row governs (its probe computes one of those).
 _ROW_FAMILY = {
@@ -356,47 +406,120 @@ _PROBE_FRACTION = 1 / 16
 
 
 def kernel_precision(
-    device: str, row: str, mode: str, overlay: Mapping[str, object] | None = None
+    device: str,
+    row: str,
+    mode: str,
+    overlay: Mapping[str, object] | None = None,
+    *,
+    shape: Sequence[int] | None = None,
+    k: int | None = None,
 ) -> tuple[bool, str, str]:
     """Whether the kernels governed by ``row`` compute in ``mode`` (``bf16``/``tf32``).
 
+    ``shape`` is the shape of the op's result and ``k`` its reduction length,
+    where known: oneDNN picks its kernel per shape (on a CPU with AMX a
+    64x256 @ 256x64 matmul computes in bf16 under ``fp32_precision="bf16"``
+    while 64x8 @ 8x64 stays in f32, and a matrix-vector product may not use
+    oneDNN at all), so the answer is for that shape.
+
     Returns ``(used, source, why)``.  The sources, in order:
 
-    1. ``"primitive log"``: while oneDNN's log is captured (``--backends-verify``,
-       :func:`pytest_backends.kernels.observe`) and a primitive of the row's
-       op family ran with ``attr-fpmath:<mode>``, what that primitive did;
+    1. ``"primitive log"``: while oneDNN's log is captured (by default in a
+       test whose backend configuration sets a reduced precision,
+       ``--backends-verify``, :func:`pytest_backends.kernels.observe`) and a
+       primitive of the row's op family ran with ``attr-fpmath:<mode>`` (for
+       that result shape, when given), what that primitive did;
     2. ``"probe"``: a one-time run of the op family on this machine with the
-       flag set to ``mode`` and to ``ieee``, compared (cached per process);
+       flag set to ``mode`` and to ``ieee``, compared (cached per process):
+       of the same shape and reduction length when they are given, else of a
+       64x256 @ 256x64 matmul, a conv or an LSTM;
     3. ``"worst case"``: where no probe can run (the device is missing, the
-       op raised), the flag is assumed to take effect.
+       op raised), the flag is assumed to take effect, and the reason says so.
     """
     family = _ROW_FAMILY.get(row)
     if family is None:
         return True, "worst case", f"the flag's worst case ({row} has no probe)"
+    dims = None if shape is None else tuple(int(d) for d in shape)
     if device == "cpu" and row.startswith("mkldnn."):
         from pytest_backends.kernels import computed_precision
 
-        seen = computed_precision(family, mode)
+        seen = computed_precision(family, mode, dims, k)
         if seen is not None:
             precision, primitive = seen
+            what = f"{primitive.impl} ({primitive.problem or primitive.kind})"
             if precision == mode:
-                return True, "primitive log", f"primitive log: {primitive.impl} computed in {mode}"
-            return False, "primitive log", f"primitive log: {primitive.impl} computed in f32"
-    result = _probe(device, row, mode, dict(overlay or {}))
+                return True, "primitive log", f"primitive log: {what} computed in {mode}"
+            return False, "primitive log", f"primitive log: {what} computed in f32"
+    probe_shape = _probe_shape(family, dims, k)
+    result = _probe(device, row, mode, dict(overlay or {}), probe_shape)
     if result is None:
         return True, "worst case", f"the flag's worst case (no {device} probe could run)"
     moved, effect = result
+    what = f"a {family}" if probe_shape is None else f"a {family} of this shape"
     if moved:
-        return True, "probe", f"probe: a {family} on this machine moved by {effect:.2g} relative"
+        return True, "probe", f"probe: {what} on this machine moved by {effect:.2g} relative"
     return (
         False,
         "probe",
-        (f"probe: a {family} on this machine moved by {effect:.2g} relative, not {mode}-sized"),
+        (f"probe: {what} on this machine moved by {effect:.2g} relative, not {mode}-sized"),
     )
 
 
-def _probe_inputs(device: str, family: str) -> Callable[[], object] | None:
+# Multiply-adds above which a same-shape probe is not run (the generic one is).
+_PROBE_MAX_MACS = 2**28
+
+
+def _probe_shape(
+    family: str, dims: tuple[int, ...] | None, k: int | None
+) -> tuple[tuple[int, ...], int] | None:
+    """``(result shape, k)`` for a same-shape probe, or ``None`` for the generic probe."""
+    if dims is None or k is None or family not in ("matmul", "conv") or any(d < 1 for d in dims):
+        return None
+    if family == "conv" and not 3 <= len(dims) <= 5:
+        return None
+    if math.prod(dims) * k > _PROBE_MAX_MACS:
+        return None
+    return dims, k
+
+
+def _same_shape_inputs(
+    device: str, family: str, dims: tuple[int, ...], k: int, gen: torch.Generator
+) -> Callable[[], object]:
+    if family == "matmul":
+        if not dims:  # a dot product
+            u, v = torch.randn(k, generator=gen), torch.randn(k, generator=gen)
+            u, v = u.to(device), v.to(device)
+            return lambda: u @ v
+        if len(dims) == 1:  # a matrix-vector product
+            m = torch.randn(dims[0], k, generator=gen).to(device)
+            v = torch.randn(k, generator=gen).to(device)
+            return lambda: m @ v
+        *batch, rows, cols = dims
+        a = torch.randn(*batch, rows, k, generator=gen).to(device)
+        b = torch.randn(*batch, k, cols, generator=gen).to(device)
+        return lambda: a @ b
+    # a convolution with the result's batch, channels and size and the same k:
+    # a 3-wide window where k allows it, else a pointwise one
+    spatial = len(dims) - 2
+    width = 3 if k % 3**spatial == 0 else 1
+    cin = k // width**spatial
+    x = torch.randn(dims[0], cin, *(d + width - 1 for d in dims[2:]), generator=gen)
+    w = torch.randn(dims[1], cin, *([width] * spatial), generator=gen)
+    x, w = x.to(device), w.to(device)
+    conv = (
+        torch.nn.functional.conv1d,
+        torch.nn.functional.conv2d,
+        torch.nn.functional.conv3d,
+    )[spatial - 1]
+    return lambda: conv(x, w)
+
+
+def _probe_inputs(
+    device: str, family: str, shape: tuple[tuple[int, ...], int] | None = None
+) -> Callable[[], object] | None:
     gen = torch.Generator().manual_seed(20240611)
+    if shape is not None:
+        return _same_shape_inputs(device, family, shape[0], shape[1], gen)
     if family == "matmul":
         a = torch.randn(64, 256, generator=gen).to(device)
         b = torch.randn(256, 64, generator=gen).to(device)
@@ -416,22 +539,30 @@ def _probe_inputs(device: str, family: str) -> Callable[[], object] | None:
     return None
 
 
-# (device, row, mode, overlay) -> (reduced?, relative size) or None; one probe per process
-_PROBES: dict[tuple[str, str, str, str], tuple[bool, float] | None] = {}
+# (device, row, mode, overlay, shape) -> (reduced?, relative size) or None; once per process
+_PROBES: dict[tuple[str, str, str, str, str], tuple[bool, float] | None] = {}
 
 
 def _probe(
-    device: str, row: str, mode: str, settings: Mapping[str, object]
+    device: str,
+    row: str,
+    mode: str,
+    settings: Mapping[str, object],
+    shape: tuple[tuple[int, ...], int] | None = None,
 ) -> tuple[bool, float] | None:
     """Run the row's op family with the flag at ``mode`` and at its full-precision value."""
-    key = (device, row, mode, repr(sorted(settings.items())))
+    key = (device, row, mode, repr(sorted(settings.items())), repr(shape))
     if key not in _PROBES:
-        _PROBES[key] = _run_probe(device, row, mode, settings)
+        _PROBES[key] = _run_probe(device, row, mode, settings, shape)
     return _PROBES[key]
 
 
 def _run_probe(
-    device: str, row: str, mode: str, settings: Mapping[str, object]
+    device: str,
+    row: str,
+    mode: str,
+    settings: Mapping[str, object],
+    shape: tuple[tuple[int, ...], int] | None = None,
 ) -> tuple[bool, float] | None:
     from pytest_backends.effect import flag_effect
     from pytest_backends.flags import registry
@@ -448,7 +579,7 @@ def _run_probe(
         from pytest_backends.flags import override_flags
 
         with override_flags(overlay), torch.no_grad(), _probe_scope():
-            fn = _probe_inputs(device, family)
+            fn = _probe_inputs(device, family, shape)
             if fn is None:
                 return None
             effect = flag_effect(fn, row, values, check_reproducible=False)
@@ -519,6 +650,7 @@ def tolerance_for(
     scale: float = 1.0,
     flags: Mapping[str, object] | None = None,
     kernel: bool = True,
+    shape: Sequence[int] | None = None,
 ) -> Tolerance:
     """The model's ``(rtol, atol)`` for a result of ``dtype`` computed on ``device``.
 
@@ -534,8 +666,10 @@ def tolerance_for(
     *allows* the fast path.  With ``kernel=True`` (the default) the bound
     follows the precision the kernel used (:func:`kernel_precision`: oneDNN's
     primitive log where it is captured, else a one-time probe of the op
-    family on this machine, else the flag's worst case);
-    ``kernel=False`` always takes the flag's worst case.
+    family on this machine, else the flag's worst case); ``shape``, the
+    shape of the result (:func:`assert_close` passes it), makes both the log
+    and the probe answer for that shape and ``k``, since oneDNN picks its
+    kernel per shape.  ``kernel=False`` always takes the flag's worst case.
 
     For an elementwise or unnamed op (``op`` ``"elementwise"`` or ``None``)
     the bound is never tighter than :func:`torch.testing.assert_close`'s
@@ -550,6 +684,7 @@ def tolerance_for(
     op_family = _check_op(op)
     length = _check_k(k, op_family)
     s = _check_scale(scale)
+    dims = _check_shape(shape)
     name = dtype_name(torch_dtype)
     if not (torch_dtype.is_floating_point or torch_dtype.is_complex):
         return Tolerance(0.0, 0.0, name, device_type, op_family, length, s, (), ("exact",))
@@ -561,7 +696,9 @@ def tolerance_for(
     u_acc = u_out if real == torch.float64 else min(u_out, 2.0**-24)
     path = _Path(u_out=u_out, u_acc=u_acc)
     if real == torch.float32:
-        _fp32_path(view, device_type, op_family, path, kernel)
+        _fp32_path(
+            view, device_type, op_family, path, kernel, dims, length if k is not None else None
+        )
     elif real in (torch.float16, torch.bfloat16):
         _half_path(view, device_type, op_family, real, path)
     block = _CPU_BLOCK if device_type == "cpu" else length
@@ -644,8 +781,8 @@ def assert_close(
     ``actual``'s dtype and device, the op family ``op`` and the reduction
     length ``k``; an explicit ``rtol`` or ``atol`` wins over the model's.
     A reduced-precision flag widens the bound only where the kernel used
-    that precision (``kernel=False``: wherever the flag allows it; see
-    :func:`tolerance_for`).
+    that precision for a result of ``actual``'s shape (``kernel=False``:
+    wherever the flag allows it; see :func:`tolerance_for`).
     ``expected`` may be a wider reference (an fp64 result for an fp32
     ``actual``, e.g. from :func:`reference`): ``actual`` is then compared in
     the reference's dtype.  Nested sequences and mappings are compared leaf
@@ -668,7 +805,13 @@ def assert_close(
         leaf_kwargs = dict(kwargs)
         if isinstance(a, torch.Tensor):
             tol = tolerance_for(
-                a.dtype, device=a.device, op=op_family, k=k, scale=scale, kernel=kernel
+                a.dtype,
+                device=a.device,
+                op=op_family,
+                k=k,
+                scale=scale,
+                kernel=kernel,
+                shape=tuple(a.shape),
             )
             if _is_reference_pair(a, e):
                 a = a.to(e.dtype)
@@ -782,14 +925,18 @@ class BackendTolerance:
         k: int | None = None,
         scale: float = 1.0,
         kernel: bool = True,
+        shape: Sequence[int] | None = None,
     ) -> Tolerance:
         """The bound for ``dtype`` (default: torch's default dtype) on this device.
 
         Like :func:`tolerance_for`, it follows the precision the kernel used
-        (``kernel=False``: the flags' worst case).
+        for a result of ``shape`` where given (``kernel=False``: the flags'
+        worst case).
         """
         chosen = torch.get_default_dtype() if dtype is None else dtype
-        return tolerance_for(chosen, device=self.device, op=op, k=k, scale=scale, kernel=kernel)
+        return tolerance_for(
+            chosen, device=self.device, op=op, k=k, scale=scale, kernel=kernel, shape=shape
+        )
 
     def __iter__(self) -> Iterator[float]:
         return iter(self())

@@ -32,12 +32,15 @@ __all__ = [
     "AXIS",
     "FAKE_FEATURES_ENV",
     "LEVELS",
+    "NATIVE_ISA",
     "Level",
     "cpu_features",
     "effective_level",
     "level_env",
     "level_id",
     "machine_arch",
+    "native_onednn_isa",
+    "onednn_isa_of",
     "parse_cpuinfo",
     "parse_levels",
     "supported_levels",
@@ -97,13 +100,17 @@ LEVELS: dict[str, Level] = {
 }
 
 # Library ISA caps per (arch, level), so that oneDNN and MKL do not dispatch to
-# a wider ISA than the ATen kernels under test.  oneDNN's x86 floor is SSE4.1;
-# AVX512_CORE is AVX-512 F/BW/DQ/VL, the same subset as ATen's AVX512 level
-# (so oneDNN's VNNI, BF16 and AMX kernels are not used under ``avx512``).
+# a wider ISA than the ATen kernels under test.  oneDNN's x86 floor is SSE4.1.
+# ``avx512`` is x86's top ATen level, and it runs oneDNN at this CPU's own ISA
+# (``ALL``: uncapped), so the kernels a plain run uses (VNNI, BF16, AMX) are
+# part of the matrix: capping it at AVX512_CORE (ATen's F/BW/DQ/VL subset) would
+# leave no level running them, and on a CPU with AMX the bf16 paths of fp32
+# matmuls and convolutions would go untested.
+NATIVE_ISA = "ALL"
 _ONEDNN_ISA: dict[tuple[str, str], str] = {
     ("x86_64", "default"): "SSE41",
     ("x86_64", "avx2"): "AVX2",
-    ("x86_64", "avx512"): "AVX512_CORE",
+    ("x86_64", "avx512"): NATIVE_ISA,
     ("aarch64", "default"): "ADVANCED_SIMD",
     ("aarch64", "sve256"): "SVE_256",
 }
@@ -117,7 +124,7 @@ _ONEDNN_ISA_REPORTED: dict[str, str] = {
 _MKL_ISA: dict[tuple[str, str], str] = {
     ("x86_64", "default"): "SSE4_2",
     ("x86_64", "avx2"): "AVX2",
-    ("x86_64", "avx512"): "AVX512",
+    # avx512: not set, MKL runs at this CPU's own ISA like oneDNN
 }
 
 _ARCH_ALIASES = {
@@ -286,6 +293,48 @@ def level_env(level: str, arch: str | None = None) -> dict[str, str]:
     return env
 
 
+# oneDNN's x86 ISA names, widest first, with the CPU features each needs
+# (/proc/cpuinfo names, canonical): what an uncapped oneDNN dispatches to.
+_ONEDNN_X86_ISAS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("AVX10_1_512_AMX_FP16", ("amxtile", "amxbf16", "amxint8", "amxfp16", "avx512fp16")),
+    ("AVX10_1_512_AMX", ("amxtile", "amxbf16", "amxint8", "avx512fp16")),
+    ("AVX512_CORE_AMX", ("amxtile", "amxbf16", "amxint8", "avx512bf16")),
+    ("AVX10_1_512", ("avx512fp16", "avx512bf16", "avx512vnni")),
+    ("AVX512_CORE_BF16", ("avx512bf16", "avx512vnni")),
+    ("AVX512_CORE_VNNI", ("avx512vnni",)),
+    ("AVX512_CORE", ("avx512f", "avx512bw", "avx512dq", "avx512vl")),
+    ("AVX2_VNNI_2", ("avx2", "avxvnni", "avxvnniint8", "avxneconvert", "avxifma")),
+    ("AVX2_VNNI", ("avx2", "avxvnni")),
+    ("AVX2", ("avx2",)),
+    ("SSE41", ()),
+)
+
+
+def native_onednn_isa(features: frozenset[str] | None = None) -> str:
+    """The oneDNN ISA an uncapped oneDNN dispatches to on a CPU with ``features`` (x86)."""
+    have = cpu_features() if features is None else features
+    for name, needs in _ONEDNN_X86_ISAS:
+        if all(feature in have for feature in needs):
+            return name
+    return "SSE41"
+
+
+def onednn_isa_of(
+    level: str, *, arch: str | None = None, features: frozenset[str] | None = None
+) -> str | None:
+    """The oneDNN ISA ``level``'s processes run, for the header (``None``: not capped).
+
+    ``"AVX2"`` for a capped level; for x86's top level, which is not capped,
+    the ISA this CPU's oneDNN dispatches to, e.g. ``"AVX10_1_512_AMX (this
+    CPU's own)"``.
+    """
+    arch = machine_arch() if arch is None else arch
+    cap = _ONEDNN_ISA.get((arch, level))
+    if cap == NATIVE_ISA:
+        return f"{native_onednn_isa(features)} (this CPU's own)"
+    return cap
+
+
 def effective_level() -> str:
     """``torch.backends.cpu.get_cpu_capability()``, normalised (``Z VECTOR`` -> ``ZVECTOR``)."""
     import torch.backends.cpu
@@ -357,6 +406,16 @@ def verify_onednn(level: str, actual: str | None = None, arch: str | None = None
     already printed), there is nothing to check and the answer is None.
     """
     cap = _ONEDNN_ISA.get((machine_arch() if arch is None else arch, level))
+    if cap == NATIVE_ISA:
+        inherited = os.environ.get("ONEDNN_MAX_CPU_ISA", NATIVE_ISA).strip().upper()
+        if inherited in (NATIVE_ISA, ""):
+            return None
+        return (
+            f"{level_id(level)}: the process started for CPU capability level {level!r} "
+            f"caps oneDNN at ONEDNN_MAX_CPU_ISA={inherited}, but this level runs oneDNN at "
+            "this CPU's own ISA (ONEDNN_MAX_CPU_ISA=ALL); none of this level's tests were "
+            "run on the wrong kernels"
+        )
     expected = _ONEDNN_ISA_REPORTED.get(cap or "")
     if expected is None:
         return None

@@ -306,6 +306,11 @@ class ControllerPlugin:
         )
         if plan.unsupported:
             line += f" (no workers for {', '.join(plan.unsupported)}: this CPU cannot run them)"
+        isas = [(level, levels.onednn_isa_of(level)) for level in plan.runnable]
+        if any(isa for _, isa in isas):
+            line += "; oneDNN ISA per level: " + ", ".join(
+                f"{level} {isa or 'not capped'}" for level, isa in isas
+            )
         fake = os.environ.get(levels.FAKE_FEATURES_ENV)
         if fake:
             line += f" (CPU features edited by {levels.FAKE_FEATURES_ENV}={fake})"

@@ -377,25 +377,45 @@ def _check_primitives(
             )
     elif rule.startswith("precision:"):
         mode = rule.partition(":")[2]
-        f32 = [p for p in computing if "f32" in p.input_dtypes() and p.family]
-        flagged = [p for p in f32 if p.fpmath == mode]
-        done = [p for p in flagged if p.precision == mode]
+        family = [p for p in computing if p.family]
+        done = [p for p in family if _computed_as_promised(p, mode)]
         if done:
-            exercised.append(f"{token} exercised: {_described(done)} computed in {mode}")
-        elif flagged:
-            kernels = ", ".join(dict.fromkeys(p.impl for p in flagged))
-            missing.append(
-                f"{token} not exercised: the flag allowed {mode}, {kernels} computed in f32"
-            )
+            exercised.append(f"{token} exercised: {_per_op(done, mode)}")
+        elif family:
+            missing.append(f"{token} not exercised: {_per_op(family, mode)}")
         else:
-            ran = (
-                f"oneDNN computed {_described(computing)}"
-                if computing
-                else "no oneDNN primitive computed an op"
-            )
-            missing.append(
-                f"{token} not exercised: no fp32 oneDNN matmul, convolution or RNN ran; {ran}"
-            )
+            ran = f"; oneDNN computed {_described(computing)}" if computing else ""
+            missing.append(f"{token} not exercised: no oneDNN matmul, convolution or RNN ran{ran}")
+
+
+def _computed_as_promised(primitive: Primitive, mode: str) -> bool:
+    """An fp32 primitive that computed in ``mode`` because the flag let it."""
+    return (
+        "f32" in primitive.input_dtypes()
+        and primitive.fpmath == mode
+        and primitive.precision == mode
+    )
+
+
+def _op_verdict(primitive: Primitive, mode: str) -> str:
+    """One statement for one primitive: what ran, on which ISA, in which precision, and why."""
+    where = f" for {primitive.op}" if primitive.op else ""
+    isa = primitive.isa or "unknown"
+    head = f"{primitive.kind} {primitive.impl}{where}: ISA {isa}, computed in {primitive.precision}"
+    if _computed_as_promised(primitive, mode):
+        return f"{head} as promised"
+    if "f32" not in primitive.input_dtypes():
+        inputs = "/".join(dict.fromkeys(primitive.input_dtypes())) or "non-fp32"
+        return f"{head} from {inputs} inputs, not an fp32 op that the flag governs"
+    if primitive.fpmath == mode:
+        return f"{head}, not {mode}: the flag allowed {mode}, this kernel has no {mode} arithmetic"
+    return f"{head}, not {mode}: oneDNN got no attr-fpmath:{mode} for this primitive"
+
+
+def _per_op(primitives: Sequence[Primitive], mode: str, limit: int = 3) -> str:
+    shown = list(dict.fromkeys(_op_verdict(p, mode) for p in primitives))
+    extra = f" and {len(shown) - limit} more" if len(shown) > limit else ""
+    return "; ".join(shown[:limit]) + extra
 
 
 def _check_cuda(

@@ -193,7 +193,10 @@ def test_three_levels_one_worker_each(
 ) -> None:
     result, rows, junit, report = _run_levels(pytester, monkeypatch, "-p", "no:randomly")
     result.stdout.fnmatch_lines(
-        ["backends: CPU capability levels default, avx2, avx512; 1 xdist worker per level"]
+        [
+            "backends: CPU capability levels default, avx2, avx512; 1 xdist worker per level; "
+            "oneDNN ISA per level: default SSE41, avx2 AVX2, avx512 * (this CPU's own)"
+        ]
     )
     pids = _check_levels(result, rows, junit, report)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -258,7 +261,8 @@ def test_two_workers_per_level_unsupported_level_mismatch_and_segfault(
     result.stdout.fnmatch_lines(
         [
             "backends: CPU capability levels default, avx2, avx512; 2 xdist workers per level "
-            "(no workers for avx512: this CPU cannot run them) (CPU features edited by "
+            "(no workers for avx512: this CPU cannot run them); oneDNN ISA per level: "
+            "default SSE41, avx2 AVX2 (CPU features edited by "
             "PYTEST_BACKENDS_FAKE_CPU_FEATURES=-avx512f)"
         ]
     )

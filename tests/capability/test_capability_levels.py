@@ -91,8 +91,52 @@ def test_level_env_caps_onednn_and_mkl_on_x86() -> None:
         "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
     }
     assert capability.level_env("avx2", arch="x86_64")["ONEDNN_MAX_CPU_ISA"] == "AVX2"
-    env = capability.level_env("avx512", arch="x86_64")
-    assert (env["ONEDNN_MAX_CPU_ISA"], env["MKL_ENABLE_INSTRUCTIONS"]) == ("AVX512_CORE", "AVX512")
+    # the top x86 level runs oneDNN and MKL at this CPU's own ISA (AMX, BF16, VNNI)
+    assert capability.level_env("avx512", arch="x86_64") == {
+        "ATEN_CPU_CAPABILITY": "avx512",
+        "ONEDNN_MAX_CPU_ISA": "ALL",
+    }
+
+
+# /proc/cpuinfo flags of the project's two CPU machines (canonical names)
+_AMD_EPYC = frozenset(
+    [
+        "avx2",
+        "fma",
+        "avx512f",
+        "avx512dq",
+        "avx512cd",
+        "avx512bw",
+        "avx512vl",
+        "avx512bf16",
+        "avx512vnni",
+    ]
+)
+_XEON_AMX = _AMD_EPYC | {"amxtile", "amxbf16", "amxint8", "avx512fp16"}
+
+
+@pytest.mark.parametrize(
+    ("features", "isa"),
+    [
+        (_XEON_AMX, "AVX10_1_512_AMX"),
+        (_XEON_AMX | {"amxfp16"}, "AVX10_1_512_AMX_FP16"),
+        (_AMD_EPYC, "AVX512_CORE_BF16"),
+        (_AMD_EPYC - {"avx512bf16"}, "AVX512_CORE_VNNI"),
+        (_AMD_EPYC - {"avx512bf16", "avx512vnni"}, "AVX512_CORE"),
+        (frozenset({"avx2", "fma"}), "AVX2"),
+        (frozenset(), "SSE41"),
+    ],
+    ids=["xeon-amx", "amx-fp16", "epyc-bf16", "vnni", "avx512-core", "avx2", "none"],
+)
+def test_the_header_names_the_onednn_isa_each_level_runs(
+    features: frozenset[str], isa: str
+) -> None:
+    assert capability.native_onednn_isa(features) == isa
+    of = capability.onednn_isa_of
+    assert of("avx512", arch="x86_64", features=features) == f"{isa} (this CPU's own)"
+    assert of("avx2", arch="x86_64", features=features) == "AVX2"
+    assert of("default", arch="x86_64", features=features) == "SSE41"
+    assert of("vsx", arch="ppc64le", features=features) is None
 
 
 def test_level_env_elsewhere_sets_what_exists() -> None:

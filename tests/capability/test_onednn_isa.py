@@ -57,13 +57,30 @@ def _needs(level: str) -> None:
         pytest.skip(reason)
 
 
-@pytest.mark.parametrize("level", ["default", "avx2", "avx512"])
+@pytest.mark.parametrize("level", ["default", "avx2"])
 def test_a_worker_started_with_the_level_environment_passes(level: str) -> None:
     _needs(level)
     env = levels.level_env(level)
     isa, mismatch = _probe(level, env["ONEDNN_MAX_CPU_ISA"])
     assert mismatch is None
     assert isa == levels._ONEDNN_ISA_REPORTED[env["ONEDNN_MAX_CPU_ISA"]]
+
+
+def test_the_avx512_level_runs_the_same_onednn_isa_as_a_plain_run() -> None:
+    # the machine's top ISA (AMX, BF16, VNNI: whatever a run without levels uses)
+    _needs("avx512")
+    env = levels.level_env("avx512")
+    isa, mismatch = _probe("avx512", env["ONEDNN_MAX_CPU_ISA"])
+    plain, _ = _probe("avx512", None)
+    assert mismatch is None
+    assert isa is not None and isa == plain
+
+
+def test_an_avx512_worker_capped_below_the_cpus_own_isa_is_refused() -> None:
+    _needs("avx512")
+    isa, mismatch = _probe("avx512", "AVX2")
+    assert isa == "Intel AVX2"
+    assert mismatch is not None and "ONEDNN_MAX_CPU_ISA=AVX2" in mismatch
 
 
 def test_a_worker_whose_onednn_runs_a_wider_isa_is_refused() -> None:

@@ -42,6 +42,15 @@ CONV = (
     "dst:f32:a:blocked:aBcd16b::f0,attr-scratchpad:user,alg:convolution_direct,"
     "mb8_ic16oc16_ih32oh30kh3sh1dh0ph0_iw32ow30kw3sw1dw0pw0,3.06299"
 )
+# an LSTM under mkldnn.rnn.fp32_precision="bf16" (AMD EPYC, torch 2.13): no fpmath attribute
+RNN_F32 = (
+    "onednn_verbose,v1,primitive,exec,cpu,rnn,brgemm:avx512_core,forward_inference,"
+    "src_layer:f32::blocked:abc::f0 src_iter:f32::blocked:abcd::f0 "
+    "wei_layer:f32:ap:blocked:abdEc32e::f0 wei_iter:f32:ap:blocked:abdEc32e::f0 "
+    "bias:f32::blocked:abcd::f0 dst_layer:f32::blocked:abc::f0 dst_iter:f32::blocked:abcd::f0,"
+    "attr-scratchpad:user,alg:vanilla_lstm direction:unidirectional_left2right "
+    "activation:undef flags:,l1t4mb2sic16slc16dhc16dic16,138.198"
+)
 REORDER = (
     "onednn_verbose,v1,primitive,exec,cpu,reorder,jit:blk,undef,"
     "src:f32::blocked:abcd::f0 dst:f32::blocked:aBcd16b::f0,attr-scratchpad:user,,"
@@ -189,32 +198,50 @@ def test_promises_read_the_primitives() -> None:
         (
             MM_FPMATH_NO_AMX,
             "not exercised",
-            "mkldnn_precision-bf16 not exercised: the flag allowed bf16, brg_matmul:avx512_core "
-            "computed in f32",
+            "mkldnn_precision-bf16 not exercised: matmul brg_matmul:avx512_core for aten::mm: "
+            "ISA avx512_core, computed in f32, not bf16: the flag allowed bf16, this kernel has "
+            "no bf16 arithmetic",
         ),
         (
             MM_FPMATH_AMX,
             "ok",
-            "mkldnn_precision-bf16 exercised: brg_matmul:avx512_core_amx (matmul, f32 with "
-            "attr-fpmath:bf16) for aten::mm computed in bf16",
+            "mkldnn_precision-bf16 exercised: matmul brg_matmul:avx512_core_amx for aten::mm: "
+            "ISA avx512_core_amx, computed in bf16 as promised",
         ),
         (
             MM_BF16,
             "not exercised",
-            "mkldnn_precision-bf16 not exercised: no fp32 oneDNN matmul, convolution or RNN ran; "
-            "oneDNN computed brg_matmul:avx512_core_bf16 (matmul, bf16) for aten::mm",
+            "mkldnn_precision-bf16 not exercised: matmul brg_matmul:avx512_core_bf16 for aten::mm: "
+            "ISA avx512_core_bf16, computed in bf16 from bf16 inputs, not an fp32 op that the "
+            "flag governs",
+        ),
+        (
+            RNN_F32,
+            "not exercised",
+            "mkldnn_precision-bf16 not exercised: rnn brgemm:avx512_core for aten::lstm: "
+            "ISA avx512_core, computed in f32, not bf16: oneDNN got no attr-fpmath:bf16 for "
+            "this primitive",
+        ),
+        (
+            REORDER,
+            "not exercised",
+            "mkldnn_precision-bf16 not exercised: no oneDNN matmul, convolution or RNN ran",
         ),
     ],
-    ids=["no-amx", "amx", "bf16-data"],
+    ids=["no-amx", "amx", "bf16-data", "rnn-no-fpmath", "nothing"],
 )
 def test_precision_promise_needs_a_primitive_that_computed_in_it(
     line: str, status: str, detail: str
 ) -> None:
     config = make({"mkldnn": "on", "mkldnn_precision": "bf16"})
-    trace = KernelTrace.build([parsed(line)], _events())
-    verdict = evaluate(config, {"aten::mm"}, kernels=trace)
+    events = [*_events(), OpEvent("aten::lstm", ((4, 2, 16),))]
+    trace = KernelTrace.build([parsed(line)], events)
+    verdict = evaluate(config, {"aten::mm", "aten::lstm"}, kernels=trace)
     assert verdict.status == status
-    assert detail in verdict.detail
+    assert detail in verdict.detail, verdict.detail
+    # one statement per op: never "no ... ran" next to what ran
+    if "no oneDNN matmul" not in detail:
+        assert "ran;" not in verdict.detail
 
 
 def test_cuda_kernel_promises() -> None:

@@ -92,9 +92,11 @@ def test_the_probe_runs_once_per_process(monkeypatch: pytest.MonkeyPatch) -> Non
     calls: list[tuple[str, str, str]] = []
     real = tolerance_module._run_probe
 
-    def counting(device: str, row: str, mode: str, settings: dict[str, object]) -> object:
+    def counting(
+        device: str, row: str, mode: str, settings: dict[str, object], shape: object = None
+    ) -> object:
         calls.append((device, row, mode))
-        return real(device, row, mode, settings)
+        return real(device, row, mode, settings, shape)  # type: ignore[arg-type]
 
     monkeypatch.setattr(tolerance_module, "_PROBES", {})
     monkeypatch.setattr(tolerance_module, "_run_probe", counting)

@@ -60,7 +60,7 @@ def test_an_f32_kernel_under_the_bf16_flag_gets_the_ieee_bound(replay: Replay) -
     assert tol.precision_source == "primitive log"
     assert tol.path[0] == (
         "mkldnn.matmul.fp32_precision='bf16' allowed bf16, but primitive log: "
-        "brg_matmul:avx512_core computed in f32: fp32 arithmetic"
+        "brg_matmul:avx512_core (256x1024:1024x256) computed in f32: fp32 arithmetic"
     )
 
 
@@ -71,10 +71,14 @@ def test_a_bf16_kernel_under_the_bf16_flag_gets_the_bf16_bound(replay: Replay) -
         worst = tolerance_for(torch.float32, op="matmul", k=1024, kernel=False)
     assert (tol.rtol, tol.atol) == (worst.rtol, worst.atol)
     assert tol.precision_source == "primitive log"
-    assert "primitive log: brg_matmul:avx512_core_amx computed in bf16" in tol.path[0]
-    # a bf16-sized error passes that bound, and would fail the f32 one
+    assert (
+        "primitive log: brg_matmul:avx512_core_amx (256x1024:1024x256) computed in bf16"
+        in tol.path[0]
+    )
+    # a bf16-sized error passes that bound, and would fail the f32 one (the shape
+    # of the logged primitive: the log answers for results of that shape)
     gen = torch.Generator().manual_seed(0)
-    a, b = torch.randn(64, 1024, generator=gen), torch.randn(1024, 64, generator=gen)
+    a, b = torch.randn(256, 1024, generator=gen), torch.randn(1024, 256, generator=gen)
     actual = a.bfloat16().float() @ b.bfloat16().float()
     expected = a.double() @ b.double()
     with override_flags({"mkldnn.matmul.fp32_precision": "bf16"}):
@@ -102,7 +106,9 @@ def test_the_log_answers_per_family(replay: Replay) -> None:
         conv = tolerance_for(torch.float32, op="conv", k=576)
     # a conv may be lowered to a GEMM: the worse of its two rows counts
     assert any("inputs rounded to bf16" in line and "brg_conv_fwd" in line for line in conv.path)
-    assert any("brg_matmul:avx512_core computed in f32" in line for line in conv.path)
+    assert any(
+        "brg_matmul:avx512_core (256x1024:1024x256) computed in f32" in line for line in conv.path
+    )
 
 
 def test_a_reduced_kernel_wins_over_f32_ones_of_the_same_family(replay: Replay) -> None:

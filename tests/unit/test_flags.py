@@ -20,6 +20,10 @@ def _other_value(row: Flag, current: object) -> object:
     """A valid value different from ``current`` for any row, derived from its kind."""
     if isinstance(current, bool):
         return not current
+    if current is None and row.name == "printoptions.sci_mode":  # automatic
+        return True
+    if isinstance(current, list) and not current:  # python_native's disabled names
+        return ["scaled_mm"] if "operations" in row.name else ["CUDA"]
     if isinstance(current, tuple):
         return (not current[0], current[1])
     if row.name == "sdp.priority_order":
@@ -48,6 +52,7 @@ def _other_value(row: Flag, current: object) -> object:
         "default",
         "cublaslt",
         "cublas",
+        "ck",
         "qnnpack",
         "onednn",
         "fbgemm",

@@ -238,6 +238,10 @@ def _candidates(row: Flag, current: object) -> Iterator[object]:
     """Valid values other than ``current``, derived from the row's kind and allowed values."""
     if isinstance(current, bool):
         yield not current
+    elif current is None and row.allowed.startswith("None"):
+        yield from (True, False)
+    elif isinstance(current, list) and not current:
+        yield ["scaled_mm"] if "operations" in row.name else ["CUDA"]
     elif row.allowed == "True, False":  # a write-only alias that reads None on this build
         yield from (True, False)
     elif isinstance(current, tuple):

@@ -1,0 +1,201 @@
+"""Every piece of process-global state the guard restores: one test sets it, the next sees
+the default.
+
+Each pair runs in a real pytest session (``runpytest_subprocess``): the first test
+changes the state through torch's own API and never restores it, the second one
+asserts torch's default.  Rows that do not exist in the running torch (for
+example ``cuda.matmul.prefer_cublaslt_grouped_gemm`` before 2.14) are skipped
+with the registry's reason, so the same file checks torch 2.13 and 2.14.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch  # here, not inside a test: pytester drops modules a test imports
+
+from pytest_backends.flags import registry
+
+pytest_plugins = ["pytester"]
+
+# row -> (code that changes it and never restores it, code that asserts the default)
+PAIRS: dict[str, tuple[str, str]] = {
+    "autocast.nesting": (
+        """
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16)
+        ctx.__enter__()  # never exited
+        torch.nn.Linear(8, 8)(torch.randn(2, 8))
+        """,
+        """
+        # a Linear under autocast, its weight changed, run again: a stale cast
+        # cache (nesting never back to 0) would give the old bf16 weight
+        torch.manual_seed(0)
+        lin, x = torch.nn.Linear(8, 8), torch.randn(2, 8)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y1 = lin(x)
+        with torch.no_grad():
+            lin.weight.mul_(2)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y2 = lin(x)
+        assert not torch.equal(y1, y2)
+        assert not torch.is_autocast_enabled("cpu")
+        """,
+    ),
+    "printoptions.precision": (
+        "torch.set_printoptions(precision=10, sci_mode=True, linewidth=40)",
+        'assert str(torch.tensor([1 / 3])) == "tensor([0.3333])"',
+    ),
+    "sparse.check_invariants": (
+        "torch.sparse.check_sparse_tensor_invariants.enable()",
+        "assert not torch.sparse.check_sparse_tensor_invariants.is_enabled()",
+    ),
+    "jit.profiling_executor": (
+        "torch._C._jit_set_profiling_executor(False)",
+        """
+        old = torch._C._jit_set_profiling_executor(True)
+        assert old is True
+        """,
+    ),
+    "jit.profiling_mode": (
+        "torch._C._jit_set_profiling_mode(False)",
+        """
+        old = torch._C._jit_set_profiling_mode(True)
+        assert old is True
+        """,
+    ),
+    "jit.texpr_fuser": (
+        "torch._C._jit_set_texpr_fuser_enabled(False)",
+        "assert torch._C._jit_texpr_fuser_enabled()",
+    ),
+    "jit.can_fuse_on_cpu": (
+        "torch._C._jit_override_can_fuse_on_cpu(True)",
+        "assert not torch._C._jit_can_fuse_on_cpu()",
+    ),
+    "jit.graph_executor_optimize": (
+        "torch._C._set_graph_executor_optimize(False)",
+        "assert torch._C._get_graph_executor_optimize()",
+    ),
+    "autograd.multithreading_enabled": (
+        "torch.autograd.set_multithreading_enabled(False)",
+        "assert torch._C._is_multithreading_enabled()",
+    ),
+    "autograd.fwd_grad_enabled": (
+        "torch._C._set_fwd_grad_enabled(False)",
+        "assert torch._C._is_fwd_grad_enabled()",
+    ),
+    "autograd.view_replay_enabled": (
+        "torch._C._set_view_replay_enabled(True)",
+        "assert not torch._C._is_view_replay_enabled()",
+    ),
+    "miopen.immediate": (
+        "torch.backends.miopen.immediate = True",
+        "assert not torch.backends.miopen.immediate",
+    ),
+    "cuda.preferred_rocm_fa_library": (
+        'torch.backends.cuda.preferred_rocm_fa_library("ck")',
+        'assert str(torch.backends.cuda.preferred_rocm_fa_library()).endswith("Default")',
+    ),
+    "cuda.matmul.prefer_cublaslt_grouped_gemm": (
+        "torch.backends.cuda.matmul.prefer_cublaslt_grouped_gemm = True",
+        "assert not torch.backends.cuda.matmul.prefer_cublaslt_grouped_gemm",
+    ),
+    "python_native.triton.enabled": (
+        "torch.backends.python_native.triton.enabled = False",
+        "assert torch.backends.python_native.triton.enabled",
+    ),
+    "python_native.cutedsl.enabled": (
+        "torch.backends.python_native.cutedsl.enabled = False",
+        "assert torch.backends.python_native.cutedsl.enabled",
+    ),
+    "python_native.helion.enabled": (
+        "torch.backends.python_native.helion.enabled = False",
+        "assert torch.backends.python_native.helion.enabled",
+    ),
+    "python_native.disabled_operations": (
+        'torch.backends.python_native.disable_operations("scaled_mm")',
+        'assert not torch.backends.python_native.is_operation_disabled("scaled_mm")',
+    ),
+    "python_native.disabled_dispatch_keys": (
+        'torch.backends.python_native.disable_dispatch_keys("CUDA")',
+        """
+        from torch._native.registry import _filter_state
+        assert not _filter_state._dispatch_keys
+        """,
+    ),
+    "cuda.sync_debug_mode": (
+        'torch.cuda.set_sync_debug_mode("warn")',
+        "assert torch.cuda.get_sync_debug_mode() == 0",
+    ),
+}
+
+
+def _ident(name: str) -> str:
+    return name.replace(".", "_")
+
+
+def _module() -> str:
+    parts = ["import pytest", "import torch", "from pytest_backends.flags import registry", ""]
+    for name, (change, check) in PAIRS.items():
+        skip = (
+            f"    if {name!r} in registry().absent:\n"
+            f"        pytest.skip({name!r} + ': ' + registry().absent[{name!r}])\n"
+        )
+        parts.append(
+            f"def test_set_{_ident(name)}():\n{skip}"
+            + textwrap.indent(textwrap.dedent(change).strip(), "    ")
+            + "\n\n"
+        )
+        parts.append(
+            f"def test_default_after_{_ident(name)}():\n{skip}"
+            + textwrap.indent(textwrap.dedent(check).strip(), "    ")
+            + "\n\n"
+        )
+    return "\n".join(parts)
+
+
+def test_each_row_is_restored_for_the_next_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_rows=_module())
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "-p", "no:cacheprovider", "--backends-leaks=warn", "-rs"
+    )
+    out = result.stdout.str()
+    absent = [name for name in PAIRS if name in registry().absent]
+    present = [name for name in PAIRS if name not in absent]
+    result.assert_outcomes(passed=2 * len(present), skipped=2 * len(absent), warnings=len(present))
+    for name in present:
+        # the leak is named, with the row, in the warning of the test that set it
+        assert f"test_rows.py::test_set_{_ident(name)} left torch backend flags changed" in out
+        assert f"  {name}: " in out, name
+
+
+def test_rows_of_the_issue_exist_in_this_torch_or_say_why() -> None:
+    reg = registry()
+    for name in PAIRS:
+        assert (name in reg.by_name) != (name in reg.absent), name
+    assert "autocast.nesting" in reg.by_name
+    new_in_214 = hasattr(torch._C, "_get_cublaslt_prefer_grouped_gemm")
+    assert ("cuda.matmul.prefer_cublaslt_grouped_gemm" in reg.by_name) == new_in_214
+    if not torch.cuda.is_available():
+        assert "probed only where one exists" in reg.absent["cuda.sync_debug_mode"]
+
+
+def test_autocast_restore_clears_the_cast_cache_and_nesting() -> None:
+    reg = registry()
+    before = reg.snapshot()
+    lin, x = torch.nn.Linear(8, 8), torch.randn(2, 8)
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16)
+    ctx.__enter__()
+    try:
+        y1 = lin(x)
+        diff = reg.diff(before, reg.snapshot())
+        assert diff["autocast.nesting"] == (0, 1)
+        assert diff["autocast.cpu.enabled"] == (False, True)
+    finally:
+        reg.restore(before)
+    assert reg.snapshot() == before
+    with torch.no_grad():
+        lin.weight.mul_(2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y2 = lin(x)
+    assert not torch.equal(y1, y2)
