@@ -537,6 +537,14 @@ class DeterminismPlugin:
         for recorder in sorted(self._recorders):
             write(f"recorder: {recorder}")
         write(f"{len(self.census)} op keys (op, device, dtype) recorded over {settings.runs} runs")
+        unchanged = sum(
+            1 for key in self.census.op_keys() if self.census.verdict(key) == "deterministic"
+        )
+        if unchanged:
+            write(
+                f"{unchanged} op key(s) showed no difference in {settings.runs} runs (a sample, "
+                "not a proof: a race can show only now and then)"
+            )
         write(
             f"{self._checked} test(s) checked, {len(self._unchecked)} not checked, "
             f"{len(self._boundary)} checked partly at a boundary"
