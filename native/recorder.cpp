@@ -41,6 +41,7 @@
 #include <c10/util/flat_hash_map.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <pybind11/stl.h>
 
 #include <algorithm>
 #include <tuple>
@@ -81,37 +82,21 @@ struct OpInfo {
   std::vector<int> outs;     // out= arguments
 };
 
-const std::unordered_set<std::string>& uninitialized_ops() {
-  static const std::unordered_set<std::string> ops = {
-      "aten::empty",     "aten::empty_like",    "aten::empty_strided",
-      "aten::empty_permuted", "aten::new_empty", "aten::new_empty_strided",
-      "aten::resize_",   "aten::resize_as_"};
-  return ops;
-}
+// The op tables (which ops make uninitialised memory, overwrite without reading,
+// point a tensor at other memory, return workspaces), set once from Python
+// (pytest_backends/determinism/op_tables.py, the one source both recorders use)
+// before anything is recorded.
+struct OpTables {
+  std::unordered_set<std::string> uninitialized;
+  std::unordered_set<std::string> overwrites;
+  std::unordered_set<std::string> rebinds;
+  std::unordered_map<std::string, std::vector<int>> workspaces;
+  bool set = false;
+};
 
-const std::unordered_set<std::string>& overwrite_ops() {
-  static const std::unordered_set<std::string> ops = {
-      "aten::fill_",      "aten::zero_",      "aten::copy_",   "aten::normal_",
-      "aten::uniform_",   "aten::random_",    "aten::bernoulli_", "aten::exponential_",
-      "aten::geometric_", "aten::cauchy_",    "aten::log_normal_", "aten::set_"};
-  return ops;
-}
-
-// Outputs that are scratch space of fused kernels (positions in the returns);
-// recorder.py's _WORKSPACES lists the same.
-const std::unordered_map<std::string, std::vector<int>>& workspace_ops() {
-  static const std::unordered_map<std::string, std::vector<int>> ops = {
-      {"aten::mkldnn_rnn_layer", {3}},
-      {"aten::_cudnn_rnn", {3}},
-      {"aten::miopen_rnn", {3}},
-      {"aten::_thnn_fused_lstm_cell", {2}},
-      {"aten::_thnn_fused_gru_cell", {1}},
-      {"aten::cudnn_batch_norm", {3}},
-      {"aten::_scaled_dot_product_flash_attention", {7, 8}},
-      {"aten::_scaled_dot_product_cudnn_attention", {8}},
-      {"aten::_flash_attention_forward", {3, 4}},
-      {"aten::_ctc_loss", {1}}};
-  return ops;
+OpTables& op_tables() {
+  static OpTables tables;
+  return tables;
 }
 
 std::mutex g_info_mutex;
@@ -167,11 +152,12 @@ const OpInfo& info_of_locked(const c10::OperatorHandle& op) {
     }
   }
   info->pure_view = view && info->written.empty();
-  info->uninitialized = uninitialized_ops().count(info->name) > 0;
-  info->overwrites = overwrite_ops().count(info->name) > 0;
-  info->rebinds = info->name == "aten::set_";
-  const auto ws = workspace_ops().find(info->name);
-  if (ws != workspace_ops().end()) {
+  const OpTables& tables = op_tables();
+  info->uninitialized = tables.uninitialized.count(info->name) > 0;
+  info->overwrites = tables.overwrites.count(info->name) > 0;
+  info->rebinds = tables.rebinds.count(info->name) > 0;
+  const auto ws = tables.workspaces.find(info->name);
+  if (ws != tables.workspaces.end()) {
     info->workspaces = ws->second;
   }
   const OpInfo& ref = *info;
@@ -469,6 +455,8 @@ class Recorder {
   void start() {
     const std::string& error = hook_error();
     TORCH_CHECK(error.empty(), "the native op recorder cannot hook the dispatcher: ", error);
+    TORCH_CHECK(op_tables().set,
+                "the native op recorder has no op tables (native_module() sets them)");
     std::lock_guard<std::mutex> lock(g_active_mutex);
     TORCH_CHECK(g_active == nullptr, "another native op recorder is active on this process");
     TORCH_CHECK(!finished_, "a native op recorder records one run");
@@ -1518,6 +1506,51 @@ void record_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::j
       /*raised=*/false);
 }
 
+
+void set_op_tables(const std::vector<std::string>& uninitialized,
+                   const std::vector<std::string>& overwrites,
+                   const std::vector<std::string>& rebinds,
+                   const std::unordered_map<std::string, std::vector<int>>& workspaces) {
+  std::lock_guard<std::mutex> lock(g_info_mutex);
+  OpTables next;
+  next.uninitialized.insert(uninitialized.begin(), uninitialized.end());
+  next.overwrites.insert(overwrites.begin(), overwrites.end());
+  next.rebinds.insert(rebinds.begin(), rebinds.end());
+  for (const auto& entry : workspaces) {
+    std::vector<int> positions = entry.second;
+    std::sort(positions.begin(), positions.end());
+    next.workspaces[entry.first] = positions;
+  }
+  next.set = true;
+  OpTables& tables = op_tables();
+  const bool same = tables.set && tables.uninitialized == next.uninitialized &&
+                    tables.overwrites == next.overwrites && tables.rebinds == next.rebinds &&
+                    tables.workspaces == next.workspaces;
+  if (same) {
+    return;
+  }
+  // Ops already seen keep the flags they were given: changing the tables then would
+  // make one process record the same op two ways.
+  TORCH_CHECK(g_infos.empty(), "the native op recorder's op tables are set once, before recording");
+  tables = std::move(next);
+}
+
+py::tuple get_op_tables() {
+  std::lock_guard<std::mutex> lock(g_info_mutex);
+  const OpTables& tables = op_tables();
+  py::dict workspaces;
+  for (const auto& entry : tables.workspaces) {
+    workspaces[py::str(entry.first)] = py::cast(entry.second);
+  }
+  auto names = [](const std::unordered_set<std::string>& set) {
+    std::vector<std::string> out(set.begin(), set.end());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  return py::make_tuple(names(tables.uninitialized), names(tables.overwrites),
+                        names(tables.rebinds), workspaces);
+}
+
 }  // namespace
 
 void register_recorder(py::module_& m) {
@@ -1538,6 +1571,11 @@ void register_recorder(py::module_& m) {
            "The type of the first __torch_dispatch__ wrapper whose ops ran unseen, or None.")
       .def("note_alert", &Recorder::note_alert,
            "Mark the last op that raised as a determinism alert.");
+  m.def("set_op_tables", &set_op_tables, py::arg("uninitialized"), py::arg("overwrites"),
+        py::arg("rebinds"), py::arg("workspaces"),
+        "Set the recorder's op tables (once, before recording; from op_tables.py).");
+  m.def("op_tables", &get_op_tables,
+        "The recorder's op tables: (uninitialized, overwrites, rebinds, workspaces).");
   m.def(
       "recorder_hook_error", [] { return hook_error(); },
       "Why the native recorder cannot hook the dispatcher here, or '' when it can.");

@@ -45,7 +45,22 @@ def native_module() -> Any:
     hook_error = getattr(module, "recorder_hook_error", None)
     if module is None or not hasattr(module, "RunRecorder") or hook_error is None:
         return None  # not built, or built without the recorder
-    return None if hook_error() else module
+    if hook_error() or not hasattr(module, "set_op_tables"):
+        return None
+    _install_op_tables(module)
+    return module
+
+
+def _install_op_tables(module: Any) -> None:
+    """Give the native recorder the op tables of :mod:`.op_tables` (the one source)."""
+    from pytest_backends.determinism import op_tables
+
+    module.set_op_tables(
+        sorted(op_tables.UNINITIALIZED),
+        sorted(op_tables.OVERWRITES),
+        sorted(op_tables.REBINDS),
+        {name: sorted(positions) for name, positions in op_tables.WORKSPACES.items()},
+    )
 
 
 def recorder_choice() -> tuple[Any, str]:

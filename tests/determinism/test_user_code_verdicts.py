@@ -328,7 +328,7 @@ def test_freed_storages_and_expanded_views(
 
         @pytest.fixture
         def big():
-            return torch.zeros(1).expand(2 * 10**9)
+            return torch.zeros(1).expand(2 * 10**8)
 
         def test_freed_storage():
             v = W.view(16)
@@ -341,7 +341,7 @@ def test_freed_storages_and_expanded_views(
             assert big[:3].sum() == 0
             assert (big[:5] + 1).sum() == 5
             grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
-            assert grown_kib < 1024 * 1024, grown_kib
+            assert grown_kib < 256 * 1024, grown_kib  # materialised, it would be 800 MB
 
         def test_planted_on_expanded(big):
             assert torch.ops.pbtest.noisy(big[:4]).shape == (4,)
