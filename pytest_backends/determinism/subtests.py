@@ -26,7 +26,7 @@ from collections.abc import Generator, Mapping
 
 import pytest
 
-from pytest_backends._keys import SUBTEST_FAILED_KEY, SUBTEST_RUN_KEY
+from pytest_backends._keys import SUBTEST_FAILED_KEY, SUBTEST_RERUN_FAILURE_KEY, SUBTEST_RUN_KEY
 
 __all__ = ["RUN_ATTR", "RUN_KEY", "SubtestCounter", "failed_first_run", "take_rerun_failure"]
 
@@ -34,7 +34,7 @@ RUN_KEY = SUBTEST_RUN_KEY
 #: Report attribute: the determinism run that made the report.
 RUN_ATTR = "backends_determinism_run"
 _FAILED_KEY = SUBTEST_FAILED_KEY
-_RERUN_FAILURE_KEY = pytest.StashKey[BaseException]()
+_RERUN_FAILURE_KEY = SUBTEST_RERUN_FAILURE_KEY
 
 _Key = tuple[str, object, tuple[tuple[str, str], ...]]
 
