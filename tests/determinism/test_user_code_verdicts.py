@@ -464,3 +464,34 @@ def test_unproven_inputs_are_never_blamed() -> None:
         assert "input 1" in (comparison.unexplained.origin or "")
     proven = compare_runs([run(1, digest(0), 3), run(2, digest(0), 3)])
     assert [d.op for d in proven.blamed] == ["aten::foo"]
+
+
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_skip_and_xfail_inside_the_body_say_so(
+    planted_conftest: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test skipped or xfailed in its body is "not checked" with that reason, not "failed"."""
+    planted_conftest.makepyfile(
+        test_body="""
+        import pytest
+        import torch
+
+        def test_skips():
+            torch.ones(2) * 2
+            pytest.skip("not on this machine")
+
+        def test_xfails():
+            torch.ones(2) * 2
+            pytest.xfail("known")
+        """
+    )
+    result = _session(planted_conftest, recorder, monkeypatch)
+    _assert_recorder(result, recorder)
+    result.assert_outcomes(skipped=1, xfailed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*not checked: test_body.py::test_skips: it was skipped in its first run*",
+            "*not checked: test_body.py::test_xfails: it xfailed in its first run*",
+        ],
+        consecutive=False,
+    )
