@@ -302,8 +302,9 @@ bool readable(const at::Tensor& t) {
     return false;
   }
   const auto keys = impl->key_set();
-  if (keys.has(c10::DispatchKey::Functionalize) || t.is_meta() || !impl->has_storage()) {
-    return false;
+  if (keys.has(c10::DispatchKey::Functionalize) || t.is_meta() || !impl->has_storage() ||
+      t.is_nested()) {
+    return false;  // a nested tensor has no strides to check its storage against
   }
   if (t.numel() == 0) {
     return true;

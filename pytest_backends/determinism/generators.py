@@ -19,14 +19,17 @@ torch is loaded.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["GeneratorStates"]
+__all__ = ["GeneratorStates", "roots_of"]
 
-# How deep containers in fixture values and globals are searched.
+# How deep containers in fixture values and globals are searched, and how many items
+# of each (a long list of numbers in a module global must not cost every test).
 _DEPTH = 2
+_WIDTH = 1000
 
 
 def _generators(value: object, depth: int, seen: set[int]) -> Iterator[Any]:
@@ -46,7 +49,7 @@ def _generators(value: object, depth: int, seen: set[int]) -> Iterator[Any]:
         items = value
     else:
         return
-    for item in items:
+    for item in itertools.islice(items, _WIDTH):
         yield from _generators(item, depth - 1, seen)
 
 
