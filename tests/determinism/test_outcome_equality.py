@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_backends.determinism.native_recorder import native_module
+
 CORPUS = Path(__file__).with_name("user_corpus.py")
 CHECK = ("--backends-determinism-all", "--backends-determinism=3")
 
@@ -38,6 +40,8 @@ def test_outcomes_equal_plain_checked_and_under_xdist(
 ) -> None:
     if recorder == "python":
         monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "off")
+    elif native_module() is None:
+        pytest.skip("the native extension is not built here")
     plain = _counts(corpus.runpytest_subprocess("-p", "no:xdist"))
     assert plain.get("failed") == 1 and plain.get("skipped") == 1 and plain.get("xfailed") == 1
     checked = corpus.runpytest_subprocess("-p", "no:xdist", *CHECK)
@@ -45,6 +49,10 @@ def test_outcomes_equal_plain_checked_and_under_xdist(
     assert _counts(checked) == plain
     xdist = corpus.runpytest_subprocess("-n", "2", *CHECK)
     assert _counts(xdist) == plain
+    # The summary names the recorder the workers used.
+    expected = "recorder: native*" if recorder == "native" else "recorder: Python*not native*"
+    for result in (checked, xdist):
+        result.stdout.fnmatch_lines([expected])
 
 
 @pytest.mark.parametrize("recorder", ["native", "python"])
@@ -53,6 +61,8 @@ def test_a_planted_op_in_every_case_is_caught_or_not_checked(
 ) -> None:
     if recorder == "python":
         monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "off")
+    elif native_module() is None:
+        pytest.skip("the native extension is not built here")
     monkeypatch.setenv("PLANT", "1")
     result = corpus.runpytest_subprocess(
         "-p", "no:xdist", "-rA", *CHECK, "--backends-census=census.json"
