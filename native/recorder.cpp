@@ -15,8 +15,10 @@
 //   computed in place, CUDA digests stay on the device until finish());
 // * a tensor's key is reused while its version counter has not moved; a
 //   tensor no op of the run produced (a parameter, data made from Python) is
-//   digested at its first use, or takes the key the previous run gave it when
-//   it is the same tensor, unchanged, on a storage no op wrote through an alias;
+//   digested at its first use in every run (no key is carried between runs);
+//   a view whose storage is too small for it is not read (opaque), and an
+//   overlapping view (expand) is digested by the memory it covers;
+// * a generator argument is keyed by its state at call time;
 // * views are keyed by the view op and its inputs' keys, uninitialised memory
 //   (empty, new_empty, ...) and workspaces of fused kernels by dtype and shape;
 //   reads of uninitialised memory are tracked through views and in-place ops.
@@ -38,6 +40,8 @@
 #include <c10/util/SmallVector.h>
 #include <c10/util/flat_hash_map.h>
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <pybind11/stl.h>
 
 #include <algorithm>
 #include <tuple>
@@ -72,42 +76,27 @@ struct OpInfo {
   bool pure_view = false;
   bool uninitialized = false;
   bool overwrites = false;
+  bool rebinds = false;  // set_: the tensor now shows other memory, keyed where first read
   std::vector<int> workspaces;
   std::vector<int> written;  // argument positions the op writes to
   std::vector<int> outs;     // out= arguments
 };
 
-const std::unordered_set<std::string>& uninitialized_ops() {
-  static const std::unordered_set<std::string> ops = {
-      "aten::empty",     "aten::empty_like",    "aten::empty_strided",
-      "aten::empty_permuted", "aten::new_empty", "aten::new_empty_strided",
-      "aten::resize_",   "aten::resize_as_"};
-  return ops;
-}
+// The op tables (which ops make uninitialised memory, overwrite without reading,
+// point a tensor at other memory, return workspaces), set once from Python
+// (pytest_backends/determinism/op_tables.py, the one source both recorders use)
+// before anything is recorded.
+struct OpTables {
+  std::unordered_set<std::string> uninitialized;
+  std::unordered_set<std::string> overwrites;
+  std::unordered_set<std::string> rebinds;
+  std::unordered_map<std::string, std::vector<int>> workspaces;
+  bool set = false;
+};
 
-const std::unordered_set<std::string>& overwrite_ops() {
-  static const std::unordered_set<std::string> ops = {
-      "aten::fill_",      "aten::zero_",      "aten::copy_",   "aten::normal_",
-      "aten::uniform_",   "aten::random_",    "aten::bernoulli_", "aten::exponential_",
-      "aten::geometric_", "aten::cauchy_",    "aten::log_normal_", "aten::set_"};
-  return ops;
-}
-
-// Outputs that are scratch space of fused kernels (positions in the returns);
-// recorder.py's _WORKSPACES lists the same.
-const std::unordered_map<std::string, std::vector<int>>& workspace_ops() {
-  static const std::unordered_map<std::string, std::vector<int>> ops = {
-      {"aten::mkldnn_rnn_layer", {3}},
-      {"aten::_cudnn_rnn", {3}},
-      {"aten::miopen_rnn", {3}},
-      {"aten::_thnn_fused_lstm_cell", {2}},
-      {"aten::_thnn_fused_gru_cell", {1}},
-      {"aten::cudnn_batch_norm", {3}},
-      {"aten::_scaled_dot_product_flash_attention", {7, 8}},
-      {"aten::_scaled_dot_product_cudnn_attention", {8}},
-      {"aten::_flash_attention_forward", {3, 4}},
-      {"aten::_ctc_loss", {1}}};
-  return ops;
+OpTables& op_tables() {
+  static OpTables tables;
+  return tables;
 }
 
 std::mutex g_info_mutex;
@@ -163,10 +152,12 @@ const OpInfo& info_of_locked(const c10::OperatorHandle& op) {
     }
   }
   info->pure_view = view && info->written.empty();
-  info->uninitialized = uninitialized_ops().count(info->name) > 0;
-  info->overwrites = overwrite_ops().count(info->name) > 0;
-  const auto ws = workspace_ops().find(info->name);
-  if (ws != workspace_ops().end()) {
+  const OpTables& tables = op_tables();
+  info->uninitialized = tables.uninitialized.count(info->name) > 0;
+  info->overwrites = tables.overwrites.count(info->name) > 0;
+  info->rebinds = tables.rebinds.count(info->name) > 0;
+  const auto ws = tables.workspaces.find(info->name);
+  if (ws != tables.workspaces.end()) {
     info->workspaces = ws->second;
   }
   const OpInfo& ref = *info;
@@ -188,7 +179,9 @@ enum class KeyKind : uint8_t {
   Workspace,
   Opaque,
   Empty,
-  Value  // a non-tensor output (``item()``, ``equal``): compared by value
+  Value,  // a non-tensor output (``item()``, ``equal``): compared by value
+  Unread,  // a tensor an overwrite writes without reading it: keyed by dtype and shape
+  Rebound  // set_'s output: its new memory is keyed where an op first reads it
 };
 
 // Small and flat: a run makes one or more per op, and finish() walks them all.
@@ -199,7 +192,8 @@ struct Key {
   // Recorder::values_; the kinds keyed by dtype and shape: into Recorder::shapes_.
   int64_t ref = -1;
   const c10::StorageImpl* storage = nullptr;  // external digests
-  int32_t index = 0;                          // view: which output of that op
+  uint64_t extra = 0;  // an overlapping view's sizes and strides, mixed into its digest
+  int32_t index = 0;   // view: which output of that op
   KeyKind kind = KeyKind::Opaque;
   bool external = false;
   at::ScalarType dtype = at::ScalarType::Undefined;
@@ -214,12 +208,6 @@ struct Known {
   c10::weak_intrusive_ptr<c10::TensorImpl> weak;
   int64_t version;
   int64_t key;
-};
-
-struct Exported {
-  c10::weak_intrusive_ptr<c10::TensorImpl> weak;
-  int64_t version;
-  Key key;
 };
 
 // An input: a tensor's key, a plain value, or a list of inputs. Kept flat in
@@ -284,6 +272,7 @@ struct OpContext {
   std::string where;  // " (file:line)" of an op making uninitialised memory
   c10::SmallVector<at::Tensor, 2> written;
   std::optional<AlertHandler> alerts;
+  int32_t passes = -1;  // an overwrite copying uninitialised memory on: its origin
 };
 
 const c10::StorageImpl* storage_of(const at::Tensor& t) {
@@ -294,13 +283,57 @@ const c10::StorageImpl* storage_of(const at::Tensor& t) {
   return impl->storage().unsafeGetStorageImpl();
 }
 
+// Elements of memory a strided view reaches, from its first to its last (numel > 0).
+int64_t covered_span(const at::Tensor& t) {
+  int64_t span = 1;
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    span += (sizes[d] - 1) * strides[d];
+  }
+  return span;
+}
+
+// Whether the digest may read t: a plain strided tensor whose storage holds every
+// byte its view reaches (a storage freed with resize_(0) does not: reading it faults).
 bool readable(const at::Tensor& t) {
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   if (impl->is_python_dispatch() || t.layout() != at::kStrided || t.is_quantized()) {
     return false;
   }
   const auto keys = impl->key_set();
-  return !keys.has(c10::DispatchKey::Functionalize) && !t.is_meta() && impl->has_storage();
+  if (keys.has(c10::DispatchKey::Functionalize) || t.is_meta() || !impl->has_storage() ||
+      t.is_nested()) {
+    return false;  // a nested tensor has no strides to check its storage against
+  }
+  if (t.numel() == 0) {
+    return true;
+  }
+  const c10::Storage& storage = impl->storage();
+  const int64_t need = (impl->storage_offset() + covered_span(t)) * t.element_size();
+  return storage.data() != nullptr && static_cast<int64_t>(storage.nbytes()) >= need;
+}
+
+// A wrapper tensor whose ops run in Python (__torch_dispatch__), where the hook is off.
+bool python_wrapper(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    return t.defined() && t.unsafeGetTensorImpl()->is_python_dispatch();
+  }
+  if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorVector()) {
+      if (t.defined() && t.unsafeGetTensorImpl()->is_python_dispatch()) {
+        return true;
+      }
+    }
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (python_wrapper(e)) {
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 // A tensor that wraps others (a tensor subclass, vmap's batched tensor, grad's wrapper,
@@ -412,14 +445,9 @@ class Recorder {
       slots_.reserve(previous->slots_.size() + 16);
       outputs_.reserve(previous->outputs_.size() + 16);
       values_.reserve(previous->values_.size() + 16);
-      for (const auto& entry : previous->exported_) {
-        if (entry.second.weak.expired()) {
-          continue;
-        }
-        const int64_t id = static_cast<int64_t>(keys_.size());
-        keys_.push_back(entry.second.key);
-        put_known(entry.first, Known{entry.second.weak, entry.second.version, id});
-      }
+      // No key is carried over: a tensor from outside the run is keyed by its contents
+      // at its first use in every run (a storage swapped between runs, or written
+      // outside torch ops, would otherwise keep a stale key).
     }
   }
 
@@ -428,6 +456,8 @@ class Recorder {
   void start() {
     const std::string& error = hook_error();
     TORCH_CHECK(error.empty(), "the native op recorder cannot hook the dispatcher: ", error);
+    TORCH_CHECK(op_tables().set,
+                "the native op recorder has no op tables (native_module() sets them)");
     std::lock_guard<std::mutex> lock(g_active_mutex);
     TORCH_CHECK(g_active == nullptr, "another native op recorder is active on this process");
     TORCH_CHECK(!finished_, "a native op recorder records one run");
@@ -465,7 +495,7 @@ class Recorder {
     std::lock_guard<SpinLock> lock(mutex_);
     resolve_pending();
     finished_ = true;
-    export_keys();
+    known_.clear();
     std::vector<uint64_t> key_memo(keys_.size(), 0);
     std::vector<uint64_t> input_memo(ops_.size(), 0);
     uint64_t fp = kSeed0;
@@ -549,6 +579,41 @@ class Recorder {
     return rows;
   }
 
+  // The Python type of the first __torch_dispatch__ wrapper whose ops ran unseen, or None.
+  py::object blind() {
+    std::lock_guard<SpinLock> lock(mutex_);
+    return blind_.empty() ? py::object(py::none()) : py::object(py::str(blind_));
+  }
+
+  // Notes a __torch_dispatch__ wrapper among an op's inputs: its ops run unseen.
+  void note_blind(c10::ArrayRef<c10::IValue> inputs) {
+    {
+      std::lock_guard<SpinLock> lock(mutex_);
+      if (!blind_.empty() || finished_) {
+        return;
+      }
+    }
+    std::string name = "a __torch_dispatch__ subclass";
+    for (const auto& v : inputs) {
+      if (v.isTensor() && v.toTensor().defined() &&
+          v.toTensor().unsafeGetTensorImpl()->is_python_dispatch()) {
+        py::gil_scoped_acquire gil;
+        PyObject* obj = THPVariable_Wrap(v.toTensor());
+        if (obj != nullptr) {
+          name = Py_TYPE(obj)->tp_name;
+          Py_DECREF(obj);
+        } else {
+          PyErr_Clear();
+        }
+        break;
+      }
+    }
+    std::lock_guard<SpinLock> lock(mutex_);
+    if (blind_.empty()) {
+      blind_ = name;
+    }
+  }
+
   // Marks the last op that raised as a determinism alert (the run's exception said so).
   void note_alert() {
     std::lock_guard<SpinLock> lock(mutex_);
@@ -618,15 +683,24 @@ class Recorder {
         collect_tensors(inputs[static_cast<size_t>(w)], ctx.written);
       }
     }
-    note_writes(ctx.written);
-    const bool unread = !tainted_.empty() && (info.pure_view || info.overwrites);
+    const bool unread = info.overwrites || (!tainted_.empty() && info.pure_view);
     rec.inputs_begin = static_cast<uint32_t>(slots_.size());
+    slot_taint_ = -1;
     for (size_t i = 0; i < inputs.size(); ++i) {
       const bool written = std::find(info.written.begin(), info.written.end(),
                                      static_cast<int>(i)) != info.written.end();
-      add_slot(inputs[i], index, unread && (info.pure_view || written));
+      // An overwrite does not read what it writes; views and overwrites read no data, so
+      // memory no op wrote is keyed by shape there, and an overwrite copying such
+      // memory passes its taint on (circular padding copies parts of a partly filled
+      // buffer into it).
+      add_slot(inputs[i], index,
+               info.overwrites && written ? kWritten : (unread ? kUnreadIfTainted : kRead));
     }
     rec.inputs_end = static_cast<uint32_t>(slots_.size());
+    if (info.overwrites && slot_taint_ >= 0) {
+      rec.taint = static_cast<int32_t>(slot_taint_);
+      ctx.passes = static_cast<int32_t>(slot_taint_);
+    }
     if (!tainted_.empty() && !unread) {
       rec.taint = reads_taint(info, inputs);
     }
@@ -670,6 +744,12 @@ class Recorder {
       int64_t key;
       if (info.uninitialized) {
         key = uninitialized(t, info, ctx.where);
+      } else if (ctx.passes >= 0) {
+        key = pass_taint(t, ctx.passes);
+      } else if (info.rebinds) {
+        known_.erase(t.unsafeGetTensorImpl());  // its next reader digests the new memory
+        outputs_.push_back(shape_key(t, KeyKind::Rebound));
+        return;
       } else if (info.pure_view) {
         Key k;
         k.kind = KeyKind::View;
@@ -711,9 +791,22 @@ class Recorder {
       }
     }
     rec.outputs_end = static_cast<uint32_t>(outputs_.size());
-    if (info.overwrites && !tainted_.empty()) {
+    if (info.overwrites && !tainted_.empty() && ctx.passes < 0) {
       clear_taint(ctx.written);
     }
+  }
+
+  int64_t pass_taint(const at::Tensor& t, int32_t origin) {
+    const c10::StorageImpl* storage = storage_of(t);
+    if (storage != nullptr && t.numel() > 0) {
+      auto it = tainted_.find(storage);
+      if (it == tainted_.end() || it->second.first.expired()) {
+        tainted_.insert_or_assign(storage,
+                                  std::make_pair(t.storage().getWeakStorageImpl(),
+                                                 static_cast<int64_t>(origin)));
+      }
+    }
+    return shape_key(t, KeyKind::Uninitialized);
   }
 
   template <typename Out>
@@ -764,8 +857,12 @@ class Recorder {
     return true;
   }
 
+  static constexpr int kRead = 0;
+  static constexpr int kUnreadIfTainted = 1;
+  static constexpr int kWritten = 2;
+
   // Appends v's slot (a list's, then its items') to slots_.
-  void add_slot(const c10::IValue& v, int64_t index, bool unread) {
+  void add_slot(const c10::IValue& v, int64_t index, int mode) {
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
       Slot s;
@@ -773,10 +870,23 @@ class Recorder {
         s.kind = Slot::NoTensor;
       } else {
         s.kind = Slot::Tensor;
-        s.ref = unread && taint_of(t) >= 0 ? shape_key(t, KeyKind::Uninitialized)
-                                            : input_key(t, index);
+        const int64_t taint = mode != kRead ? taint_of(t) : -1;
+        if (taint >= 0) {
+          if (mode == kUnreadIfTainted && slot_taint_ < 0) {
+            slot_taint_ = taint;
+          }
+          s.ref = shape_key(t, KeyKind::Uninitialized);
+        } else if (mode == kWritten) {
+          s.ref = shape_key(t, KeyKind::Unread);
+        } else {
+          s.ref = input_key(t, index);
+        }
       }
       slots_.push_back(s);
+      return;
+    }
+    if (v.isGenerator()) {
+      add_generator_slot(v);
       return;
     }
     if (v.isTensorList() || v.isList() || v.isTuple()) {
@@ -784,15 +894,15 @@ class Recorder {
       slots_.emplace_back().kind = Slot::List;
       if (v.isTensorList()) {
         for (const at::Tensor& t : v.toTensorVector()) {
-          add_slot(c10::IValue(t), index, unread);
+          add_slot(c10::IValue(t), index, mode);
         }
       } else if (v.isList()) {
         for (const c10::IValue& e : v.toListRef()) {
-          add_slot(e, index, unread);
+          add_slot(e, index, mode);
         }
       } else {
         for (const c10::IValue& e : v.toTupleRef().elements()) {
-          add_slot(e, index, unread);
+          add_slot(e, index, mode);
         }
       }
       slots_[at].span = static_cast<uint32_t>(slots_.size() - at - 1);
@@ -803,6 +913,37 @@ class Recorder {
     s.ref = static_cast<int64_t>(values_.size());
     values_.push_back(v);
     slots_.push_back(s);
+  }
+
+  // A generator is keyed by its state at call time, as ("generator", device, digest).
+  void add_generator_slot(const c10::IValue& v) {
+    at::Tensor state;
+    try {
+      at::Generator gen = v.toGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      state = gen.get_state();
+      const size_t at = slots_.size();
+      slots_.emplace_back().kind = Slot::List;
+      for (const char* word : {"generator", ""}) {
+        Slot s;
+        s.kind = Slot::Value;
+        s.ref = static_cast<int64_t>(values_.size());
+        values_.emplace_back(*word ? std::string(word)
+                                   : std::string(c10::DeviceTypeName(gen.device().type(), true)));
+        slots_.push_back(s);
+      }
+      Slot s;
+      s.kind = Slot::Tensor;
+      s.ref = digest(state, false);
+      slots_.push_back(s);
+      slots_[at].span = static_cast<uint32_t>(slots_.size() - at - 1);
+    } catch (const std::exception&) {
+      Slot s;
+      s.kind = Slot::Value;
+      s.ref = static_cast<int64_t>(values_.size());
+      values_.push_back(v);
+      slots_.push_back(s);
+    }
   }
 
   int64_t input_key(const at::Tensor& t, int64_t index) {
@@ -874,6 +1015,8 @@ class Recorder {
       k.storage = storage_of(t);
     }
     const bool cpu = t.device().is_cpu();
+    const int64_t span = covered_span(t);
+    const bool overlapping = span < t.numel();
     // Only a digest that calls ops (a layout to resolve, a device kernel) needs them
     // kept from Python modes and autograd; most CPU outputs call none.
     std::optional<c10::impl::ExcludeDispatchKeyGuard> no_python;
@@ -884,19 +1027,33 @@ class Recorder {
       no_autograd.emplace();
     }
     try {
+      at::Tensor view = t;
+      if (overlapping) {
+        // An expanded (stride-0) or otherwise overlapping view: digested by the memory
+        // it covers, its sizes and strides mixed in, never materialised.
+        view = t.as_strided({span}, {1}, t.storage_offset());
+        uint64_t extra = kSeed1;
+        for (int64_t d : t.sizes()) {
+          extra = chain(extra, static_cast<uint64_t>(d));
+        }
+        for (int64_t d : t.strides()) {
+          extra = chain(extra, static_cast<uint64_t>(d) + 0x9e37U);
+        }
+        k.extra = extra | 1;
+      }
       if (cpu) {
         uint64_t d[2];
-        digest_host(t, d);
+        digest_host(view, d);
         k.kind = KeyKind::Digest;
-        k.h0 = d[0];
-        k.h1 = d[1];
+        k.h0 = k.extra ? chain(d[0], k.extra) : d[0];
+        k.h1 = k.extra ? chain(d[1], k.extra) : d[1];
       } else {
         static const auto op = c10::Dispatcher::singleton()
                                    .findSchemaOrThrow("pytest_backends::digest", "")
                                    .typed<at::Tensor(const at::Tensor&)>();
         k.kind = KeyKind::Pending;
         k.ref = static_cast<int64_t>(pending_.size());
-        pending_.push_back(op.call(t));
+        pending_.push_back(op.call(view));
       }
     } catch (const c10::Error&) {
       return shape_key(t, KeyKind::Opaque, "unreadable");
@@ -981,21 +1138,6 @@ class Recorder {
     }
   }
 
-  // Storages written through tensors from outside the run: such a write may bypass
-  // another tensor's version counter (p.data.add_()), so no key on them is carried over.
-  template <typename Tensors>
-  void note_writes(const Tensors& written) {
-    for (const auto& t : written) {
-      c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-      auto it = known_.find(impl);
-      if (it == known_.end() || it->second.weak.expired() ||
-          keys_[static_cast<size_t>(it->second.key)].external ||
-          keys_[static_cast<size_t>(it->second.key)].kind == KeyKind::View) {
-        written_external_.insert(storage_of(t));
-      }
-    }
-  }
-
   void resolve_pending() {
     if (pending_.empty()) {
       return;
@@ -1025,22 +1167,14 @@ class Recorder {
         k.kind = KeyKind::Digest;
         k.h0 = values[static_cast<size_t>(k.ref)].first;
         k.h1 = values[static_cast<size_t>(k.ref)].second;
+        if (k.extra) {
+          k.h0 = chain(k.h0, k.extra);
+          k.h1 = chain(k.h1, k.extra);
+        }
         k.ref = -1;
       }
     }
     pending_.clear();
-  }
-
-  void export_keys() {
-    for (const auto& entry : known_) {
-      const Key& k = keys_[static_cast<size_t>(entry.second.key)];
-      if (k.kind == KeyKind::Digest && k.external && !entry.second.weak.expired() &&
-          written_external_.count(k.storage) == 0) {
-        exported_.insert_or_assign(entry.first,
-                                   Exported{entry.second.weak, entry.second.version, k});
-      }
-    }
-    known_.clear();
   }
 
   // --- fingerprints: equal exactly when the Python rows would compare equal ------
@@ -1183,6 +1317,12 @@ class Recorder {
       case KeyKind::Empty:
         slot = py::make_tuple("empty", dtype_object(k.dtype), shape_of(k));
         break;
+      case KeyKind::Unread:
+        slot = py::make_tuple("unread", dtype_object(k.dtype), shape_of(k));
+        break;
+      case KeyKind::Rebound:
+        slot = py::make_tuple("rebound", dtype_object(k.dtype), shape_of(k));
+        break;
       case KeyKind::Value:
         slot = value_object(values_[static_cast<size_t>(k.ref)]);
         break;
@@ -1277,6 +1417,8 @@ class Recorder {
   bool finished_ = false;
   bool broken_ = false;
   std::string failure_;
+  std::string blind_;
+  int64_t slot_taint_ = -1;  // begin_op: the taint an overwrite's source carries
   py::object locator_;
   py::object observer_;
   std::vector<OpRecord> ops_;
@@ -1288,8 +1430,6 @@ class Recorder {
   std::vector<at::Tensor> pending_;
   // Open addressing: no allocation per remembered tensor.
   ska::flat_hash_map<c10::TensorImpl*, Known> known_;
-  std::unordered_map<c10::TensorImpl*, Exported> exported_;
-  std::unordered_set<const c10::StorageImpl*> written_external_;
   std::unordered_map<const c10::StorageImpl*,
                      std::pair<c10::weak_intrusive_ptr<c10::StorageImpl>, int64_t>>
       tainted_;
@@ -1321,6 +1461,19 @@ void record_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::j
   TORCH_INTERNAL_ASSERT(stack->size() >= num_inputs);
   const c10::ArrayRef<c10::IValue> inputs(stack->data() + stack->size() - num_inputs, num_inputs);
   if (info.composite || compiling() || any_wrapper(inputs)) {
+    if (!info.composite && !compiling()) {
+      for (const auto& v : inputs) {
+        if (python_wrapper(v)) {
+          // Its __torch_dispatch__ runs with this hook excluded: its ops go unseen.
+          try {
+            self->note_blind(inputs);
+          } catch (const std::exception& e) {
+            self->fail(e.what());
+          }
+          break;
+        }
+      }
+    }
     op.redispatchBoxed(below, stack);  // looked through: the ops it calls come back here
     return;
   }
@@ -1354,6 +1507,51 @@ void record_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::j
       /*raised=*/false);
 }
 
+
+void set_op_tables(const std::vector<std::string>& uninitialized,
+                   const std::vector<std::string>& overwrites,
+                   const std::vector<std::string>& rebinds,
+                   const std::unordered_map<std::string, std::vector<int>>& workspaces) {
+  std::lock_guard<std::mutex> lock(g_info_mutex);
+  OpTables next;
+  next.uninitialized.insert(uninitialized.begin(), uninitialized.end());
+  next.overwrites.insert(overwrites.begin(), overwrites.end());
+  next.rebinds.insert(rebinds.begin(), rebinds.end());
+  for (const auto& entry : workspaces) {
+    std::vector<int> positions = entry.second;
+    std::sort(positions.begin(), positions.end());
+    next.workspaces[entry.first] = positions;
+  }
+  next.set = true;
+  OpTables& tables = op_tables();
+  const bool same = tables.set && tables.uninitialized == next.uninitialized &&
+                    tables.overwrites == next.overwrites && tables.rebinds == next.rebinds &&
+                    tables.workspaces == next.workspaces;
+  if (same) {
+    return;
+  }
+  // Ops already seen keep the flags they were given: changing the tables then would
+  // make one process record the same op two ways.
+  TORCH_CHECK(g_infos.empty(), "the native op recorder's op tables are set once, before recording");
+  tables = std::move(next);
+}
+
+py::tuple get_op_tables() {
+  std::lock_guard<std::mutex> lock(g_info_mutex);
+  const OpTables& tables = op_tables();
+  py::dict workspaces;
+  for (const auto& entry : tables.workspaces) {
+    workspaces[py::str(entry.first)] = py::cast(entry.second);
+  }
+  auto names = [](const std::unordered_set<std::string>& set) {
+    std::vector<std::string> out(set.begin(), set.end());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  return py::make_tuple(names(tables.uninitialized), names(tables.overwrites),
+                        names(tables.rebinds), workspaces);
+}
+
 }  // namespace
 
 void register_recorder(py::module_& m) {
@@ -1370,8 +1568,15 @@ void register_recorder(py::module_& m) {
       .def("finish", &Recorder::finish,
            "Stop; return (fingerprint, census keys, first uses, failure).")
       .def("rows", &Recorder::rows, "The record as rows of OpCall fields (after finish).")
+      .def("blind", &Recorder::blind,
+           "The type of the first __torch_dispatch__ wrapper whose ops ran unseen, or None.")
       .def("note_alert", &Recorder::note_alert,
            "Mark the last op that raised as a determinism alert.");
+  m.def("set_op_tables", &set_op_tables, py::arg("uninitialized"), py::arg("overwrites"),
+        py::arg("rebinds"), py::arg("workspaces"),
+        "Set the recorder's op tables (once, before recording; from op_tables.py).");
+  m.def("op_tables", &get_op_tables,
+        "The recorder's op tables: (uninitialized, overwrites, rebinds, workspaces).");
   m.def(
       "recorder_hook_error", [] { return hook_error(); },
       "Why the native recorder cannot hook the dispatcher here, or '' when it can.");

@@ -46,6 +46,7 @@ __all__ = [
     "SETUP_ERROR_KEY",
     "STRICT_KEY",
     "SUBTEST_FAILED_KEY",
+    "SUBTEST_RERUN_FAILURE_KEY",
     "SUBTEST_RUN_KEY",
     "VERDICTS_KEY",
     "VERIFY_SECONDS_KEY",
@@ -102,6 +103,8 @@ STRICT_KEY: pytest.StashKey[bool] = pytest.StashKey()
 SUBTEST_RUN_KEY: pytest.StashKey[int] = pytest.StashKey()
 #: Whether a subtest failed in an item's first determinism run.
 SUBTEST_FAILED_KEY: pytest.StashKey[bool] = pytest.StashKey()
+#: The exception of a subtest that failed in a later determinism run only.
+SUBTEST_RERUN_FAILURE_KEY: pytest.StashKey[BaseException] = pytest.StashKey()
 #: Seconds the verifier itself spent around one test's call phase.
 VERIFY_SECONDS_KEY: pytest.StashKey[float] = pytest.StashKey()
 #: One test's determinism check: ``{"check", "reason", "boundary"}``.

@@ -75,7 +75,9 @@ _NUMBER_DTYPES: tuple[tuple[type, torch.dtype], ...] = (
     (float, torch.float64),
     (complex, torch.complex128),
 )
-_TENSOR_TAGS = frozenset({"digest", "opaque", "uninitialized", "workspace", "view", "empty"})
+_TENSOR_TAGS = frozenset(
+    {"digest", "opaque", "uninitialized", "workspace", "view", "empty", "unread", "rebound"}
+)
 
 
 def _rewrap_numbers(op: Any, args: Sequence[Any]) -> tuple[Any, ...] | None:
@@ -251,6 +253,8 @@ class RunRecord:
     first_uses: list[tuple[int, Any]] = field(default_factory=list)
     compiled: bool = False
     keep: Any = None
+    #: Why some of the run's ops ran where the recorder cannot see, or None.
+    blind: str | None = None
 
     def entered_at(self, index: int) -> set[int]:
         """Identities of the live tensors that entered the record at op ``index``."""
@@ -274,11 +278,16 @@ def _leaves(a: Any, b: Any) -> Iterator[tuple[Any, Any]]:
         and len(a) == len(b)
         and not _is_tensor_key(a)
         and not _is_tensor_key(b)
+        and not _is_generator_key(a)
     ):
         for x, y in zip(a, b):
             yield from _leaves(x, y)
     elif a != b:
         yield a, b
+
+
+def _is_generator_key(key: Any) -> bool:
+    return isinstance(key, tuple) and len(key) == 3 and key[0] == "generator"
 
 
 def _is_tensor_key(key: Any) -> bool:
@@ -312,10 +321,25 @@ def explain_unchecked(comparison: Comparison, runs: Sequence[RunRecord]) -> str 
             f"(op #{d.op_index}) with every earlier op's result identical, so the control "
             "flow depends on something outside torch ops"
         )
+    at = f" at {d.location.describe()}" if d.location is not None else ""
+    if d.kind == "unproven":
+        return (
+            f"{d.op}{at} (op #{d.op_index}) gave a different output {d.output_index} in run "
+            f"{d.run}, but its {d.origin} cannot be proven equal between runs, so no op is "
+            "blamed (an op is blamed only when every input it received is proven equal)"
+        )
     ref, other = runs[0], runs[d.run]
     a: OpCall = ref.log.calls[d.op_index]
     b: OpCall = other.log.calls[d.op_index]
     pairs = [p for x, y in zip(a.inputs, b.inputs) for p in _leaves(x, y)]
+    generators = [(x, y) for x, y in pairs if _is_generator_key(x) or _is_generator_key(y)]
+    if generators:
+        return (
+            f"{INPUTS_DIFFER}: a torch.Generator passed to {d.op}{at} is in a different state "
+            f"in run {d.run} than in run 0 (the harness restores the global RNGs and the "
+            "generators it finds in fixture values, module globals and the test's class "
+            "before each run; this one it did not reach)"
+        )
     values = [(x, y) for x, y in pairs if not (_is_tensor_key(x) or _is_tensor_key(y))]
     if values or not pairs:
         shown = (

@@ -37,6 +37,7 @@ __all__ = [
     "Versions",
     "add_section",
     "atomic_write_json",
+    "evidence",
     "read_census",
     "read_census_file",
 ]
@@ -302,10 +303,33 @@ class Census:
             data["label"] = label
         if sources is not None:
             data["sources"] = sources
-        data["entries"] = self.to_data()
+        data["entries"] = [{**row, "evidence": evidence(row, runs)} for row in self.to_data()]
         data["not_checked"] = dict(sorted(self.not_checked.items()))
         data["boundary"] = dict(sorted(self.boundary.items()))
         atomic_write_json(path, data, _files.CENSUS)
+
+
+def evidence(row: Mapping[str, Any], runs: int) -> str:
+    """What a census entry's verdict rests on, in words that do not overstate it.
+
+    ``deterministic`` means only that no test saw the op differ: a race that
+    shows now and then (``index_put_(accumulate=True)`` on a million elements
+    with two threads) can pass a few runs unseen. So it reads "no difference
+    in N runs", never "deterministic".
+    """
+    counts = row.get("observations") or {}
+    verdict = row.get("verdict")
+    tests = sum(int(n) for n in counts.values()) if isinstance(counts, Mapping) else 0
+    if verdict == "nondeterministic":
+        return f"seen to differ from identical inputs in {counts.get(verdict, 0)} test(s)"
+    if verdict == "reads_uninitialized":
+        return f"read uninitialised memory in {counts.get(verdict, 0)} test(s)"
+    if verdict == "raises_under_deterministic_mode":
+        return "has no deterministic implementation (torch's deterministic mode alerts)"
+    if verdict == "deterministic":
+        seen = counts.get("deterministic", tests)
+        return f"no difference in {runs} runs (in each of {seen} test(s)); a sample, not a proof"
+    return "not compared (seen only after the runs had diverged, or in one run)"
 
 
 def _str_list(value: object) -> bool:

@@ -22,9 +22,15 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_backends.determinism.api import ALERT_TEXT
-from pytest_backends.determinism.recorder import OpCall, RunLog, _dtype_name, caller_suffix
+from pytest_backends.determinism.recorder import (
+    OpCall,
+    RunLog,
+    _dtype_name,
+    caller_suffix,
+    unseen_reason,
+)
 
-__all__ = ["NativeRecorder", "native_module"]
+__all__ = ["NativeRecorder", "native_module", "recorder_choice"]
 
 
 def native_module() -> Any:
@@ -39,15 +45,46 @@ def native_module() -> Any:
     hook_error = getattr(module, "recorder_hook_error", None)
     if module is None or not hasattr(module, "RunRecorder") or hook_error is None:
         return None  # not built, or built without the recorder
-    return None if hook_error() else module
+    if hook_error() or not hasattr(module, "set_op_tables"):
+        return None
+    _install_op_tables(module)
+    return module
+
+
+def _install_op_tables(module: Any) -> None:
+    """Give the native recorder the op tables of :mod:`.op_tables` (the one source)."""
+    from pytest_backends.determinism import op_tables
+
+    module.set_op_tables(
+        sorted(op_tables.UNINITIALIZED),
+        sorted(op_tables.OVERWRITES),
+        sorted(op_tables.REBINDS),
+        {name: sorted(positions) for name, positions in op_tables.WORKSPACES.items()},
+    )
+
+
+def recorder_choice() -> tuple[Any, str]:
+    """The native module to record with (None: the Python recorder) and why, in words."""
+    from pytest_backends import _native
+
+    module = native_module()
+    if module is not None:
+        return module, "native (a C++ dispatcher hook)"
+    hook_error = ""
+    loaded = _native.load()
+    if loaded is not None:
+        check = getattr(loaded, "recorder_hook_error", None)
+        hook_error = check() if check is not None else "the extension was built without it"
+    why = hook_error or _native.unavailable_reason() or "the native extension is not available"
+    return None, f"Python (a TorchDispatchMode; not native: {why})"
 
 
 class NativeRecorder:
     """One run under the native recorder, with :class:`BoundaryRecorder`'s interface.
 
-    ``first_uses`` and ``failure`` are filled in by :meth:`finish`. Pass the
-    previous run's (finished) recorder as ``previous`` to reuse the keys of
-    tensors that come from outside the run.
+    ``first_uses`` and ``failure`` are filled in by :meth:`finish`. ``previous``
+    (the previous run's recorder) only sizes the record; no key is carried
+    from it.
     """
 
     def __init__(self, module: Any, previous: NativeRecorder | None = None) -> None:
@@ -55,6 +92,8 @@ class NativeRecorder:
         self._recorder.set_locator(caller_suffix)
         self.first_uses: list[tuple[int, Any]] = []
         self.failure: str | None = None
+        #: Why ops of this run ran where the recorder cannot see (None: nowhere).
+        self.blind: str | None = None
 
     def __enter__(self) -> NativeRecorder:
         self._recorder.start()
@@ -72,6 +111,9 @@ class NativeRecorder:
         if raised is not None and ALERT_TEXT in str(raised):
             self._recorder.note_alert()
         fingerprint, keys, self.first_uses, self.failure = self._recorder.finish()
+        blind = self._recorder.blind() if hasattr(self._recorder, "blind") else None
+        if blind:
+            self.blind = unseen_reason(str(blind))
         return RunLog(
             fingerprint=fingerprint,
             keys=[

@@ -248,6 +248,7 @@ class DeterminismPlugin:
         self._unchecked: dict[str, str] = {}
         self._boundary: dict[str, list[str]] = {}
         self._written: set[Path] = set()
+        self._recorders: set[str] = set()
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         from pytest_backends import selection
@@ -275,8 +276,9 @@ class DeterminismPlugin:
         if not _selected(item, self.settings.select_all):
             return (yield)
         from pytest_backends.determinism.api import RngState
+        from pytest_backends.determinism.generators import GeneratorStates, roots_of
 
-        start = RngState.capture()
+        start = _Start(RngState.capture(), GeneratorStates.capture(roots_of(item)))
         runner = _Runs(self._watch())
         runner.begin()
         item.stash[subtests.RUN_KEY] = 0
@@ -284,19 +286,24 @@ class DeterminismPlugin:
             result = yield
         except BaseException as exc:
             runner.end(exc)
-            self._settle(item, runner, None)
+            self._settle(item, runner, None, first=exc)
             raise
-        runner.end()
+        # A unittest.TestCase stores its failure, skip or xfail instead of raising it.
+        stored = _stored_outcome(item, 0)
+        runner.end(stored)
+        if stored is not None or subtests.failed_first_run(item):
+            self._settle(item, runner, None, first=stored)
+            return result
         # A run that compiled is a warm-up: one more run is compared in its place.
         total = self.settings.runs + (1 if runner.records[0].compiled else 0)
-        for run in range(1, 1 if subtests.failed_first_run(item) else total):
+        for run in range(1, total):
             item.stash[subtests.RUN_KEY] = run
             if runner.failure is not None:
                 break
             start.restore()
             runner.begin()
             try:
-                item.runtest()
+                _run_again(item)
             except (KeyboardInterrupt, SystemExit) as exc:
                 runner.end(exc)
                 raise
@@ -308,7 +315,7 @@ class DeterminismPlugin:
                     raise
                 return result
             runner.end()
-        self._settle(item, runner, None, check=True, locate_with=(start, item.runtest))
+        self._settle(item, runner, None, check=True, locate_with=(start, lambda: _run_again(item)))
         return result
 
     def _watch(self) -> Any:
@@ -325,6 +332,7 @@ class DeterminismPlugin:
         raised: tuple[int, BaseException] | None,
         check: bool = False,
         locate_with: tuple[Any, Callable[[], object]] | None = None,
+        first: BaseException | None = None,
     ) -> bool:
         """Compare the runs, record the verdicts and fail the test where the check says so.
 
@@ -345,9 +353,22 @@ class DeterminismPlugin:
             comparison = compare_runs([r.log for r in records])
             notes = boundary_notes(runner.records)
             if runner.failure is None:
+                if (
+                    locate_with is not None
+                    and comparison.unexplained is not None
+                    and comparison.unexplained.kind == "unproven"
+                    and not (comparison.blamed or comparison.uninitialized)
+                ):
+                    start, run_again = locate_with
+                    start.restore()
+                    comparison = locate(comparison, run_again, runner.native())
+                    locate_with = None
                 reason = explain_unchecked(comparison, records)
+                blind = next((r.blind for r in runner.records if r.blind), None)
+                if blind and not (comparison.blamed or comparison.uninitialized):
+                    reason = blind
                 if single:
-                    reason = "it failed in its first run, so it was not run again"
+                    reason = _first_run_reason(first, item)
         except Exception as exc:  # the harness's own failure is never the test's
             runner.fail(exc)
         if runner.failure is not None:
@@ -379,6 +400,7 @@ class DeterminismPlugin:
             "check": "not checked" if reason else "checked",
             "reason": reason,
             "boundary": notes,
+            "recorder": runner.described,
         }
         if raised is not None:
             return bool(comparison is not None and comparison.blamed) or repeatable
@@ -416,6 +438,8 @@ class DeterminismPlugin:
             and str(report.outcome) != "rerun"
         ):
             reason, notes = check.get("reason"), list(check.get("boundary") or [])
+            if check.get("recorder"):
+                self._recorders.add(str(check["recorder"]))
             if reason:
                 self._unchecked[report.nodeid] = str(reason)
             else:
@@ -505,12 +529,22 @@ class DeterminismPlugin:
         settings = self.settings
         nondet = self.census.nondeterministic()
         write = terminalreporter.write_line
-        if not (nondet or settings.census or settings.baseline or self._unchecked):
+        if not (nondet or settings.census or settings.baseline or self._unchecked or self._checked):
             return
         terminalreporter.section("determinism", sep="=")
         for error in self._errors:
             write(f"ERROR: {error}", red=True)
+        for recorder in sorted(self._recorders):
+            write(f"recorder: {recorder}")
         write(f"{len(self.census)} op keys (op, device, dtype) recorded over {settings.runs} runs")
+        unchanged = sum(
+            1 for key in self.census.op_keys() if self.census.verdict(key) == "deterministic"
+        )
+        if unchanged:
+            write(
+                f"{unchanged} op key(s) showed no difference in {settings.runs} runs (a sample, "
+                "not a proof: a race can show only now and then)"
+            )
         write(
             f"{self._checked} test(s) checked, {len(self._unchecked)} not checked, "
             f"{len(self._boundary)} checked partly at a boundary"
@@ -565,6 +599,8 @@ class _Runs:
         self._compiles = 0
         # The native recorder's module, False for the Python recorder, None before the first run.
         self._native: Any = None
+        #: Which recorder recorded the runs, and why not the native one, in words.
+        self.described: str | None = None
 
     def begin(self) -> None:
         """Start recording a run (a recorder that cannot start leaves the run unrecorded)."""
@@ -577,9 +613,10 @@ class _Runs:
             return
         try:
             if self._native is None:
-                from pytest_backends.determinism.native_recorder import native_module
+                from pytest_backends.determinism.native_recorder import recorder_choice
 
-                self._native = native_module() or False
+                module, self.described = recorder_choice()
+                self._native = module or False
             if self._native:
                 from pytest_backends.determinism.native_recorder import NativeRecorder
 
@@ -610,7 +647,10 @@ class _Runs:
         self._previous = recorder  # keys of tensors from outside the run are reused
         if recorder.failure is not None and self.failure is None:
             self.failure = recorder.failure
-        self.records.append(RunRecord(log, recorder.first_uses, compiled, recorder.keep()))
+        blind = getattr(recorder, "blind", None)
+        self.records.append(
+            RunRecord(log, recorder.first_uses, compiled, recorder.keep(), blind=blind)
+        )
 
     def native(self) -> Any:
         """The extension module when the native recorder recorded the runs, else None."""
@@ -628,6 +668,72 @@ class _Runs:
         if len(records) > 2 and records[0].compiled:
             return records[1:]
         return records
+
+
+@dataclass
+class _Start:
+    """What every run starts from: the global RNGs and the test's explicit generators."""
+
+    rng: Any
+    generators: Any
+
+    def restore(self) -> None:
+        self.rng.restore()
+        self.generators.restore()
+
+
+def _unittest_excinfo(item: pytest.Item) -> list[Any] | None:
+    """The outcomes pytest's unittest support stored for ``item`` (a TestCase test), if any.
+
+    A ``unittest.TestCase`` reports its failure, skip, expected failure or
+    unexpected success to its result object, which pytest's unittest support
+    stores on the item (``_excinfo``) and turns into the call's outcome later.
+    """
+    excinfo = item.__dict__.get("_excinfo")
+    return excinfo if isinstance(excinfo, list) else None
+
+
+def _stored_outcome(item: pytest.Item, keep_from: int) -> BaseException | None:
+    """The exception of the first outcome stored for ``item`` (TestCase tests), or None."""
+    excinfo = _unittest_excinfo(item)
+    if not excinfo or len(excinfo) <= keep_from:
+        return None
+    value = getattr(excinfo[keep_from], "value", None)
+    return value if isinstance(value, BaseException) else None
+
+
+def _run_again(item: pytest.Item) -> None:
+    """Run the test body again; raise what the run stored instead of raising.
+
+    Outcomes a later run stores (a TestCase's result, a subtest's failure) are
+    taken away, so that only run 0's outcome is the test's.
+    """
+    excinfo = _unittest_excinfo(item)
+    before = len(excinfo) if excinfo is not None else 0
+    subtests.take_rerun_failure(item)
+    item.runtest()
+    excinfo = _unittest_excinfo(item)
+    stored = _stored_outcome(item, before)
+    if excinfo is not None:
+        del excinfo[before:]
+    failure = subtests.take_rerun_failure(item)
+    if stored is not None:
+        raise stored
+    if failure is not None:
+        raise failure
+
+
+def _first_run_reason(first: BaseException | None, item: pytest.Item) -> str:
+    """Why a test was run once only, from run 0's exception (or its stored outcome)."""
+    import unittest
+
+    if isinstance(first, pytest.xfail.Exception):
+        return "it xfailed in its first run, so it was not run again"
+    if isinstance(first, (pytest.skip.Exception, unittest.SkipTest)):
+        return "it was skipped in its first run, so it was not run again"
+    if first is None and subtests.failed_first_run(item):
+        return "a subtest failed in its first run, so it was not run again"
+    return "it failed in its first run, so it was not run again"
 
 
 def _format_key(key: Key) -> str:

@@ -11,10 +11,16 @@ for every op of a suite:
   ``select``, ...) are keyed by the view op and its inputs' keys, never
   digested.
 * Tensors that come from outside the run (parameters, fixture values) are
-  digested on their first use. The next run of the same test
-  (``OpRecorder(previous=...)``) reuses those keys for tensors that are still
-  alive, whose version counter has not moved, and whose storage no op wrote
-  through an alias that bypasses the counter (``p.data.add_()``).
+  digested on their first use, in every run: a key is never carried from one
+  run to the next, so a storage swapped between runs
+  (``layer.weight.data = other``), a write that bypasses the version counter
+  (``p.data.add_()``) or memory written outside torch ops is seen by content.
+  Overlapping views (``expand``) are digested by the memory they cover, and a
+  view whose storage is too small for it (freed with ``resize_(0)``) is not
+  read at all: it is "opaque", an input that cannot be proven equal.
+* Generators passed to ops are keyed by their state at call time; storages
+  and other Python objects cannot be proven equal. ``set_`` points a tensor at
+  other memory, which is keyed where an op first reads it.
 * Digests stay on the device until :meth:`OpRecorder.finish`, which copies
   them to the host with one transfer per device.
 
@@ -51,6 +57,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pytest_backends import _tree
+from pytest_backends.determinism import op_tables
 from pytest_backends.determinism.api import ALERT_TEXT
 from pytest_backends.determinism.census import VERDICTS
 
@@ -66,55 +73,14 @@ __all__ = [
     "locate",
 ]
 
-# Ops whose output is uninitialised memory: compared by dtype and shape only.
-_UNINITIALIZED = frozenset(
-    {
-        "aten::empty",
-        "aten::empty_like",
-        "aten::empty_strided",
-        "aten::empty_permuted",
-        "aten::new_empty",
-        "aten::new_empty_strided",
-        "aten::resize_",
-        "aten::resize_as_",
-    }
-)
+_UNINITIALIZED = op_tables.UNINITIALIZED
+_WORKSPACES = op_tables.WORKSPACES
+_OVERWRITES = op_tables.OVERWRITES
+_REBINDS = op_tables.REBINDS
 
-# Outputs that are scratch space of a fused kernel, not results (by position in
-# the op's returns; the schemas leave these returns unnamed). Their contents
-# need not be reproducible; the backward that reads them is still checked.
-_WORKSPACES: dict[str, frozenset[int]] = {
-    "aten::mkldnn_rnn_layer": frozenset({3}),  # (output, hy, cy, workspace)
-    "aten::_cudnn_rnn": frozenset({3}),  # (output, hy, cy, reserve, weight_buf)
-    "aten::miopen_rnn": frozenset({3}),
-    "aten::_thnn_fused_lstm_cell": frozenset({2}),  # (hy, cy, workspace)
-    "aten::_thnn_fused_gru_cell": frozenset({1}),  # (hy, workspace)
-    "aten::cudnn_batch_norm": frozenset({3}),  # (out, save_mean, save_var, reserve)
-    "aten::_scaled_dot_product_flash_attention": frozenset({7, 8}),  # unused, debug mask
-    "aten::_scaled_dot_product_cudnn_attention": frozenset({8}),  # debug_attn_mask
-    "aten::_flash_attention_forward": frozenset({3, 4}),  # unused, debug_attn_mask
-    # (loss, log_alpha): the CPU kernel fills log_alpha only up to each sample's
-    # input and target lengths; the rest is uninitialised and never read.
-    "aten::_ctc_loss": frozenset({1}),
-}
-
-# Ops that overwrite every element of the tensors they write without reading them.
-_OVERWRITES = frozenset(
-    {
-        "aten::fill_",
-        "aten::zero_",
-        "aten::copy_",
-        "aten::normal_",
-        "aten::uniform_",
-        "aten::random_",
-        "aten::bernoulli_",
-        "aten::exponential_",
-        "aten::geometric_",
-        "aten::cauchy_",
-        "aten::log_normal_",
-        "aten::set_",
-    }
-)
+#: Key tags of inputs that cannot be proven equal between runs: an op whose
+#: inputs hold one is never blamed (see :func:`compare_runs`).
+UNPROVEN_TAGS = frozenset({"opaque", "object"})
 
 _PLAIN = frozenset(
     {
@@ -141,13 +107,15 @@ class Digest:
     keys compare equal when their host values are equal.
     """
 
-    __slots__ = ("external", "storage", "value")
+    __slots__ = ("external", "extra", "storage", "value")
 
-    def __init__(self, external: bool = False) -> None:
+    def __init__(self, external: bool = False, extra: tuple[Any, ...] = ()) -> None:
         # Host values; ``("empty", dtype, shape)`` for a tensor without elements.
         self.value: tuple[Any, ...] | None = None
         self.external = external
         self.storage = 0
+        # Shape and strides of an overlapping view, digested by the memory it covers.
+        self.extra = extra
 
     def __eq__(self, other: object) -> bool:
         return type(other) is Digest and self.value == other.value
@@ -248,6 +216,8 @@ class _OpInfo:
     overwrites: bool
     out_positions: tuple[int, ...]
     out_names: frozenset[str]
+    #: ``set_``: the tensor now shows other memory; its contents are keyed where first read.
+    rebinds: bool = False
 
 
 # Keyed by id: ``OpOverload.__hash__`` is a Python method, too slow for every op. The
@@ -283,6 +253,7 @@ def _op_info(func: Any) -> _OpInfo:
         name in _OVERWRITES,
         tuple(i for i, _ in outs),
         frozenset(n for _, n in outs),
+        name in _REBINDS,
     )
     _INFO[id(func)] = info
     return info
@@ -312,8 +283,8 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records every op dispatched while the mode is active.
 
     Use one recorder per run: ``with OpRecorder() as rec: ...`` then
-    ``rec.finish()``. Pass the previous run's (finished) recorder as
-    ``previous`` to reuse the keys of tensors that come from outside the run.
+    ``rec.finish()``. ``previous`` (the previous run's recorder) is accepted
+    for compatibility; no key is carried from it.
     """
 
     def __init__(self, previous: OpRecorder | None = None) -> None:
@@ -325,13 +296,11 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         # id(tensor) -> (weak reference, version counter, key); the reference guards
         # against a dead tensor's id being reused within the run.
         self._known: dict[int, tuple[Any, int, Slot]] = {}
-        self._shared: dict[int, tuple[Any, int, Slot]] = {}
-        if previous is not None:
-            self._shared = previous._export()
-            # Known from the start: their uses cost a lookup, not a first use each.
-            self._known.update(self._shared)
-        # Storages written through tensors that came from outside the run.
-        self._written_external: set[int] = set()
+        # Keys are never carried from the previous run: an outside tensor is keyed by
+        # its contents at its first use in every run, so a storage swapped between runs
+        # (``layer.weight.data = other``) or memory written outside torch ops is seen.
+        #: Why ops of this run ran where the recorder cannot see (None: nowhere).
+        self.blind: str | None = None
         # Storage pointer -> (weak reference to a tensor keeping it alive, origin).
         self._tainted: dict[int, tuple[Any, str]] = {}
         self._finished = False
@@ -357,14 +326,16 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         # Not ``__torch_dispatch__`` itself: torch wraps that in a Dynamo-disabling frame,
         # which a subclass calling ``super().__torch_dispatch__`` would pay twice per op.
         info = _INFO.get(id(func)) or _op_info(func)
-        if info.written:
-            self._note_writes(info, args, kwargs)
         key = self._key
         tainted = None
-        if self._tainted and (info.pure_view or info.overwrites):
-            # Views and overwrites do not read the data: a partly written buffer
+        # The origin of uninitialised memory that an overwrite copies on (circular padding
+        # copies slices of a partly written buffer into the buffer).
+        passes: str | None = None
+        if info.overwrites or (self._tainted and info.pure_view):
+            # Views and overwrites do not read the data they write: a partly written buffer
             # (``out[i] = row`` in a loop) is keyed by shape until an op reads it.
-            inputs = self._unread_keys(info, args)
+            inputs, passes = self._unread_keys(info, args)
+            tainted = passes
         else:
             # ``_key`` inlined for its two common cases: a tensor whose key is known
             # and a plain value.
@@ -406,7 +377,9 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             raised = (("raised", type(exc).__name__),)
             self._calls.append((info, inputs, raised, where, ALERT_TEXT in str(exc), None))
             raise
-        if type(out) is _Tensor and not (info.uninitialized or info.pure_view or info.workspaces):
+        if type(out) is _Tensor and not (
+            info.uninitialized or info.pure_view or info.workspaces or info.rebinds or passes
+        ):
             # The common case: one plain tensor out.
             key_out = self._output(out)
             self._calls.append(
@@ -430,6 +403,11 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             tensors = []
         if info.uninitialized:
             outputs = tuple([self._uninitialized(t, info.name) for t in tensors])
+        elif passes is not None:
+            # The written part holds bytes no op wrote: compared not at all.
+            outputs = tuple([self._pass_taint(t, passes) for t in tensors])
+        elif info.rebinds:
+            outputs = tuple([self._rebound(t) for t in tensors])
         elif info.pure_view:
             # A view's contents follow from its inputs, so its key is derived from
             # theirs instead of digesting (and first copying) the viewed data.
@@ -456,7 +434,7 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 outputs = tuple([self._output(t) for t in tensors])
             elif out is not None:
                 outputs = (_value_key(out),)
-        if info.overwrites and self._tainted:
+        if info.overwrites and self._tainted and passes is None:
             self._clear_taint(info, args, kwargs)
         # Only the device and dtype: holding the tensor would keep it alive (and make
         # torch wrap the returned tensor anew with an extra ``detach``).
@@ -468,6 +446,8 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _key(self, a: object) -> Slot:
         if isinstance(a, torch.Tensor):
+            if type(a) is not _Tensor and self._unseen(a):
+                return _opaque(a)
             hit = self._known.get(id(a))
             if hit is not None and hit[0]() is a:
                 try:
@@ -481,6 +461,8 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return a
         if cls is float:
             return a.hex()  # type: ignore[attr-defined]
+        if isinstance(a, torch.Generator):
+            return self._generator_key(a)
         if cls is list or cls is tuple:
             # Sizes and strides: ints are their own keys.
             return tuple([x if type(x) is int else self._key(x) for x in a])  # type: ignore[attr-defined]
@@ -488,36 +470,80 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return tuple([self._key(x) for x in a])
         return _value_key(a)
 
-    def _unread_keys(self, info: _OpInfo, args: Sequence[Any]) -> tuple[Slot, ...]:
-        keys = []
+    def _unread_keys(
+        self, info: _OpInfo, args: Sequence[Any]
+    ) -> tuple[tuple[Slot, ...], str | None]:
+        """Keys of a view's or an overwrite's inputs, and the taint an overwrite copies on.
+
+        The tensors an overwrite writes are not read: they are keyed by shape. A
+        source on uninitialised memory is keyed by shape too, and its taint passes
+        to what the overwrite writes.
+        """
+        keys: list[Slot] = []
+        passes = None
         for i, a in enumerate(args):
-            if (
-                isinstance(a, torch.Tensor)
-                and (info.pure_view or i in info.written)
-                and self._taint_of(a) is not None
-            ):
-                keys.append(("uninitialized", _dtype_name(a.dtype), tuple(a.shape)))
-            else:
-                keys.append(self._key(a))
-        return tuple(keys)
+            if isinstance(a, torch.Tensor):
+                written = info.overwrites and i in info.written
+                origin = self._taint_of(a) if self._tainted else None
+                if origin is not None:
+                    if not written and info.overwrites and passes is None:
+                        passes = origin
+                    keys.append(("uninitialized", _dtype_name(a.dtype), tuple(a.shape)))
+                    continue
+                if written:
+                    keys.append(("unread", _dtype_name(a.dtype), tuple(a.shape)))
+                    continue
+            keys.append(self._key(a))
+        return tuple(keys), passes
+
+    def _pass_taint(self, t: torch.Tensor, origin: str) -> Slot:
+        """Key an overwrite's output that holds bytes copied from uninitialised memory."""
+        ptr = _storage_ptr(t)
+        if ptr:
+            entry = self._tainted.get(ptr)
+            if entry is None or entry[0]() is None:
+                self._tainted[ptr] = (weakref.ref(t), origin)
+        return self._remember(t, ("uninitialized", _dtype_name(t.dtype), tuple(t.shape)))
+
+    def _rebound(self, t: torch.Tensor) -> Slot:
+        """Key ``set_``'s output by shape: its new memory is keyed where an op first reads it."""
+        self._known.pop(id(t), None)
+        return ("rebound", _dtype_name(t.dtype), tuple(t.shape))
+
+    def _unseen(self, t: torch.Tensor) -> bool:
+        """Whether ops on ``t`` run inside a ``__torch_dispatch__`` that no recorder sees."""
+        cls = type(t)
+        python = _PYTHON_DISPATCH.get(cls)
+        if python is None:
+            try:
+                python = bool(torch._C._dispatch_keys(t).has(torch._C.DispatchKey.Python))
+            except (RuntimeError, TypeError, AttributeError):
+                python = False
+            # The tracers' own tensors (FakeTensor, FunctionalTensor) carry no test data:
+            # their ops are the compiler's, as for the native recorder.
+            python = python and not cls.__module__.startswith(_TRACER_MODULES)
+            _PYTHON_DISPATCH[cls] = python
+        if python and self.blind is None:
+            self.blind = unseen_reason(cls.__name__)
+        return python
+
+    def _generator_key(self, gen: torch.Generator) -> Slot:
+        """A generator is keyed by its state at call time: equal states draw equal numbers."""
+        try:
+            state = gen.get_state()
+        except (RuntimeError, TypeError, NotImplementedError):
+            return ("object", "Generator")
+        return ("generator", gen.device.type, self._digest(state))
 
     def _input(self, t: torch.Tensor) -> Slot:
         """The key of a tensor no op of this run produced (or that changed since)."""
         self._first_use(t)
-        shared = self._shared.get(id(t))
-        if shared is not None and shared[0]() is t:
-            try:
-                if shared[1] == t._version:
-                    self._known[id(t)] = shared
-                    return shared[2]
-            except (RuntimeError, TypeError):
-                pass
         return self._remember(t, self._digest(t, external=True))
 
     def _output(self, t: torch.Tensor) -> Slot:
         # ``_remember(t, _digest(t))`` inlined for the common case: this runs for
         # nearly every output of every op.
-        if t.is_meta:
+        if t.is_meta or type(t) is not _Tensor or not t.is_contiguous():
             return self._remember(t, self._digest(t))
         key = Digest()
         if t.numel():
@@ -535,16 +561,22 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _digest(self, t: torch.Tensor, external: bool = False) -> Slot:
         if t.is_meta:
             return ("opaque", _dtype_name(t.dtype), tuple(t.shape), "meta")
+        if type(t) is not _Tensor and self._unseen(t):
+            return _opaque(t)
+        covered = covered_memory(t)
+        if covered is None:
+            return ("opaque", _dtype_name(t.dtype), tuple(t.shape), "unreadable")
+        view, extra = covered
         try:
-            d = self._digest_fn(t)
+            d = self._digest_fn(view)
         except NotImplementedError:  # a device without a native kernel: same values
             try:
-                d = _digest_module().digest(t, backend="python")
+                d = _digest_module().digest(view, backend="python")
             except (TypeError, RuntimeError, NotImplementedError):
                 return _opaque(t)
         except (TypeError, RuntimeError):  # sparse, quantized, ...: not digestible
             return _opaque(t)
-        key = Digest(external)
+        key = Digest(external, extra)
         if external:
             key.storage = _storage_ptr(t)
         self._pending.append(d)
@@ -575,25 +607,6 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if ptr:
                 self._tainted[ptr] = (weakref.ref(t), origin)
         return self._remember(t, ("uninitialized", _dtype_name(t.dtype), tuple(t.shape)))
-
-    def _note_writes(self, info: _OpInfo, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
-        """Remember storages written through tensors that came from outside the run.
-
-        Such a write may bypass the version counter of another tensor on the same
-        storage (``p.data.add_(1)`` leaves ``p._version`` alone), so keys of that
-        storage are not carried over to the next run.
-        """
-        for t in _tensors([args[i] for i in info.written if i < len(args)]):
-            hit = self._known.get(id(t))
-            # Writes to tensors an op of this run produced (``relu_`` on an activation)
-            # cannot touch outside storage; anything else (an outside tensor, a view,
-            # ``.data``, which is a ``detach`` view) may.
-            if hit is None or hit[0]() is not t or type(hit[2]) is not Digest or hit[2].external:
-                self._written_external.add(_storage_ptr(t))
-        for name in info.out_names:
-            for t in _tensors(kwargs.get(name)):
-                if id(t) not in self._known:
-                    self._written_external.add(_storage_ptr(t))
 
     def _read_tensors(
         self, info: _OpInfo, args: Sequence[Any], kwargs: dict[str, Any]
@@ -681,7 +694,8 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         for indices in by_device.values():
             rows = torch.stack([self._pending[i] for i in indices]).cpu().tolist()
             for i, row in zip(indices, rows):
-                self._pending_keys[i].value = tuple(row)
+                key = self._pending_keys[i]
+                key.value = tuple(row) + key.extra
         calls = []
         for info, inputs, outputs, where, alerted, tainted in self._calls:
             if where is None:
@@ -692,22 +706,6 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._calls, self._pending, self._pending_keys = [], [], []
         self._finished = True
         return RunLog(calls)
-
-    def _export(self) -> dict[int, tuple[Any, int, Slot]]:
-        """Keys of outside tensors that the next run may reuse (after ``finish``)."""
-        if not self._finished:
-            return {}
-        written = self._written_external
-        exported = {
-            tid: entry
-            for tid, entry in self._known.items()
-            if type(entry[2]) is Digest
-            and entry[2].external
-            and entry[2].storage not in written
-            and entry[0]() is not None
-        }
-        self._known = {}
-        return exported
 
 
 def _digest_module() -> Any:
@@ -725,6 +723,45 @@ def _digest_function() -> Callable[[torch.Tensor], torch.Tensor]:
         return fn
     # OpOverload.__call__ is a Python frame around this callable.
     return getattr(op, "_op", op)  # type: ignore[no-any-return]
+
+
+_PYTHON_DISPATCH: dict[type, bool] = {}
+_TRACER_MODULES = ("torch._subclasses", "torch._functorch", "torch.fx", "torch._export")
+
+
+def unseen_reason(type_name: str) -> str:
+    """The "not checked" reason for ops on a ``__torch_dispatch__`` tensor subclass."""
+    return (
+        f"ops on {type_name} tensors (a tensor subclass with __torch_dispatch__, such as a "
+        "wrapper subclass or a jagged NestedTensor) run inside its __torch_dispatch__, where "
+        "no op recorder sees them, so a nondeterministic op there would go unnoticed"
+    )
+
+
+def covered_memory(t: torch.Tensor) -> tuple[torch.Tensor, tuple[Any, ...]] | None:
+    """The tensor to digest for ``t`` and what to add to its key; None when it is unreadable.
+
+    A view whose storage is smaller than the view needs (a storage freed with
+    ``untyped_storage().resize_(0)``) cannot be read. An overlapping view (an
+    ``expand``, stride 0) is digested by the memory it covers, with its sizes and
+    strides added to the key, never materialised.
+    """
+    try:
+        if t.layout != torch.strided or t.numel() == 0:
+            return t, ()
+        sizes, strides = tuple(t.shape), tuple(t.stride())
+        span = 1
+        for n, stride in zip(sizes, strides):
+            span += (n - 1) * stride
+        offset = t.storage_offset()
+        storage = t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return t, ()  # no storage to check (the digest says whether it can read it)
+    if storage.nbytes() < (offset + span) * t.element_size():
+        return None
+    if span < t.numel():
+        return t.as_strided((span,), (1,), offset), ("strided", sizes, strides)
+    return t, ()
 
 
 def _opaque(t: torch.Tensor) -> Slot:
@@ -947,7 +984,9 @@ class Divergence:
     inputs: it is nondeterministic), ``"uninitialized"`` (the op read
     uninitialised memory, created by ``origin``), ``"inputs"`` (the first
     differing op's inputs already differed, so the cause lies outside torch
-    ops) or ``"sequence"`` (the runs called different ops). ``location`` is
+    ops), ``"unproven"`` (its inputs looked equal, but one of them, named in
+    ``origin``, cannot be proven equal: the op is not blamed) or
+    ``"sequence"`` (the runs called different ops). ``location`` is
     filled in by :func:`locate`.
     """
 
@@ -972,6 +1011,12 @@ class Divergence:
                 f"nondeterministic op {self.op}{where}{at}: output {self.output_index} differs "
                 f"between run 0 and run {self.run} from identical inputs "
                 f"(op #{self.op_index} of the run; {runs} runs)"
+            )
+        if self.kind == "unproven":
+            return (
+                f"{self.op}{where}{at} (op #{self.op_index}) gave a different output "
+                f"{self.output_index} in run {self.run}, but its {self.origin} cannot be "
+                "proven equal between runs, so the op is not blamed"
             )
         if self.kind == "uninitialized":
             return (
@@ -1037,8 +1082,52 @@ def _has_uninitialized(slot: Slot) -> bool:
     return False
 
 
+def _describe_unproven(slot: Slot) -> str | None:
+    if type(slot) is tuple and slot:
+        tag = slot[0]
+        if tag == "opaque":
+            what = slot[3] if len(slot) > 3 else "opaque"
+            reason = {
+                "unreadable": "a tensor whose storage is too small for it (freed?)",
+                "meta": "a meta tensor",
+            }.get(str(what), f"a tensor the recorder cannot read ({what})")
+            return f"{reason}, {slot[1]} of shape {tuple(slot[2])}"
+        if tag == "object":
+            return f"a {slot[1]} object, which the recorder cannot compare"
+        if tag in ("digest", "uninitialized", "unread", "workspace", "empty", "rebound"):
+            return None
+        for item in slot:
+            found = _describe_unproven(item)
+            if found is not None:
+                return found
+    return None
+
+
+def unproven_input(inputs: tuple[Slot, ...]) -> str | None:
+    """``"input 1 (a ... object)"``: the first input that cannot be proven equal, else None.
+
+    Tensors are proven equal by their contents (digests), generators by their
+    state, plain values by value. An opaque tensor (unreadable, or of a layout
+    the digest cannot read) and a Python object keyed by its type are not.
+    """
+    for i, slot in enumerate(inputs):
+        if type(slot) is Digest or type(slot) is not tuple:
+            continue
+        found = _describe_unproven(slot)
+        if found is not None:
+            keyword = len(slot) == 2 and type(slot[0]) is str and slot[0] not in UNPROVEN_TAGS
+            name = f"argument {slot[0]!r}" if keyword else ""
+            return f"input {i} ({found})" if not name else f"{name} ({found})"
+    return None
+
+
 def compare_runs(logs: Sequence[RunLog]) -> Comparison:
     """Compare every run with run 0, op by op.
+
+    The proof rule: an op is blamed only when every input it received is proven
+    equal between runs (:func:`unproven_input`); where an op's outputs differ
+    and one of its equal-looking inputs is not proof, the divergence is
+    ``"unproven"`` and the test is not checked.
 
     One run proves nothing: its ops are ``inconclusive`` (a test that failed
     in its first run is not repeated).
@@ -1099,6 +1188,14 @@ def compare_runs(logs: Sequence[RunLog]) -> Comparison:
                     )
                 if not first_diff_seen:
                     first_blamed = True
+            elif same_inputs and (weak := unproven_input(a.inputs)) is not None:
+                # Equal keys, but not proof: the op is not blamed (the proof rule).
+                if not first_diff_seen:
+                    d = Divergence(
+                        "unproven", r, i, a.name, a.device, a.dtype, out_diff, origin=weak
+                    )
+                    if unexplained is None or (i, r) < (unexplained.op_index, unexplained.run):
+                        unexplained = d
             elif same_inputs:
                 status[i] = "nondeterministic"
                 if i not in blamed:

@@ -12,6 +12,12 @@ report of a later run that repeats the outcome of the same subtest in run 0 is
 not counted again; one whose outcome differs is (that difference is news).
 A failed subtest in run 0 fails the test, so the determinism plugin stops
 after that run (:func:`failed_first_run`), as it does when run 0 raises.
+
+A subtest that fails in a later run only (the test is not repeatable) is
+reported with run 0's outcome, passed: the failure is taken by the
+determinism plugin (:func:`take_rerun_failure`) as the run's exception, which
+makes the test "not checked", exactly as a test without subtests whose later
+run raises. So subtests keep their plain outcomes under the check.
 """
 
 from __future__ import annotations
@@ -20,14 +26,15 @@ from collections.abc import Generator, Mapping
 
 import pytest
 
-from pytest_backends._keys import SUBTEST_FAILED_KEY, SUBTEST_RUN_KEY
+from pytest_backends._keys import SUBTEST_FAILED_KEY, SUBTEST_RERUN_FAILURE_KEY, SUBTEST_RUN_KEY
 
-__all__ = ["RUN_ATTR", "RUN_KEY", "SubtestCounter", "failed_first_run"]
+__all__ = ["RUN_ATTR", "RUN_KEY", "SubtestCounter", "failed_first_run", "take_rerun_failure"]
 
 RUN_KEY = SUBTEST_RUN_KEY
 #: Report attribute: the determinism run that made the report.
 RUN_ATTR = "backends_determinism_run"
 _FAILED_KEY = SUBTEST_FAILED_KEY
+_RERUN_FAILURE_KEY = SUBTEST_RERUN_FAILURE_KEY
 
 _Key = tuple[str, object, tuple[tuple[str, str], ...]]
 
@@ -47,6 +54,14 @@ def failed_first_run(item: pytest.Item) -> bool:
     return item.stash.get(_FAILED_KEY, False)
 
 
+def take_rerun_failure(item: pytest.Item) -> BaseException | None:
+    """The first exception of a subtest that failed in a later run (and forget it)."""
+    failure = item.stash.get(_RERUN_FAILURE_KEY, None)
+    if failure is not None:
+        del item.stash[_RERUN_FAILURE_KEY]
+    return failure
+
+
 class SubtestCounter:
     """Tags call-phase reports with their run; counts repeated subtests once."""
 
@@ -63,6 +78,17 @@ class SubtestCounter:
             setattr(report, RUN_ATTR, run)
             if run == 0 and report.failed:
                 item.stash[_FAILED_KEY] = True
+            elif run > 0 and report.failed:
+                # Run 0 passed this far: the failure is the rerun's, not the subtest's.
+                if _RERUN_FAILURE_KEY not in item.stash:
+                    error = call.excinfo.value if call.excinfo is not None else None
+                    item.stash[_RERUN_FAILURE_KEY] = (
+                        error
+                        if isinstance(error, BaseException)
+                        else AssertionError(f"a subtest failed in determinism run {run}")
+                    )
+                report.outcome = "passed"
+                report.longrepr = None
         return report
 
     @pytest.hookimpl(wrapper=True)

@@ -451,10 +451,15 @@ def test_census_rows_and_baseline_update_then_gate(planted_conftest: pytest.Pyte
         "observations": {"nondeterministic": 2},
         "tests": ["test_ops.py::test_noisy[f32]", "test_ops.py::test_noisy_again"],
         "nondeterministic_in": ["test_ops.py::test_noisy[f32]", "test_ops.py::test_noisy_again"],
+        "evidence": "seen to differ from identical inputs in 2 test(s)",
     }
     assert rows[("pbtest::noisy", "cpu", "float64")]["tests"] == ["test_ops.py::test_noisy[f64]"]
     ones = rows[("aten::ones", "cpu", "float32")]
     assert ones["verdict"] == "deterministic"
+    # Not seen to differ is not proof: the evidence says so, with the number of runs.
+    assert (
+        ones["evidence"] == "no difference in 3 runs (in each of 3 test(s)); a sample, not a proof"
+    )
     assert ones["observations"] == {"deterministic": 3}
     assert "nondeterministic_in" not in ones
     assert ones["tests"] == [

@@ -81,13 +81,27 @@ def test_backward_ops_are_recorded_with_the_forward_keys(native: Any) -> None:
     assert cos.inputs[0] == sin.inputs[0]  # the same tensor, keyed once
 
 
-def test_the_same_outside_tensor_is_digested_once_across_runs(native: Any) -> None:
+def test_an_outside_tensor_is_keyed_by_content_in_every_run(native: Any) -> None:
     weight = torch.randn(8, 8)
     done = _runs(native, lambda _: weight @ weight, runs=3)
     logs = [log for _, log in done]
-    assert [len(r.first_uses) for r, _ in done] == [1, 0, 0]
+    assert [len(r.first_uses) for r, _ in done] == [1, 1, 1]  # no key is carried over
     assert logs[0].calls[0].inputs == logs[2].calls[0].inputs
     assert compare_runs(logs).reproducible
+
+
+def test_a_storage_swapped_between_runs_is_seen(native: Any) -> None:
+    layer = torch.nn.Linear(4, 4, bias=False)
+    checkpoints = [torch.randn(4, 4) for _ in range(2)]
+
+    def body(run: int) -> None:
+        layer.weight.data = checkpoints[run]  # same TensorImpl, same version, new storage
+        layer(torch.ones(2, 4))
+
+    logs = [log for _, log in _runs(native, body, runs=2)]
+    result = compare_runs(logs)
+    assert result.blamed == []
+    assert result.unexplained is not None and result.unexplained.kind == "inputs"
 
 
 def test_a_write_through_data_is_not_carried_over(native: Any) -> None:
@@ -370,3 +384,20 @@ def test_a_recorder_stopped_on_another_thread_stops_recording(native: Any) -> No
     after.start()
     after.stop()
     assert "DeferredInit" not in _hook_keys()[0]
+
+
+def test_the_native_recorder_uses_the_one_op_table(native: Any) -> None:
+    """Both recorders' op tables come from ``op_tables.py``: what the extension holds is it."""
+    from pytest_backends.determinism import op_tables, recorder
+
+    uninitialized, overwrites, rebinds, workspaces = native.op_tables()
+    assert set(uninitialized) == op_tables.UNINITIALIZED == recorder._UNINITIALIZED
+    assert set(overwrites) == op_tables.OVERWRITES == recorder._OVERWRITES
+    assert set(rebinds) == op_tables.REBINDS == recorder._REBINDS
+    assert {k: frozenset(v) for k, v in workspaces.items()} == op_tables.WORKSPACES
+    # Set once: the same tables again change nothing, other tables are refused.
+    native.set_op_tables(uninitialized, overwrites, rebinds, workspaces)
+    if native.op_tables() != (uninitialized, overwrites, rebinds, workspaces):
+        raise AssertionError("setting the same tables changed them")
+    with pytest.raises(RuntimeError, match="set once"):
+        native.set_op_tables([], overwrites, rebinds, workspaces)

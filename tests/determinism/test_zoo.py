@@ -117,3 +117,56 @@ def test_zoo_suite_wide_under_xdist_has_no_false_verdicts(
     ):
         assert verdicts.get((op, "float32")) == "deterministic", op
     assert sum(v == "deterministic" for v in verdicts.values()) >= 150
+
+
+RACY_SUITE = """
+import torch
+from zoo_entries import RACY_CPU
+
+def test_racy_index_put():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.manual_seed(0)
+        fn, args = RACY_CPU["index_put_accumulate_1e6"]("cpu")
+        fn(*args)
+    finally:
+        torch.set_num_threads(threads)
+"""
+
+
+def test_a_real_cpu_race_is_caught_or_called_no_difference_never_deterministic(
+    planted_conftest: pytest.Pytester,
+) -> None:
+    """``index_put_(accumulate=True)`` on 10^6 elements races with 2 threads, only sometimes.
+
+    Whichever way this session's five runs fall, the census must not call the op
+    deterministic: it is blamed (the test fails) or its evidence reads "no
+    difference in 5 runs".
+    """
+    pytester = planted_conftest
+    pytester.makepyfile(zoo_entries=ZOO_PATH.read_text(encoding="utf-8"), test_racy=RACY_SUITE)
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:xdist",
+        "--backends-determinism=5",
+        "--backends-determinism-all",
+        "--backends-census=census.json",
+    )
+    census = json.loads((pytester.path / "census.json").read_text())
+    rows = [r for r in census["entries"] if "index_put" in r["op"]]
+    assert rows, census["entries"]
+    caught = any(r["verdict"] == "nondeterministic" for r in rows)
+    for row in rows:
+        assert row["verdict"] in ("nondeterministic", "deterministic"), row
+        if row["verdict"] == "deterministic":
+            assert row["evidence"].startswith("no difference in 5 runs"), row
+            assert "not a proof" in row["evidence"]
+    others = [r for r in census["entries"] if "index_put" not in r["op"]]
+    assert all(r["verdict"] != "nondeterministic" for r in others), others
+    if caught:
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(["*nondeterministic op aten::*index_put*"])
+    else:
+        result.assert_outcomes(passed=1)
+        result.stdout.fnmatch_lines(["*showed no difference in 5 runs*"])

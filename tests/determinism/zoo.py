@@ -222,6 +222,26 @@ ZOO: dict[str, Callable[[str], Built]] = {
     "dropout": _fn(lambda x: F.dropout(x, 0.3, training=True), (6, 10)),
 }
 
+
+def _racy_index_put(device: str) -> Built:
+    # A million updates onto 64 rows: above the parallel grain, so with two or more
+    # threads the accumulation order (and the float32 rounding) varies between calls.
+    n = 1_000_000
+    idx = torch.randint(0, 64, (n,), device=device)
+    src = torch.randn(n, device=device)
+
+    def fn(s: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(64, device=device).index_put((idx,), s, accumulate=True)
+
+    return fn, (src,)
+
+
+#: Real CPU races (DESIGN A.6): nondeterministic with two or more threads, caught only
+#: sometimes in a few runs. Not in ``ZOO``, whose entries are all deterministic on CPU.
+RACY_CPU: dict[str, Callable[[str], Built]] = {
+    "index_put_accumulate_1e6": _racy_index_put,
+}
+
 #: Entries whose default CUDA kernels are nondeterministic (DESIGN A.4).
 KNOWN_NONDETERMINISTIC_CUDA = (
     "index_add",

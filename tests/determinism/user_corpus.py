@@ -1,0 +1,159 @@
+"""Ordinary user code for the outcome-equality test (loaded as a test module in pytester runs).
+
+Every case ends with ``plant(result)``: with ``PLANT=1`` in the environment it
+passes its result through the planted nondeterministic op ``pbtest::noisy``,
+otherwise it returns the result unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import unittest
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from pytest_backends import assert_close, reference
+
+
+def plant(t: torch.Tensor) -> torch.Tensor:
+    """``t``, through the planted nondeterministic op when ``PLANT=1``."""
+    if os.environ.get("PLANT") == "1":
+        return torch.ops.pbtest.noisy(t)  # type: ignore[no-any-return]
+    return t
+
+
+@pytest.mark.parametrize("mode", ["circular", "reflect", "replicate"])
+def test_padding(mode: str) -> None:
+    x = torch.randn(1, 2, 5, 5)
+    y = F.pad(x, (1, 1, 1, 1), mode=mode)
+    assert y.shape == (1, 2, 7, 7)
+    plant(y * 2)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader(workers: int) -> None:
+    ds = TensorDataset(torch.arange(40.0).reshape(20, 2))
+    total = torch.zeros(())
+    for (batch,) in DataLoader(ds, batch_size=4, num_workers=workers):
+        total = total + batch.sum()
+    assert total.item() == 780.0
+    plant(total)
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    return torch.Generator().manual_seed(7)
+
+
+def test_seeded_generator_fixture(gen: torch.Generator) -> None:
+    x = torch.randn(16, generator=gen)
+    idx = torch.randperm(16, generator=gen)
+    assert x[idx].shape == (16,)
+    plant(x[idx])
+
+
+def _model() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def test_deepcopy_model() -> None:
+    model = _model()
+    twin = copy.deepcopy(model)
+    x = torch.randn(3, 4)
+    assert torch.equal(model(x), twin(x))
+    plant(twin(x))
+
+
+def test_load_state_dict_from_checkpoint() -> None:
+    model = _model()
+    checkpoint = {k: v.clone() for k, v in model.state_dict().items()}
+    other = _model()
+    other.load_state_dict(checkpoint)
+    x = torch.randn(3, 4)
+    assert torch.equal(model(x), other(x))
+    plant(other(x))
+
+
+def test_optimizer_step() -> None:
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x, y = torch.randn(8, 4), torch.randn(8, 2)
+    for _ in range(3):
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward(torch.randn(()))
+        opt.step()
+    plant(model(x))
+
+
+def test_ema_update() -> None:
+    model = _model()
+    ema = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+        for e, p in zip(ema.parameters(), model.parameters()):
+            e.mul_(0.9).add_(p, alpha=0.1)
+    plant(ema(torch.randn(2, 4)))
+
+
+def test_dropout() -> None:
+    drop = nn.Dropout(0.5)
+    y = drop(torch.ones(100))
+    assert 0 < int((y == 0).sum()) < 100
+    plant(y)
+
+
+def test_batchnorm_train_mode() -> None:
+    bn = nn.BatchNorm1d(4)
+    bn.train()
+    x = torch.randn(16, 4)
+    y = bn(x)
+    y.backward(torch.randn_like(y))
+    assert bn.running_mean.abs().sum() > 0
+    plant(y)
+
+
+def test_reference_conv_batchnorm() -> None:
+    m = nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4))
+    x = torch.randn(2, 2, 8, 8)
+    out = m(x)
+    assert_close(out, reference(m, x))
+    plant(out)
+
+
+class TestCaseClass(unittest.TestCase):
+    def test_passes(self) -> None:
+        plant(torch.ones(3) * 2)
+
+    def test_fails(self) -> None:
+        self.assertEqual(torch.ones(2).sum().item(), 3.0)
+
+    def test_skipped(self) -> None:
+        self.skipTest("not here")
+
+    @unittest.expectedFailure
+    def test_xfail(self) -> None:
+        self.assertEqual(1, 2)
+
+
+if hasattr(pytest, "Subtests"):  # pytest >= 9 has the subtests fixture built in
+
+    def test_subtests(subtests: Any) -> None:
+        for k in range(3):
+            with subtests.test(k=k):
+                plant(torch.full((2,), float(k)) + 1)
+
+
+_COUNTER = itertools.count()
+
+
+def test_not_repeatable() -> None:
+    x = torch.full((2,), float(next(_COUNTER)))
+    plant(x * 2)
