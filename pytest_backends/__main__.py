@@ -119,11 +119,20 @@ def _merge(args: argparse.Namespace) -> int:
         inputs = _inputs(args)
         lines: list[str] = []
         warnings: list[str] = []
+        strict_failure = ""
         if inputs["report"]:
             from pytest_backends.matrix.merge import merge_reports
 
             report = merge_reports(inputs["report"])
             warnings += report.warnings
+            gaps = report.gaps
+            if gaps:
+                warnings.append("\n".join(gaps.lines()))
+            if gaps.strict and args.strict:
+                strict_failure = (
+                    f"--strict: {len(gaps.strict)} test(s), configuration(s) or item(s) "
+                    "ran in no job (listed above)"
+                )
             if args.report:
                 report.write_json(Path(args.report))
             if args.html:
@@ -143,6 +152,9 @@ def _merge(args: argparse.Namespace) -> int:
     for warning in warnings:
         print(f"pytest-backends merge: warning: {warning}", file=sys.stderr)
     print("\n".join(lines).strip("\n"))
+    if strict_failure:
+        print(f"pytest-backends merge: error: {strict_failure}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -205,6 +217,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     merge.add_argument("--report", metavar="OUT.json", help="write the merged matrix report")
     merge.add_argument("--html", metavar="OUT.html", help="write the merged HTML grid")
     merge.add_argument("--census", metavar="OUT.json", help="write the merged census")
+    merge.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 when a collected test, configuration or item ran in no job",
+    )
     merge.add_argument("inputs", nargs="+", metavar="IN", help="report/census files or dirs")
     base = commands.add_parser(
         "baseline",

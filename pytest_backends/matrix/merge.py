@@ -26,6 +26,13 @@ from typing import Any
 from pytest_backends import _files
 from pytest_backends._sources import MergeInputError, load_json, unique_label, version_warning
 from pytest_backends.matrix.configs import ConfigError, builtin_registry
+from pytest_backends.matrix.coverage import (
+    Coverage,
+    CoverageGaps,
+    find_gaps,
+    missing_note,
+    parse_coverage,
+)
 from pytest_backends.matrix.report import (
     OUTCOMES,
     REPORT_FORMAT,
@@ -54,6 +61,8 @@ class ReportInput:
     configs: list[str]
     #: ``(source label, result)`` pairs; a conflict row of a merged input is split back.
     results: list[tuple[str, Result]]
+    #: The collected items and what ran (``None``: a report without them).
+    coverage: Coverage | None = None
 
 
 def _fail(path: Path, message: str) -> MergeInputError:
@@ -180,7 +189,13 @@ def read_report(path: Path) -> ReportInput:
             continue
         for label in result.sources or [default]:
             pairs.append((label, dataclasses.replace(result, sources=[label])))
-    return ReportInput(path, sources, [c for c in configs if isinstance(c, str)], pairs)
+    coverage = None
+    if "coverage" in data:
+        parsed = parse_coverage(data["coverage"])
+        if isinstance(parsed, str):
+            raise _fail(path, parsed)
+        coverage = parsed
+    return ReportInput(path, sources, [c for c in configs if isinstance(c, str)], pairs, coverage)
 
 
 def _conflict_details(
@@ -227,6 +242,13 @@ class MergedReport:
     warnings: list[str] = field(default_factory=list)
     #: Items some sources skipped and others ran (same schema as ``conflicts``).
     skipped_elsewhere: list[dict[str, Any]] = field(default_factory=list)
+    #: Every source's collected items and what ran (``None``: no source listed them).
+    coverage: Coverage | None = None
+
+    @property
+    def gaps(self) -> CoverageGaps:
+        """The tests, configurations and items that ran in no source."""
+        return find_gaps(self.coverage) if self.coverage is not None else CoverageGaps()
 
     @property
     def verify(self) -> bool:
@@ -253,7 +275,11 @@ class MergedReport:
             environment=self.environment(),
             settings={},
             header=header,
-            extra={"conflicts": self.conflicts, "skipped_elsewhere": self.skipped_elsewhere},
+            extra={
+                "conflicts": self.conflicts,
+                "skipped_elsewhere": self.skipped_elsewhere,
+                **({"coverage": self.coverage.to_plain()} if self.coverage is not None else {}),
+            },
         )
 
     def to_html(self) -> str:
@@ -373,8 +399,16 @@ def merge_reports(paths: Sequence[Path]) -> MergedReport:
             )
         )
     order = _config_order([item.configs for item in inputs] + [[r.config for r in results]])
-    warnings = [w for w in [version_warning(sources, "reports")] if w]
-    return MergedReport(sources, results, order, conflicts, warnings, skipped)
+    coverage = None
+    for item in inputs:
+        if item.coverage is not None:
+            coverage = coverage or Coverage()
+            coverage.update(item.coverage)
+    note = missing_note({str(item.path): item.coverage is not None for item in inputs})
+    if coverage is None:
+        note = "no input lists its collected tests: coverage is not checked"
+    warnings = [w for w in [version_warning(sources, "reports"), note] if w]
+    return MergedReport(sources, results, order, conflicts, warnings, skipped, coverage)
 
 
 def _config_order(lists: Iterable[Sequence[str]]) -> list[str]:

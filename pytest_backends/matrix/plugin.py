@@ -292,12 +292,14 @@ def resolve_settings(config: pytest.Config, required: Sequence[str] = ()) -> Mat
     """
     value, axes_source, _ = _option(config, "backends_matrix")
     enabled, axes = parse_matrix(str(value), axes_source)
-    enabled, axes = require_axes(enabled, axes, required)
     raw_ids, select_source, _ = _option(config, "backends_config")
     select = parse_config_ids(list(raw_ids or ()), select_source)
-    if select and config.getoption("backends_matrix", None) is None:
-        # Selecting a config implies the matrix, unless the command line turned it off.
-        enabled = True
+    if select and not enabled and config.getoption("backends_matrix", None) is None:
+        # Selecting a config implies the whole matrix (every marked axis), unless the
+        # command line turned it off; before required axes, which would narrow it
+        # to theirs alone.
+        enabled, axes = True, None
+    enabled, axes = require_axes(enabled, axes, required)
     if not enabled:
         select = ()
     value, source, _ = _option(config, "backends_sample")
@@ -437,6 +439,9 @@ class MatrixPlugin:
         self._selections: dict[str, dict[str, tuple[str, ...]]] = {}
         self._errors: dict[str, str] = {}
         self._select: tuple[frozenset[tuple[str, str]], ...] = ()
+        self._select_axes: set[str] = set()
+        # Items a --backends-config group selected (the empty-selection check).
+        self._matched = 0
         self._header_shown = False
         # Markers of each test when it was expanded (None: it had none then).
         self._seen: dict[str, list[Mark]] = {}
@@ -450,6 +455,9 @@ class MatrixPlugin:
         self._bases: dict[type, type] = {}
         #: Node ids of the items that markers added by hooks expanded.
         self.late: list[str] = []
+        #: Every item collected in this process, deselected ones included: node id ->
+        #: config id (empty: no config). ``pytest-backends merge`` checks coverage with it.
+        self.collected: dict[str, str] = {}
 
     # registry and machine ------------------------------------------------------------------
 
@@ -512,6 +520,7 @@ class MatrixPlugin:
         if self.settings.axes:
             check_axes(self.settings.axes, registry, self.settings.axes_source)
         self._select = check_config_ids(self.settings.select, registry, self.settings.select_source)
+        self._select_axes = {axis for group in self._select for axis, _ in group}
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         lines: list[str] = []
@@ -762,7 +771,7 @@ class MatrixPlugin:
                 kept.append(item)
                 continue
             if defid not in self._selections:
-                (dropped if self._select else kept).append(item)
+                kept.append(item)  # --backends-config narrows marked tests only
                 continue
             if named is not None:
                 backend = named[1]
@@ -772,9 +781,13 @@ class MatrixPlugin:
                 backend = params.get(PARAM, DEFAULT_CONFIG)
             if not isinstance(backend, BackendConfig):
                 backend = DEFAULT_CONFIG
-            if self._select and not any(g <= set(backend.choices) for g in self._select):
-                dropped.append(item)
-                continue
+            if self._select:
+                marked = {*self._selections[defid], *backend.axes}
+                if marked & self._select_axes:
+                    if not any(g <= set(backend.choices) for g in self._select):
+                        dropped.append(item)
+                        continue
+                    self._matched += 1
             kept.append(item)
             item.stash[CONFIG_KEY] = backend
             item.user_properties.append((PROPERTY, backend.id))
@@ -787,7 +800,22 @@ class MatrixPlugin:
             config.hook.pytest_deselected(items=dropped)
             items[:] = kept
 
+    def _config_id(self, item: pytest.Item) -> str:
+        backend = item.stash.get(CONFIG_KEY, None)
+        if backend is None:
+            named = self._named.get(item.nodeid)
+            callspec = getattr(item, "callspec", None)
+            params = callspec.params if callspec is not None else {}
+            backend = named[1] if named is not None else params.get(PARAM)
+        return backend.id if isinstance(backend, BackendConfig) and backend.choices else ""
+
+    def pytest_deselected(self, items: Sequence[pytest.Item]) -> None:
+        for item in items:
+            self.collected[item.nodeid] = self._config_id(item)
+
     def pytest_collection_finish(self, session: pytest.Session) -> None:
+        for item in session.items:
+            self.collected[item.nodeid] = self._config_id(item)
         self._record_selection(session)
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
@@ -814,20 +842,45 @@ class MatrixPlugin:
         configs = [
             c for item in session.items if (c := item.stash.get(CONFIG_KEY, DEFAULT_CONFIG)).choices
         ]
-        if self.settings.enabled:
-            if self.settings.select:
-                option = self.settings.select_source
-                hint = (
-                    "no collected test has a configuration matching it; check the ids "
-                    "against the test ids of --backends-matrix --collect-only"
+        if self.settings.enabled and self.settings.select:
+            selection.record(
+                self.config, self.settings.select_source, self._matched, self._select_hint()
+            )
+        elif self.settings.enabled:
+            axes = f"axes {', '.join(self.settings.axes)}" if self.settings.axes else "any axis"
+            selection.record(
+                self.config,
+                self.settings.axes_source,
+                len(configs),
+                f"no collected test is marked @pytest.mark.backends with {axes}",
+            )
+        self._record_verify(configs)
+
+    def _select_hint(self) -> str:
+        """Why ``--backends-config`` selected no item: the first cause that applies."""
+        marked = {axis for sel in self._selections.values() for axis in sel}
+        wanted = sorted(self._select_axes)
+        if self.settings.axes is not None:
+            off = [axis for axis in wanted if axis not in self.settings.axes]
+            if off:
+                return (
+                    f"it names the {', '.join(off)} axis, which the matrix does not expand "
+                    f"here ({self.settings.axes_source} expands "
+                    f"{', '.join(self.settings.axes)}); add the axis there"
                 )
-            else:
-                option = self.settings.axes_source
-                axes = (
-                    f"axes {', '.join(self.settings.axes)}" if self.settings.axes else ("any axis")
-                )
-                hint = f"no collected test is marked @pytest.mark.backends with {axes}"
-            selection.record(self.config, option, len(configs), hint)
+        if not marked & self._select_axes:
+            return (
+                f"no collected test is marked @pytest.mark.backends with the "
+                f"{', '.join(wanted)} axis (--backends-config narrows only the tests marked "
+                "with the axes it names; the others ran as without it)"
+            )
+        return (
+            "no configuration of a test marked with the "
+            f"{', '.join(sorted(marked & self._select_axes))} axis contains every token of "
+            "a group; check the ids against the test ids of --backends-matrix --collect-only"
+        )
+
+    def _record_verify(self, configs: list[BackendConfig]) -> None:
         if self.settings.verify != "off":
             from pytest_backends.matrix.verify import promises_for
 
@@ -844,6 +897,9 @@ class MatrixPlugin:
             )
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        workeroutput = getattr(self.config, "workeroutput", None)
+        if workeroutput is not None:
+            workeroutput[_xdist.WORKEROUTPUT_COLLECTED] = dict(self.collected)
         # ``--collect-only`` runs no setup, where invalid markers fail their tests: the
         # session fails as for a collection error instead.
         if (

@@ -20,6 +20,7 @@ from pytest_backends._keys import PROPERTY_CONFIG as PROPERTY
 from pytest_backends._keys import PROPERTY_VERIFY_DETAIL as DETAIL_PROPERTY
 from pytest_backends._keys import PROPERTY_VERIFY_STATUS as STATUS_PROPERTY
 from pytest_backends.matrix.configs import DEFAULT_ID, ConfigError
+from pytest_backends.matrix.coverage import Coverage
 from pytest_backends.matrix.environment import ControllerEnvironment, combine
 from pytest_backends.matrix.environment import lines as environment_lines
 
@@ -492,15 +493,37 @@ class ReportPlugin:
         self.written: list[str] = []
         self.write_errors: list[str] = []
         self.workers = ControllerEnvironment()
+        #: Items collected by xdist workers (node id -> config id), deselected ones included.
+        self.collected: dict[str, str] = {}
+        #: Items that ran (an outcome other than a skip), whether or not they have a config.
+        self.ran: set[str] = set()
+        #: Items that were skipped, with the reason.
+        self.skipped: dict[str, str] = {}
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: object) -> None:
-        """Keep a finished xdist worker's environment lines."""
+        """Keep a finished xdist worker's environment lines and collected items."""
         self.workers.pytest_testnodedown(node, error)
+        from pytest_backends.matrix.xdist import WORKEROUTPUT_COLLECTED
+
+        output = getattr(node, "workeroutput", None) or {}
+        collected = output.get(WORKEROUTPUT_COLLECTED)
+        if isinstance(collected, dict):
+            self.collected.update((str(k), str(v)) for k, v in collected.items())
+
+    def coverage(self) -> Coverage:
+        """What this run collected and what of it ran, for ``pytest-backends merge``."""
+        collected = {**self.matrix.collected, **self.collected}
+        return Coverage(collected, set(self.ran), dict(self.skipped))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if str(report.outcome) == "rerun":  # pytest-rerunfailures: a later attempt follows
             return
+        xfail = hasattr(report, "wasxfail")
+        if report.failed or (report.when == "call" and (xfail or not report.skipped)):
+            self.ran.add(report.nodeid)
+        elif report.skipped and not xfail:
+            self.skipped[report.nodeid] = _skip_reason(report)
         config_id = dict(report.user_properties).get(PROPERTY)
         if config_id is None and is_crash(report):
             known = self.results.get(report.nodeid)
@@ -574,7 +597,12 @@ class ReportPlugin:
             self._write(
                 self.settings.report_json,
                 render_json(
-                    rows, results, environment=environment, settings=settings, header=header
+                    rows,
+                    results,
+                    environment=environment,
+                    settings=settings,
+                    header=header,
+                    extra={"coverage": self.coverage().to_plain()},
                 ),
                 _files.JSON_REPORT,
             )
