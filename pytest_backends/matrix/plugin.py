@@ -979,11 +979,26 @@ def _check_outputs(settings: MatrixSettings) -> None:
                 raise pytest.UsageError(f"{flag}: {exc}") from None
 
 
+def _check_ignored(config: pytest.Config, settings: MatrixSettings) -> None:
+    """Say when an option does nothing in this run (an error under ``--backends-strict``)."""
+    if settings.sample is None or settings.enabled:
+        return
+    _, source, _ = _option(config, "backends_sample")
+    message = (
+        f"{source} does nothing without the matrix: sampling picks configurations of the "
+        "matrix, which is off; add --backends-matrix (or --backends-config)"
+    )
+    if selection.strict(config):
+        raise pytest.UsageError(message + " (--backends-strict)")
+    config.issue_config_time_warning(pytest.PytestConfigWarning(message), stacklevel=2)
+
+
 def configure(config: pytest.Config, settings: MatrixSettings) -> list[tuple[object, str]]:
     """The matrix, verification, report and xdist plugins ``settings`` need (not registered)."""
     plugins: list[tuple[object, str]] = []
     if not hasattr(config, "workerinput"):
         _check_outputs(settings)
+        _check_ignored(config, settings)
     plugin = MatrixPlugin(config, settings)
     plugins.append((plugin, "backends-matrix"))
     is_worker = hasattr(config, "workerinput")

@@ -575,6 +575,41 @@ class ReportPlugin:
             "cuda": avail.cuda_built,
         }
 
+    @pytest.hookimpl(tryfirst=True, specname="pytest_sessionfinish")
+    def pytest_sessionfinish_skipped(self, session: pytest.Session) -> None:
+        """Say (and fail under ``--backends-strict``) when a CPU level, or the whole
+        matrix, ran nothing because every item was skipped."""
+        results = list(self.results.values())
+        if not results:
+            return
+        from pytest_backends import selection
+        from pytest_backends.capability.levels import AXIS
+
+        by_level: dict[str, list[Result]] = {}
+        for result in results:
+            try:
+                choices = dict(self.matrix.registry.parse_id(result.config))
+            except ConfigError:
+                continue
+            if AXIS in choices:
+                by_level.setdefault(choices[AXIS], []).append(result)
+        for level, items in sorted(by_level.items()):
+            if all(r.outcome == "skipped" for r in items):
+                selection.record_all_skipped(
+                    self.config,
+                    f"CPU capability level {level}",
+                    f"skipped ({len(items)} item(s)): {items[0].message}",
+                )
+        if self.settings.enabled and all(r.outcome == "skipped" for r in results):
+            source = self.settings.select_source if self.settings.select else "the matrix"
+            configs = sorted({r.config for r in results})
+            shown = ", ".join(configs[:5]) + (f", ... ({len(configs)})" if len(configs) > 5 else "")
+            selection.record_all_skipped(
+                self.config,
+                f"{source} ({shown})",
+                f"skipped ({len(results)} item(s)): {results[0].message}",
+            )
+
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.settings.report_json is None and self.settings.report_html is None:
