@@ -48,6 +48,7 @@ from pytest_backends.matrix.configs import (
     ConfigError,
     builtin_registry,
 )
+from pytest_backends.matrix.report import config_in_nodeid
 
 if TYPE_CHECKING:
     from pytest_backends.matrix.availability import Availability
@@ -418,12 +419,35 @@ def _same(a: object, b: object) -> bool:
 
 
 def _same_params(old: pytest.Item, new: pytest.Item) -> bool:
-    """Whether ``new`` has ``old``'s parameters (besides the config)."""
-    before = getattr(getattr(old, "callspec", None), "params", {})
-    after = {
-        k: v for k, v in getattr(getattr(new, "callspec", None), "params", {}).items() if k != PARAM
-    }
-    return before.keys() == after.keys() and all(_same(before[k], after[k]) for k in before)
+    """Whether ``new`` is ``old`` collected again with a config: the same parameter set.
+
+    Parameter sets are matched by identity (their parameter id, which pytest
+    makes unique within each parametrization), never by value: two sets whose
+    values compare equal (``[[2.0], [2.0]]``) are still two tests.
+    """
+    old_spec = getattr(old, "callspec", None)
+    new_spec = getattr(new, "callspec", None)
+    if old_spec is None or new_spec is None:
+        return old_spec is None and (new_spec is None or set(new_spec.params) <= {PARAM})
+    config = new_spec.params.get(PARAM)
+    config_id = config.id if isinstance(config, BackendConfig) else ""
+    return _without_config_id(str(new_spec.id), config_id) == str(old_spec.id)
+
+
+def _without_config_id(param_id: str, config_id: str) -> str:
+    """A parameter id without the config's part (``3-mkldnn-off`` -> ``3``)."""
+    if not config_id:
+        return param_id
+    if param_id == config_id:
+        return ""
+    for candidate in (
+        param_id.removesuffix("-" + config_id),
+        param_id.removeprefix(config_id + "-"),
+        param_id.replace(f"-{config_id}-", "-", 1),
+    ):
+        if candidate != param_id:
+            return candidate
+    return param_id
 
 
 class MatrixPlugin:
@@ -453,6 +477,8 @@ class MatrixPlugin:
         self._named: dict[str, tuple[str, BackendConfig]] = {}
         # TestCase matrix subclass -> the user's class.
         self._bases: dict[type, type] = {}
+        # Node ids given with a config id: (file, test without [...]) -> wanted "::" tails.
+        self._wanted: dict[tuple[Path, str], set[str]] = {}
         #: Node ids of the items that markers added by hooks expanded.
         self.late: list[str] = []
         #: Every item collected in this process, deselected ones included: node id ->
@@ -629,6 +655,7 @@ class MatrixPlugin:
         # in their own pytest_collection_modifyitems are expanded here.
         yield
         items[:] = self._expand_late(items)
+        self._narrow_to_node_ids(items)
         self._attach(config, items)
 
     # markers added by hooks ------------------------------------------------------------------
@@ -712,7 +739,62 @@ class MatrixPlugin:
                 new.user_properties.extend(item.user_properties)
             self.late.append(item.nodeid)
             out.extend(fresh)
+            if len(fresh) > 1:
+                # The collected count ("collected N items") counts the items that run.
+                self.config.hook.pytest_collectreport(
+                    report=pytest.CollectReport(item.nodeid, "passed", None, [*fresh[1:]])
+                )
         return out
+
+    def expand_hook_markers(self, items: list[pytest.Item]) -> None:
+        """Expand the markers that hooks run before this one added.
+
+        Called from the registrar's ``pytest_collection_modifyitems``, which runs
+        after conftest implementations and before pytest's own ``-k``, ``-m`` and
+        ``--deselect``, so these select among the expanded items. Markers added
+        later still expand in the wrapper at the end of the hook.
+        """
+        items[:] = self._expand_late(items)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection(self, session: pytest.Session) -> None:
+        """Let a node id name a config that a hook adds (``test_x[mkldnn-off]``).
+
+        Such an item does not exist while pytest collects; the argument is
+        collected without its ``[...]`` and narrowed to the named item once the
+        matrix has expanded the test.
+        """
+        args = session.config.args
+        plain = set(args)
+        for i, arg in enumerate(args):
+            head, sep, tail = arg.partition("::")
+            start = tail.find("[", tail.rfind("::") + 1) if sep else -1
+            if start < 0 or not tail.endswith("]"):
+                continue
+            if config_in_nodeid(arg, self.registry.parse_id) is None:
+                continue
+            base = f"{head}::{tail[:start]}"
+            if base in plain:
+                continue  # the whole test is asked for too
+            args[i] = base
+            path = (session.config.invocation_params.dir / head).resolve()
+            self._wanted.setdefault((path, tail[:start]), set()).add(tail)
+
+    def _narrow_to_node_ids(self, items: list[pytest.Item]) -> None:
+        """Keep, of the tests named with a config id, only the items named."""
+        if not self._wanted:
+            return
+        kept: list[pytest.Item] = []
+        dropped: list[pytest.Item] = []
+        for item in items:
+            tail = item.nodeid.partition("::")[2]
+            start = tail.find("[", tail.rfind("::") + 1)
+            base = tail[:start] if start >= 0 else tail
+            wanted = self._wanted.get((Path(item.path).resolve(), base))
+            (dropped if wanted is not None and tail not in wanted else kept).append(item)
+        if dropped:
+            self.config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
 
     def _group(self, item: pytest.Item, defid: str, marks: list[Mark]) -> tuple[str, str]:
         """What one re-collection covers: a function's items, or a whole TestCase class."""
