@@ -412,7 +412,19 @@ def render_html(
     out += _html_failures(results, merged=len(sources) > 1)
     out += _html_skips(rows, results)
     out.append("</body></html>")
-    return "\n".join(out) + "\n"
+    return printable("\n".join(out) + "\n")
+
+
+def printable(text: str) -> str:
+    """``text`` with what UTF-8 cannot encode (lone surrogates from ``os.fsdecode``) escaped.
+
+    Any text pytest can print survives: ``\udcff`` is written as those six characters.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def _html_sources(sources: Sequence[Mapping[str, Any]]) -> list[str]:
