@@ -17,6 +17,7 @@ Results go to stdout and to ``benchmarks/results/merge-cpu.txt`` with the CPU mo
 from __future__ import annotations
 
 import argparse
+import functools
 import platform
 import sys
 import tempfile
@@ -81,7 +82,7 @@ def main() -> None:
             _write_job(a, "job-a", configs[::2])
             _write_job(b, "job-b", configs[1::2])
             merged = merge_reports([a, b])
-            merge_s = _cpu(lambda: merge_reports([a, b]), args.repeat)
+            merge_s = _cpu(functools.partial(merge_reports, [a, b]), args.repeat)
             json_s = _cpu(merged.to_json, args.repeat)
             html_s = _cpu(merged.to_html, args.repeat)
             line = (

@@ -128,8 +128,7 @@ def merge_censuses(paths: Sequence[Path]) -> MergedCensus:
 #: Top-level census fields this module reads or :meth:`Census.write` writes.
 _KNOWN = frozenset(
     ("format", "version", "torch", "cuda", "runs", "label", "sources", "entries")
-    + ("not_checked", "boundary")
-)
+) | {"not_checked", "boundary"}
 
 
 def _fail(path: Path, message: str) -> MergeInputError:
