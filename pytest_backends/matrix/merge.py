@@ -96,7 +96,7 @@ def _check_header(path: Path, data: Mapping[str, Any]) -> None:
 
 
 _RESULT_FIELDS = {f.name: f for f in dataclasses.fields(Result)}
-_STR_FIELDS = ("nodeid", "test", "config", "outcome", "message", "verify_detail")
+_STR_FIELDS = ("nodeid", "test", "config", "outcome", "message", "verify_detail", "detail")
 
 
 def _result(path: Path, i: int, row: object) -> Result:
@@ -116,6 +116,8 @@ def _result(path: Path, i: int, row: object) -> Result:
     verify = row.get("verify")
     if verify is not None and not isinstance(verify, str):
         raise _fail(path, f"{where}: 'verify' must be a string or null, got {verify!r}")
+    if not isinstance(row.get("crashed", False), bool):
+        raise _fail(path, f"{where}: 'crashed' must be true or false, got {row['crashed']!r}")
     duration = row.get("duration", 0.0)
     if isinstance(duration, bool) or not isinstance(duration, (int, float)):
         raise _fail(path, f"{where}: 'duration' must be a number, got {duration!r}")

@@ -26,6 +26,7 @@ Torch is imported only when a marked test is expanded or a feature needs it.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import inspect
 import math
 import random
@@ -656,7 +657,33 @@ class MatrixPlugin:
         yield
         items[:] = self._expand_late(items)
         self._narrow_to_node_ids(items)
+        self._check_misspelt(items)
         self._attach(config, items)
+
+    def _check_misspelt(self, items: list[pytest.Item]) -> None:
+        """A marker whose name is close to ``backends`` but not registered: did you mean it?"""
+        registered = {
+            line.split(":")[0].split("(")[0].strip() for line in self.config.getini("markers")
+        }
+        warned: set[str] = set()
+        for item in items:
+            defid = self._defid(item)
+            if defid in warned:
+                continue
+            for mark in item.iter_markers():
+                if mark.name == markers.MARKER or mark.name in registered:
+                    continue
+                if difflib.get_close_matches(mark.name, [markers.MARKER], n=1, cutoff=0.75):
+                    warned.add(defid)
+                    message = (
+                        f"@pytest.mark.{mark.name} on {defid} is not a pytest-backends marker: "
+                        f"did you mean @pytest.mark.{markers.MARKER}?"
+                    )
+                    if selection.strict(self.config):
+                        self._errors.setdefault(defid, message + " (--backends-strict)")
+                    else:
+                        item.warn(markers.BackendsMarkerWarning(message))
+                    break
 
     # markers added by hooks ------------------------------------------------------------------
 

@@ -7,8 +7,10 @@ code merges results from all xdist workers in the controller.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -66,6 +68,8 @@ class Result:
     #: The labels of the runs that reported this item (one, unless merged).
     sources: list[str] = field(default_factory=list)
     crashed: bool = False
+    #: The whole failure text (``message`` is its first line).
+    detail: str = ""
 
 
 @dataclass
@@ -116,6 +120,15 @@ def _failure_message(report: pytest.TestReport) -> str:
     return _short(str(report.longrepr or ""))
 
 
+def _failure_detail(report: pytest.TestReport) -> str:
+    """The whole failure text: the exception's full message, else the whole report."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = getattr(crash, "message", None)
+    if isinstance(message, str) and message.strip():
+        return message.strip()
+    return str(report.longreprtext or report.longrepr or "").strip()
+
+
 def _skip_reason(report: pytest.TestReport) -> str:
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
@@ -163,11 +176,14 @@ def update(result: Result, report: pytest.TestReport) -> None:
     """Fold one phase's report into ``result`` (reruns start over at setup)."""
     result.duration += report.duration
     xfail = hasattr(report, "wasxfail")
+    if report.failed:
+        result.detail = _failure_detail(report)
     if is_crash(report):
         result.outcome, result.crashed = "failed", True
         result.message = "crashed: " + _failure_message(report)
     elif report.when == "setup":
         result.verify, result.verify_detail, result.message = None, "", ""
+        result.detail = _failure_detail(report) if report.failed else ""
         if report.failed:
             result.outcome, result.message = "error", _failure_message(report)
         elif report.skipped:
@@ -320,6 +336,8 @@ th,td{border:1px solid #ddd;padding:4px 8px} th{background:#f6f6f6;font-weight:6
 .list td.msg{font-family:monospace;white-space:pre-wrap}
 .absent{background:#fff} .unexercised{box-shadow:inset 0 0 0 3px #f0a020}
 .legend span{display:inline-block;padding:2px 8px;margin-right:6px;border:1px solid #ddd}
+.crash{display:block;font-size:9px;font-weight:normal} .crashed{outline:2px solid #8a1010}
+pre.detail{margin:4px 0 0;white-space:pre-wrap}
 """
 _SYMBOL = {
     "passed": "✓",
@@ -357,19 +375,20 @@ def render_html(
     ]
     out += [f'<p class="env">{esc(line)}</p>' for line in environment]
     badges = {str(src.get("label")): str(i) for i, src in enumerate(sources, 1)}
-    if len(sources) > 1:
-        out += _html_sources(sources)
-    out.append('<h2>Configurations</h2><table class="summary"><thead><tr><th>config</th>')
-    out += [f"<th>{esc(c)}</th>" for c in columns]
-    out.append("</tr></thead><tbody>")
+    merged = len(sources) > 1
+    summary = ['<h2>Configurations</h2><table class="summary"><thead><tr><th>config</th>']
+    summary += [f"<th>{esc(c)}</th>" for c in columns]
+    summary.append("</tr></thead><tbody>")
     for row in rows:
-        out.append(
+        summary.append(
             f"<tr><td>{esc(row.config)}</td>"
             + "".join(f"<td>{_cell(row, c)}</td>" for c in columns)
             + "</tr>"
         )
     totals = "".join(f"<td>{sum(_cell(r, c) for r in rows)}</td>" for c in columns)
-    out.append(f"<tr><th>total</th>{totals}</tr></tbody></table>")
+    summary.append(f"<tr><th>total</th>{totals}</tr></tbody></table>")
+    if not merged:
+        out += summary
 
     configs = [row.config for row in rows]
     by_test: dict[str, dict[str, Result]] = {}
@@ -394,6 +413,7 @@ def render_html(
                 cells.append('<td class="absent"></td>')
                 continue
             classes = cell.outcome + (" unexercised" if cell.verify == NOT_EXERCISED else "")
+            classes += " crashed" if cell.crashed else ""
             title = f"{cell.nodeid}\n{cell.outcome}" + (" (crashed)" if cell.crashed else "")
             for extra in (cell.message, cell.verify_detail):
                 if extra:
@@ -403,13 +423,24 @@ def render_html(
                 title += "\nfrom " + ", ".join(cell.sources)
                 marks = ",".join(badges.get(label, "?") for label in cell.sources)
                 badge = f'<span class="src">{esc(marks)}</span>'
+            crash = ""
+            if cell.crashed:
+                found = re.search(r"signal (\w+)", cell.message)
+                crash = (
+                    f'<span class="crash">crashed{" " + esc(found.group(1)) if found else ""}'
+                    f"<br>{esc(cell.config)}</span>"
+                )
             cells.append(
                 f'<td class="{esc(classes)}" title="{esc(title)}">'
-                f"{_SYMBOL.get(cell.outcome, '?')}{badge}</td>"
+                f"{_SYMBOL.get(cell.outcome, '?')}{crash}{badge}</td>"
             )
         out.append(f'<tr><th class="test">{esc(test)}</th>{"".join(cells)}</tr>')
     out.append("</tbody></table>")
-    out += _html_failures(results, merged=len(sources) > 1)
+    out += _html_failures(results, merged=merged)
+    if merged:
+        # A merged page starts with the grid and the failures; what was merged comes after.
+        out += summary
+        out += _html_sources(sources)
     out += _html_skips(rows, results)
     out.append("</body></html>")
     return printable("\n".join(out) + "\n")
@@ -458,10 +489,17 @@ def _html_failures(results: Sequence[Result], merged: bool) -> list[str]:
     )
     for r in failing:
         source = f"<td>{esc(', '.join(r.sources))}</td>" if merged else ""
+        message = esc(r.message)
+        if r.detail and r.detail.strip() != r.message.strip():
+            # Folded, not cut: the first line shows, the whole text unfolds.
+            message = (
+                f"<details><summary>{message}</summary>"
+                f'<pre class="detail">{esc(r.detail)}</pre></details>'
+            )
         out.append(
             f'<tr><td class="id">{esc(r.test)}</td><td class="id">{esc(r.config)}</td>'
             f'<td class="{esc(r.outcome)}">{esc(r.outcome)}</td>'
-            f'<td class="msg">{esc(r.message)}</td>{source}</tr>'
+            f'<td class="msg">{message}</td>{source}</tr>'
         )
     out.append("</tbody></table>")
     return out
@@ -511,6 +549,8 @@ class ReportPlugin:
         self.ran: set[str] = set()
         #: Items that were skipped, with the reason.
         self.skipped: dict[str, str] = {}
+        #: Items whose xdist worker died, and how (``killed by signal SIGSEGV``).
+        self.crashes: dict[str, str] = {}
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: object) -> None:
@@ -527,6 +567,21 @@ class ReportPlugin:
         """What this run collected and what of it ran, for ``pytest-backends merge``."""
         collected = {**self.matrix.collected, **self.collected}
         return Coverage(collected, set(self.ran), dict(self.skipped))
+
+    @pytest.hookimpl(optionalhook=True, trylast=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+        """Note how the worker died (its signal), for the item's cell."""
+        how = "worker died"
+        node = getattr(report, "node", None)
+        with contextlib.suppress(Exception):
+            # execnet caches the worker's facts (pid included) when xdist starts it.
+            pid = int(node.gateway._rinfo().pid)  # type: ignore[union-attr]
+            from pytest_backends.capability.plugin import describe_exit, exit_status
+
+            status = exit_status(pid, wait_s=0.5)
+            if status is not None:
+                how = describe_exit(status)
+        self.crashes[crashitem] = how
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if str(report.outcome) == "rerun":  # pytest-rerunfailures: a later attempt follows
@@ -554,7 +609,15 @@ class ReportPlugin:
             self.results[report.nodeid] = Result(
                 report.nodeid, base_test_id(report.nodeid, str(config_id)), str(config_id)
             )
-        update(self.results[report.nodeid], report)
+        result = self.results[report.nodeid]
+        update(result, report)
+        how = self.crashes.get(report.nodeid)
+        if how is not None and report.failed:
+            result.crashed = True
+            result.message = (
+                f"crashed ({how}) under {result.config}: "
+                + result.message.removeprefix("crashed: ")
+            )
 
     def _order(self) -> list[str]:
         registry = self.matrix.registry
