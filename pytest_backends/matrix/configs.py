@@ -37,6 +37,7 @@ __all__ = [
     "BackendConfig",
     "ConfigError",
     "Need",
+    "base_test_id",
     "builtin_registry",
 ]
 
@@ -193,6 +194,28 @@ class BackendConfig:
 
     def __str__(self) -> str:
         return self.id
+
+
+def base_test_id(nodeid: str, config_id: str) -> str:
+    """The node id without the config's part of the parameter id.
+
+    ``t.py::test_x[3-mkldnn-off]`` with config ``mkldnn-off`` -> ``t.py::test_x[3]``.
+    """
+    start = nodeid.find("[", nodeid.rfind("::") + 1)
+    if config_id == DEFAULT_ID or start < 0 or not nodeid.endswith("]"):
+        return nodeid
+    head, inner = nodeid[:start], nodeid[start + 1 : -1]
+    if inner == config_id:
+        return head
+    if inner.startswith(config_id + "-"):
+        rest = inner[len(config_id) + 1 :]
+    elif inner.endswith("-" + config_id):
+        rest = inner[: -len(config_id) - 1]
+    elif f"-{config_id}-" in inner:
+        rest = inner.replace(f"-{config_id}-", "-", 1)
+    else:
+        return nodeid
+    return f"{head}[{rest}]"
 
 
 class AxisNotInConfig(KeyError):

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_backends.matrix.configs import base_test_id
+
 __all__ = ["Coverage", "CoverageGaps", "find_gaps", "missing_note", "parse_coverage"]
 
 
@@ -101,8 +103,6 @@ class CoverageGaps:
 
 
 def _base(nodeid: str, config: str) -> str:
-    from pytest_backends.matrix.report import base_test_id
-
     return base_test_id(nodeid, config) if config else nodeid
 
 

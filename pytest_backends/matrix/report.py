@@ -21,7 +21,7 @@ from pytest_backends import _files
 from pytest_backends._keys import PROPERTY_CONFIG as PROPERTY
 from pytest_backends._keys import PROPERTY_VERIFY_DETAIL as DETAIL_PROPERTY
 from pytest_backends._keys import PROPERTY_VERIFY_STATUS as STATUS_PROPERTY
-from pytest_backends.matrix.configs import DEFAULT_ID, ConfigError
+from pytest_backends.matrix.configs import DEFAULT_ID, ConfigError, base_test_id
 from pytest_backends.matrix.coverage import Coverage
 from pytest_backends.matrix.environment import ControllerEnvironment, combine
 from pytest_backends.matrix.environment import lines as environment_lines
@@ -82,28 +82,6 @@ class ConfigRow:
     failures: list[tuple[str, str]] = field(default_factory=list)
     unexercised: list[tuple[str, str]] = field(default_factory=list)
     skip_reasons: list[str] = field(default_factory=list)
-
-
-def base_test_id(nodeid: str, config_id: str) -> str:
-    """The node id without the config's part of the parameter id.
-
-    ``t.py::test_x[3-mkldnn-off]`` with config ``mkldnn-off`` -> ``t.py::test_x[3]``.
-    """
-    start = nodeid.find("[", nodeid.rfind("::") + 1)
-    if config_id == DEFAULT_ID or start < 0 or not nodeid.endswith("]"):
-        return nodeid
-    head, inner = nodeid[:start], nodeid[start + 1 : -1]
-    if inner == config_id:
-        return head
-    if inner.startswith(config_id + "-"):
-        rest = inner[len(config_id) + 1 :]
-    elif inner.endswith("-" + config_id):
-        rest = inner[: -len(config_id) - 1]
-    elif f"-{config_id}-" in inner:
-        rest = inner.replace(f"-{config_id}-", "-", 1)
-    else:
-        return nodeid
-    return f"{head}[{rest}]"
 
 
 def _short(text: str, limit: int = 300) -> str:
