@@ -105,6 +105,30 @@ def _inputs(args: argparse.Namespace) -> dict[str, list[Path]]:
     return found
 
 
+def _check_outputs(args: argparse.Namespace, inputs: Sequence[Path]) -> None:
+    """Refuse an output that is an input, or two outputs on one path."""
+    from pytest_backends._sources import MergeInputError
+
+    seen: dict[Path, str] = {}
+    read = {Path(p).resolve(): p for p in inputs}
+    for option, value in (
+        ("--report", args.report),
+        ("--html", args.html),
+        ("--census", args.census),
+    ):
+        if not value:
+            continue
+        path = Path(value).resolve()
+        if path in read:
+            raise MergeInputError(
+                f"{option} {value} is also an input: merging would overwrite it; "
+                "write the merged file elsewhere"
+            )
+        if path in seen:
+            raise MergeInputError(f"{option} {value} is also the {seen[path]} output")
+        seen[path] = option
+
+
 def _merge(args: argparse.Namespace) -> int:
     from pytest_backends._sources import MergeInputError
     from pytest_backends.determinism.census import CensusFileError
@@ -117,32 +141,51 @@ def _merge(args: argparse.Namespace) -> int:
         return 2
     try:
         inputs = _inputs(args)
+        _check_outputs(args, [p for paths in inputs.values() for p in paths])
         lines: list[str] = []
         warnings: list[str] = []
+        strict_failure = ""
+        # Read and check every input before anything is written.
+        report = census = None
         if inputs["report"]:
             from pytest_backends.matrix.merge import merge_reports
 
             report = merge_reports(inputs["report"])
+        if inputs["census"]:
+            from pytest_backends.determinism.census_merge import merge_censuses
+
+            census = merge_censuses(inputs["census"])
+        if report is not None:
             warnings += report.warnings
+            gaps = report.gaps
+            if gaps:
+                warnings.append("\n".join(gaps.lines()))
+            if gaps.strict and args.strict:
+                strict_failure = (
+                    f"--strict: {len(gaps.strict)} test(s), configuration(s) or item(s) "
+                    "ran in no job (listed above)"
+                )
             if args.report:
                 report.write_json(Path(args.report))
             if args.html:
                 report.write_html(Path(args.html))
             lines += report.terminal_lines()
             lines += [f"report written to {p}" for p in (args.report, args.html) if p]
-        if inputs["census"]:
-            from pytest_backends.determinism.census_merge import merge_censuses
-
-            census = merge_censuses(inputs["census"])
+        if census is not None:
             warnings += census.warnings
             census.write(Path(args.census))
             lines += ["", *census.summary_lines(), f"census written to {args.census}"]
     except (MergeInputError, CensusFileError, OSError) as exc:
         print(f"pytest-backends merge: error: {exc}", file=sys.stderr)
         return 1
+    from pytest_backends.matrix.report import printable
+
     for warning in warnings:
-        print(f"pytest-backends merge: warning: {warning}", file=sys.stderr)
-    print("\n".join(lines).strip("\n"))
+        print(printable(f"pytest-backends merge: warning: {warning}"), file=sys.stderr)
+    print(printable("\n".join(lines).strip("\n")))
+    if strict_failure:
+        print(f"pytest-backends merge: error: {strict_failure}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -205,6 +248,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     merge.add_argument("--report", metavar="OUT.json", help="write the merged matrix report")
     merge.add_argument("--html", metavar="OUT.html", help="write the merged HTML grid")
     merge.add_argument("--census", metavar="OUT.json", help="write the merged census")
+    merge.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 when a collected test, configuration or item ran in no job",
+    )
     merge.add_argument("inputs", nargs="+", metavar="IN", help="report/census files or dirs")
     base = commands.add_parser(
         "baseline",

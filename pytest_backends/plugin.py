@@ -92,6 +92,19 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(plugin, name)
 
 
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """Expand ``backends`` markers that conftest hooks added, before ``-k``/``--deselect``.
+
+    This module registers before any conftest and after pytest's own plugins,
+    so its implementation runs after the conftests' and before pytest's selection.
+    """
+    plugin = config.pluginmanager.get_plugin("backends-matrix")
+    if plugin is not None:
+        plugin.expand_hook_markers(items)
+
+
 @pytest.fixture
 def backend_flags() -> Generator[Any, None, None]:
     """Set torch backend flags inside a test; every flag is restored at teardown.

@@ -41,6 +41,8 @@ class Selection:
 
     counts: dict[str, int] = field(default_factory=dict)
     hints: dict[str, str] = field(default_factory=dict)
+    #: What selected items that were all skipped (a CPU level this machine lacks) -> why.
+    skipped: dict[str, str] = field(default_factory=dict)
 
     def add(self, option: str, selected: int, hint: str) -> None:
         """Record ``selected`` items for ``option`` (the largest count wins)."""
@@ -59,6 +61,11 @@ class Selection:
         """Add the counts of another process (:meth:`to_plain`)."""
         for option, (n, hint) in plain.items():
             self.add(str(option), int(n), str(hint))
+
+
+def record_all_skipped(config: pytest.Config, what: str, why: str) -> None:
+    """Record that every item ``what`` selected was skipped (controller, after the run)."""
+    config.stash.setdefault(SELECTION_KEY, Selection()).skipped.setdefault(what, why)
 
 
 def strict(config: pytest.Config) -> bool:
@@ -91,7 +98,8 @@ class SelectionPlugin:
         # A run whose option selected nothing may also have deselected every test
         # (--backends-config): that too fails as a usage error, as the summary says.
         passing = (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
-        if strict(self.config) and self.selection().empty() and session.exitstatus in passing:
+        silent = self.selection().empty() or self.selection().skipped
+        if strict(self.config) and silent and session.exitstatus in passing:
             session.exitstatus = pytest.ExitCode.USAGE_ERROR
 
     @pytest.hookimpl(optionalhook=True)
@@ -104,7 +112,8 @@ class SelectionPlugin:
         if hasattr(config, "workerinput"):
             return
         empty = self.selection().empty()
-        if not empty:
+        skipped = sorted(self.selection().skipped.items())
+        if not empty and not skipped:
             return
         is_strict = strict(config)
         terminalreporter.write_sep(
@@ -112,6 +121,8 @@ class SelectionPlugin:
         )
         for option, hint in empty:
             terminalreporter.write_line(f"{option} selected no test: {hint}")
+        for what, why in skipped:
+            terminalreporter.write_line(f"{what} ran no test: every item it selected was {why}")
         if is_strict:
             terminalreporter.write_line(
                 "--backends-strict: the run fails because of the above "

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from pytest_backends.matrix import availability, markers
 from pytest_backends.matrix.configs import AxisRegistry, BackendConfig, builtin_registry
 
-__all__ = ["MAX_CONFIGS", "backend_configs"]
+__all__ = ["MAX_CONFIGS", "backend_configs", "warm"]
 
 #: The largest product of axes a strategy enumerates.
 MAX_CONFIGS = 4096
@@ -78,4 +78,21 @@ def backend_configs(
     if not runnable:
         details = sorted({r for r in reasons.values() if r})
         return _skip("no configuration of these axes can run here: " + "; ".join(details))
+    warm(runnable)
     return st.sampled_from(runnable)
+
+
+def warm(configs: Sequence[BackendConfig]) -> None:
+    """Apply each config's flags once, and restore them.
+
+    Torch imports some modules the first time a flag is set (the first
+    ``torch.use_deterministic_algorithms(True)`` takes about a second). Done
+    while the strategy is built, that cost does not land in the first example,
+    where hypothesis's deadline would fail the test as flaky.
+    """
+    from pytest_backends.flags import override_flags
+
+    for config in configs:
+        if config.flags:
+            with override_flags(config.flags):
+                pass

@@ -177,6 +177,7 @@ def plan_distribution(config: pytest.Config) -> None:
 
     Called from ``pytest_cmdline_main`` after xdist turned ``-n`` into specs.
     """
+    check_tx_beside_n(config)
     settings = levels_in_use(config)
     if settings.levels is None or hasattr(config, "workerinput"):
         return
@@ -211,6 +212,43 @@ def plan_distribution(config: pytest.Config) -> None:
         config.option.dist = "load"
     if config.getoption("maxworkerrestart", None) is None:
         config.option.maxworkerrestart = str(4 * len(plan.specs))
+
+
+def _given_tx(args: Sequence[str]) -> list[str]:
+    """The ``--tx`` specs on a command line."""
+    specs: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--tx" and i + 1 < len(args):
+            specs.append(args[i + 1])
+        elif arg.startswith("--tx="):
+            specs.append(arg[len("--tx=") :])
+    return specs
+
+
+def check_tx_beside_n(config: pytest.Config) -> None:
+    """Say that ``-n`` replaces ``--tx`` (pytest-xdist drops the specs without a word).
+
+    An error under ``--backends-strict``.
+    """
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
+        return
+    if not config.getoption("numprocesses", None):
+        return
+    import shlex
+
+    args = [*shlex.split(os.environ.get("PYTEST_ADDOPTS", "")), *config.invocation_params.args]
+    specs = _given_tx([str(a) for a in args])
+    if not specs:
+        return
+    from pytest_backends import selection
+
+    message = (
+        f"--tx {' --tx '.join(specs)} is ignored: -n starts its own workers and pytest-xdist "
+        "drops --tx beside it; give either -n N or the --tx specs"
+    )
+    if selection.strict(config):
+        raise pytest.UsageError(message + " (--backends-strict)")
+    config.issue_config_time_warning(pytest.PytestConfigWarning(message), stacklevel=2)
 
 
 def describe_exit(status: int) -> str:

@@ -31,11 +31,13 @@ __all__ = [
     "BUILTIN_AXES",
     "DEFAULT_ID",
     "Axis",
+    "AxisNotInConfig",
     "AxisRegistry",
     "AxisValue",
     "BackendConfig",
     "ConfigError",
     "Need",
+    "base_test_id",
     "builtin_registry",
 ]
 
@@ -177,8 +179,8 @@ class BackendConfig:
 
     @property
     def axes(self) -> Mapping[str, str]:
-        """Axis name -> value name."""
-        return MappingProxyType(dict(self.choices))
+        """Axis name -> value name (an axis it lacks raises :class:`AxisNotInConfig`)."""
+        return MappingProxyType(_Axes(self.id, self.choices))
 
     @property
     def flags(self) -> Mapping[str, object]:
@@ -192,6 +194,49 @@ class BackendConfig:
 
     def __str__(self) -> str:
         return self.id
+
+
+def base_test_id(nodeid: str, config_id: str) -> str:
+    """The node id without the config's part of the parameter id.
+
+    ``t.py::test_x[3-mkldnn-off]`` with config ``mkldnn-off`` -> ``t.py::test_x[3]``.
+    """
+    start = nodeid.find("[", nodeid.rfind("::") + 1)
+    if config_id == DEFAULT_ID or start < 0 or not nodeid.endswith("]"):
+        return nodeid
+    head, inner = nodeid[:start], nodeid[start + 1 : -1]
+    if inner == config_id:
+        return head
+    if inner.startswith(config_id + "-"):
+        rest = inner[len(config_id) + 1 :]
+    elif inner.endswith("-" + config_id):
+        rest = inner[: -len(config_id) - 1]
+    elif f"-{config_id}-" in inner:
+        rest = inner.replace(f"-{config_id}-", "-", 1)
+    else:
+        return nodeid
+    return f"{head}[{rest}]"
+
+
+class AxisNotInConfig(KeyError):
+    """``config.axes[name]`` for an axis the configuration does not have; says what to mark."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class _Axes(dict[str, str]):
+    def __init__(self, config_id: str, choices: Iterable[tuple[str, str]]) -> None:
+        super().__init__(choices)
+        self.config_id = config_id
+
+    def __missing__(self, name: str) -> str:
+        raise AxisNotInConfig(
+            f"{name!r}: the configuration {self.config_id!r} has no {name!r} axis. The test "
+            f"runs under it because it is not marked @pytest.mark.backends({name!r}) (add "
+            "the marker), or because the matrix is off or restricted to other axes "
+            f"(--backends-matrix, --backends-matrix={name})"
+        )
 
 
 #: The configuration with no axes: torch's defaults, on the CPU.

@@ -26,6 +26,7 @@ Torch is imported only when a marked test is expanded or a feature needs it.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import inspect
 import math
 import random
@@ -48,6 +49,7 @@ from pytest_backends.matrix.configs import (
     ConfigError,
     builtin_registry,
 )
+from pytest_backends.matrix.report import config_in_nodeid
 
 if TYPE_CHECKING:
     from pytest_backends.matrix.availability import Availability
@@ -292,12 +294,14 @@ def resolve_settings(config: pytest.Config, required: Sequence[str] = ()) -> Mat
     """
     value, axes_source, _ = _option(config, "backends_matrix")
     enabled, axes = parse_matrix(str(value), axes_source)
-    enabled, axes = require_axes(enabled, axes, required)
     raw_ids, select_source, _ = _option(config, "backends_config")
     select = parse_config_ids(list(raw_ids or ()), select_source)
-    if select and config.getoption("backends_matrix", None) is None:
-        # Selecting a config implies the matrix, unless the command line turned it off.
-        enabled = True
+    if select and not enabled and config.getoption("backends_matrix", None) is None:
+        # Selecting a config implies the whole matrix (every marked axis), unless the
+        # command line turned it off; before required axes, which would narrow it
+        # to theirs alone.
+        enabled, axes = True, None
+    enabled, axes = require_axes(enabled, axes, required)
     if not enabled:
         select = ()
     value, source, _ = _option(config, "backends_sample")
@@ -416,12 +420,35 @@ def _same(a: object, b: object) -> bool:
 
 
 def _same_params(old: pytest.Item, new: pytest.Item) -> bool:
-    """Whether ``new`` has ``old``'s parameters (besides the config)."""
-    before = getattr(getattr(old, "callspec", None), "params", {})
-    after = {
-        k: v for k, v in getattr(getattr(new, "callspec", None), "params", {}).items() if k != PARAM
-    }
-    return before.keys() == after.keys() and all(_same(before[k], after[k]) for k in before)
+    """Whether ``new`` is ``old`` collected again with a config: the same parameter set.
+
+    Parameter sets are matched by identity (their parameter id, which pytest
+    makes unique within each parametrization), never by value: two sets whose
+    values compare equal (``[[2.0], [2.0]]``) are still two tests.
+    """
+    old_spec = getattr(old, "callspec", None)
+    new_spec = getattr(new, "callspec", None)
+    if old_spec is None or new_spec is None:
+        return old_spec is None and (new_spec is None or set(new_spec.params) <= {PARAM})
+    config = new_spec.params.get(PARAM)
+    config_id = config.id if isinstance(config, BackendConfig) else ""
+    return _without_config_id(str(new_spec.id), config_id) == str(old_spec.id)
+
+
+def _without_config_id(param_id: str, config_id: str) -> str:
+    """A parameter id without the config's part (``3-mkldnn-off`` -> ``3``)."""
+    if not config_id:
+        return param_id
+    if param_id == config_id:
+        return ""
+    for candidate in (
+        param_id.removesuffix("-" + config_id),
+        param_id.removeprefix(config_id + "-"),
+        param_id.replace(f"-{config_id}-", "-", 1),
+    ):
+        if candidate != param_id:
+            return candidate
+    return param_id
 
 
 class MatrixPlugin:
@@ -437,6 +464,9 @@ class MatrixPlugin:
         self._selections: dict[str, dict[str, tuple[str, ...]]] = {}
         self._errors: dict[str, str] = {}
         self._select: tuple[frozenset[tuple[str, str]], ...] = ()
+        self._select_axes: set[str] = set()
+        # Items a --backends-config group selected (the empty-selection check).
+        self._matched = 0
         self._header_shown = False
         # Markers of each test when it was expanded (None: it had none then).
         self._seen: dict[str, list[Mark]] = {}
@@ -448,8 +478,13 @@ class MatrixPlugin:
         self._named: dict[str, tuple[str, BackendConfig]] = {}
         # TestCase matrix subclass -> the user's class.
         self._bases: dict[type, type] = {}
+        # Node ids given with a config id: (file, test without [...]) -> wanted "::" tails.
+        self._wanted: dict[tuple[Path, str], set[str]] = {}
         #: Node ids of the items that markers added by hooks expanded.
         self.late: list[str] = []
+        #: Every item collected in this process, deselected ones included: node id ->
+        #: config id (empty: no config). ``pytest-backends merge`` checks coverage with it.
+        self.collected: dict[str, str] = {}
 
     # registry and machine ------------------------------------------------------------------
 
@@ -505,6 +540,7 @@ class MatrixPlugin:
         if self.settings.axes:
             check_axes(self.settings.axes, registry, self.settings.axes_source)
         self._select = check_config_ids(self.settings.select, registry, self.settings.select_source)
+        self._select_axes = {axis for group in self._select for axis, _ in group}
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         lines: list[str] = []
@@ -613,7 +649,34 @@ class MatrixPlugin:
         # in their own pytest_collection_modifyitems are expanded here.
         yield
         items[:] = self._expand_late(items)
+        self._narrow_to_node_ids(items)
+        self._check_misspelt(items)
         self._attach(config, items)
+
+    def _check_misspelt(self, items: list[pytest.Item]) -> None:
+        """A marker whose name is close to ``backends`` but not registered: did you mean it?"""
+        registered = {
+            line.split(":")[0].split("(")[0].strip() for line in self.config.getini("markers")
+        }
+        warned: set[str] = set()
+        for item in items:
+            defid = self._defid(item)
+            if defid in warned:
+                continue
+            for mark in item.iter_markers():
+                if mark.name == markers.MARKER or mark.name in registered:
+                    continue
+                if difflib.get_close_matches(mark.name, [markers.MARKER], n=1, cutoff=0.75):
+                    warned.add(defid)
+                    message = (
+                        f"@pytest.mark.{mark.name} on {defid} is not a pytest-backends marker: "
+                        f"did you mean @pytest.mark.{markers.MARKER}?"
+                    )
+                    if selection.strict(self.config):
+                        self._errors.setdefault(defid, message + " (--backends-strict)")
+                    else:
+                        item.warn(markers.BackendsMarkerWarning(message))
+                    break
 
     # markers added by hooks ------------------------------------------------------------------
 
@@ -696,7 +759,62 @@ class MatrixPlugin:
                 new.user_properties.extend(item.user_properties)
             self.late.append(item.nodeid)
             out.extend(fresh)
+            if len(fresh) > 1:
+                # The collected count ("collected N items") counts the items that run.
+                self.config.hook.pytest_collectreport(
+                    report=pytest.CollectReport(item.nodeid, "passed", None, [*fresh[1:]])
+                )
         return out
+
+    def expand_hook_markers(self, items: list[pytest.Item]) -> None:
+        """Expand the markers that hooks run before this one added.
+
+        Called from the registrar's ``pytest_collection_modifyitems``, which runs
+        after conftest implementations and before pytest's own ``-k``, ``-m`` and
+        ``--deselect``, so these select among the expanded items. Markers added
+        later still expand in the wrapper at the end of the hook.
+        """
+        items[:] = self._expand_late(items)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection(self, session: pytest.Session) -> None:
+        """Let a node id name a config that a hook adds (``test_x[mkldnn-off]``).
+
+        Such an item does not exist while pytest collects; the argument is
+        collected without its ``[...]`` and narrowed to the named item once the
+        matrix has expanded the test.
+        """
+        args = session.config.args
+        plain = set(args)
+        for i, arg in enumerate(args):
+            head, sep, tail = arg.partition("::")
+            start = tail.find("[", tail.rfind("::") + 1) if sep else -1
+            if start < 0 or not tail.endswith("]"):
+                continue
+            if config_in_nodeid(arg, self.registry().parse_id) is None:
+                continue
+            base = f"{head}::{tail[:start]}"
+            if base in plain:
+                continue  # the whole test is asked for too
+            args[i] = base
+            path = (session.config.invocation_params.dir / head).resolve()
+            self._wanted.setdefault((path, tail[:start]), set()).add(tail)
+
+    def _narrow_to_node_ids(self, items: list[pytest.Item]) -> None:
+        """Keep, of the tests named with a config id, only the items named."""
+        if not self._wanted:
+            return
+        kept: list[pytest.Item] = []
+        dropped: list[pytest.Item] = []
+        for item in items:
+            tail = item.nodeid.partition("::")[2]
+            start = tail.find("[", tail.rfind("::") + 1)
+            base = tail[:start] if start >= 0 else tail
+            wanted = self._wanted.get((Path(item.path).resolve(), base))
+            (dropped if wanted is not None and tail not in wanted else kept).append(item)
+        if dropped:
+            self.config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
 
     def _group(self, item: pytest.Item, defid: str, marks: list[Mark]) -> tuple[str, str]:
         """What one re-collection covers: a function's items, or a whole TestCase class."""
@@ -755,7 +873,7 @@ class MatrixPlugin:
                 kept.append(item)
                 continue
             if defid not in self._selections:
-                (dropped if self._select else kept).append(item)
+                kept.append(item)  # --backends-config narrows marked tests only
                 continue
             if named is not None:
                 backend = named[1]
@@ -765,9 +883,13 @@ class MatrixPlugin:
                 backend = params.get(PARAM, DEFAULT_CONFIG)
             if not isinstance(backend, BackendConfig):
                 backend = DEFAULT_CONFIG
-            if self._select and not any(g <= set(backend.choices) for g in self._select):
-                dropped.append(item)
-                continue
+            if self._select:
+                marked = {*self._selections[defid], *backend.axes}
+                if marked & self._select_axes:
+                    if not any(g <= set(backend.choices) for g in self._select):
+                        dropped.append(item)
+                        continue
+                    self._matched += 1
             kept.append(item)
             item.stash[CONFIG_KEY] = backend
             item.user_properties.append((PROPERTY, backend.id))
@@ -780,7 +902,22 @@ class MatrixPlugin:
             config.hook.pytest_deselected(items=dropped)
             items[:] = kept
 
+    def _config_id(self, item: pytest.Item) -> str:
+        backend = item.stash.get(CONFIG_KEY, None)
+        if backend is None:
+            named = self._named.get(item.nodeid)
+            callspec = getattr(item, "callspec", None)
+            params = callspec.params if callspec is not None else {}
+            backend = named[1] if named is not None else params.get(PARAM)
+        return backend.id if isinstance(backend, BackendConfig) and backend.choices else ""
+
+    def pytest_deselected(self, items: Sequence[pytest.Item]) -> None:
+        for item in items:
+            self.collected[item.nodeid] = self._config_id(item)
+
     def pytest_collection_finish(self, session: pytest.Session) -> None:
+        for item in session.items:
+            self.collected[item.nodeid] = self._config_id(item)
         self._record_selection(session)
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
@@ -807,20 +944,45 @@ class MatrixPlugin:
         configs = [
             c for item in session.items if (c := item.stash.get(CONFIG_KEY, DEFAULT_CONFIG)).choices
         ]
-        if self.settings.enabled:
-            if self.settings.select:
-                option = self.settings.select_source
-                hint = (
-                    "no collected test has a configuration matching it; check the ids "
-                    "against the test ids of --backends-matrix --collect-only"
+        if self.settings.enabled and self.settings.select:
+            selection.record(
+                self.config, self.settings.select_source, self._matched, self._select_hint()
+            )
+        elif self.settings.enabled:
+            axes = f"axes {', '.join(self.settings.axes)}" if self.settings.axes else "any axis"
+            selection.record(
+                self.config,
+                self.settings.axes_source,
+                len(configs),
+                f"no collected test is marked @pytest.mark.backends with {axes}",
+            )
+        self._record_verify(configs)
+
+    def _select_hint(self) -> str:
+        """Why ``--backends-config`` selected no item: the first cause that applies."""
+        marked = {axis for sel in self._selections.values() for axis in sel}
+        wanted = sorted(self._select_axes)
+        if self.settings.axes is not None:
+            off = [axis for axis in wanted if axis not in self.settings.axes]
+            if off:
+                return (
+                    f"it names the {', '.join(off)} axis, which the matrix does not expand "
+                    f"here ({self.settings.axes_source} expands "
+                    f"{', '.join(self.settings.axes)}); add the axis there"
                 )
-            else:
-                option = self.settings.axes_source
-                axes = (
-                    f"axes {', '.join(self.settings.axes)}" if self.settings.axes else ("any axis")
-                )
-                hint = f"no collected test is marked @pytest.mark.backends with {axes}"
-            selection.record(self.config, option, len(configs), hint)
+        if not marked & self._select_axes:
+            return (
+                f"no collected test is marked @pytest.mark.backends with the "
+                f"{', '.join(wanted)} axis (--backends-config narrows only the tests marked "
+                "with the axes it names; the others ran as without it)"
+            )
+        return (
+            "no configuration of a test marked with the "
+            f"{', '.join(sorted(marked & self._select_axes))} axis contains every token of "
+            "a group; check the ids against the test ids of --backends-matrix --collect-only"
+        )
+
+    def _record_verify(self, configs: list[BackendConfig]) -> None:
         if self.settings.verify != "off":
             from pytest_backends.matrix.verify import promises_for
 
@@ -837,6 +999,9 @@ class MatrixPlugin:
             )
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        workeroutput = getattr(self.config, "workeroutput", None)
+        if workeroutput is not None:
+            workeroutput[_xdist.WORKEROUTPUT_COLLECTED] = dict(self.collected)
         # ``--collect-only`` runs no setup, where invalid markers fail their tests: the
         # session fails as for a collection error instead.
         if (
@@ -916,11 +1081,26 @@ def _check_outputs(settings: MatrixSettings) -> None:
                 raise pytest.UsageError(f"{flag}: {exc}") from None
 
 
+def _check_ignored(config: pytest.Config, settings: MatrixSettings) -> None:
+    """Say when an option does nothing in this run (an error under ``--backends-strict``)."""
+    if settings.sample is None or settings.enabled:
+        return
+    _, source, _ = _option(config, "backends_sample")
+    message = (
+        f"{source} does nothing without the matrix: sampling picks configurations of the "
+        "matrix, which is off; add --backends-matrix (or --backends-config)"
+    )
+    if selection.strict(config):
+        raise pytest.UsageError(message + " (--backends-strict)")
+    config.issue_config_time_warning(pytest.PytestConfigWarning(message), stacklevel=2)
+
+
 def configure(config: pytest.Config, settings: MatrixSettings) -> list[tuple[object, str]]:
     """The matrix, verification, report and xdist plugins ``settings`` need (not registered)."""
     plugins: list[tuple[object, str]] = []
     if not hasattr(config, "workerinput"):
         _check_outputs(settings)
+        _check_ignored(config, settings)
     plugin = MatrixPlugin(config, settings)
     plugins.append((plugin, "backends-matrix"))
     is_worker = hasattr(config, "workerinput")

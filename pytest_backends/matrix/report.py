@@ -7,8 +7,10 @@ code merges results from all xdist workers in the controller.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -19,7 +21,8 @@ from pytest_backends import _files
 from pytest_backends._keys import PROPERTY_CONFIG as PROPERTY
 from pytest_backends._keys import PROPERTY_VERIFY_DETAIL as DETAIL_PROPERTY
 from pytest_backends._keys import PROPERTY_VERIFY_STATUS as STATUS_PROPERTY
-from pytest_backends.matrix.configs import DEFAULT_ID, ConfigError
+from pytest_backends.matrix.configs import DEFAULT_ID, ConfigError, base_test_id
+from pytest_backends.matrix.coverage import Coverage
 from pytest_backends.matrix.environment import ControllerEnvironment, combine
 from pytest_backends.matrix.environment import lines as environment_lines
 
@@ -65,6 +68,8 @@ class Result:
     #: The labels of the runs that reported this item (one, unless merged).
     sources: list[str] = field(default_factory=list)
     crashed: bool = False
+    #: The whole failure text (``message`` is its first line).
+    detail: str = ""
 
 
 @dataclass
@@ -79,28 +84,6 @@ class ConfigRow:
     skip_reasons: list[str] = field(default_factory=list)
 
 
-def base_test_id(nodeid: str, config_id: str) -> str:
-    """The node id without the config's part of the parameter id.
-
-    ``t.py::test_x[3-mkldnn-off]`` with config ``mkldnn-off`` -> ``t.py::test_x[3]``.
-    """
-    start = nodeid.find("[", nodeid.rfind("::") + 1)
-    if config_id == DEFAULT_ID or start < 0 or not nodeid.endswith("]"):
-        return nodeid
-    head, inner = nodeid[:start], nodeid[start + 1 : -1]
-    if inner == config_id:
-        return head
-    if inner.startswith(config_id + "-"):
-        rest = inner[len(config_id) + 1 :]
-    elif inner.endswith("-" + config_id):
-        rest = inner[: -len(config_id) - 1]
-    elif f"-{config_id}-" in inner:
-        rest = inner.replace(f"-{config_id}-", "-", 1)
-    else:
-        return nodeid
-    return f"{head}[{rest}]"
-
-
 def _short(text: str, limit: int = 300) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     first = lines[0] if lines else ""
@@ -113,6 +96,15 @@ def _failure_message(report: pytest.TestReport) -> str:
     if isinstance(message, str):
         return _short(message)
     return _short(str(report.longrepr or ""))
+
+
+def _failure_detail(report: pytest.TestReport) -> str:
+    """The whole failure text: the exception's full message, else the whole report."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = getattr(crash, "message", None)
+    if isinstance(message, str) and message.strip():
+        return message.strip()
+    return str(report.longreprtext or report.longrepr or "").strip()
 
 
 def _skip_reason(report: pytest.TestReport) -> str:
@@ -162,11 +154,14 @@ def update(result: Result, report: pytest.TestReport) -> None:
     """Fold one phase's report into ``result`` (reruns start over at setup)."""
     result.duration += report.duration
     xfail = hasattr(report, "wasxfail")
+    if report.failed:
+        result.detail = _failure_detail(report)
     if is_crash(report):
         result.outcome, result.crashed = "failed", True
         result.message = "crashed: " + _failure_message(report)
     elif report.when == "setup":
         result.verify, result.verify_detail, result.message = None, "", ""
+        result.detail = _failure_detail(report) if report.failed else ""
         if report.failed:
             result.outcome, result.message = "error", _failure_message(report)
         elif report.skipped:
@@ -319,6 +314,8 @@ th,td{border:1px solid #ddd;padding:4px 8px} th{background:#f6f6f6;font-weight:6
 .list td.msg{font-family:monospace;white-space:pre-wrap}
 .absent{background:#fff} .unexercised{box-shadow:inset 0 0 0 3px #f0a020}
 .legend span{display:inline-block;padding:2px 8px;margin-right:6px;border:1px solid #ddd}
+.crash{display:block;font-size:9px;font-weight:normal} .crashed{outline:2px solid #8a1010}
+pre.detail{margin:4px 0 0;white-space:pre-wrap}
 """
 _SYMBOL = {
     "passed": "✓",
@@ -356,19 +353,20 @@ def render_html(
     ]
     out += [f'<p class="env">{esc(line)}</p>' for line in environment]
     badges = {str(src.get("label")): str(i) for i, src in enumerate(sources, 1)}
-    if len(sources) > 1:
-        out += _html_sources(sources)
-    out.append('<h2>Configurations</h2><table class="summary"><thead><tr><th>config</th>')
-    out += [f"<th>{esc(c)}</th>" for c in columns]
-    out.append("</tr></thead><tbody>")
+    merged = len(sources) > 1
+    summary = ['<h2>Configurations</h2><table class="summary"><thead><tr><th>config</th>']
+    summary += [f"<th>{esc(c)}</th>" for c in columns]
+    summary.append("</tr></thead><tbody>")
     for row in rows:
-        out.append(
+        summary.append(
             f"<tr><td>{esc(row.config)}</td>"
             + "".join(f"<td>{_cell(row, c)}</td>" for c in columns)
             + "</tr>"
         )
     totals = "".join(f"<td>{sum(_cell(r, c) for r in rows)}</td>" for c in columns)
-    out.append(f"<tr><th>total</th>{totals}</tr></tbody></table>")
+    summary.append(f"<tr><th>total</th>{totals}</tr></tbody></table>")
+    if not merged:
+        out += summary
 
     configs = [row.config for row in rows]
     by_test: dict[str, dict[str, Result]] = {}
@@ -393,6 +391,7 @@ def render_html(
                 cells.append('<td class="absent"></td>')
                 continue
             classes = cell.outcome + (" unexercised" if cell.verify == NOT_EXERCISED else "")
+            classes += " crashed" if cell.crashed else ""
             title = f"{cell.nodeid}\n{cell.outcome}" + (" (crashed)" if cell.crashed else "")
             for extra in (cell.message, cell.verify_detail):
                 if extra:
@@ -402,16 +401,39 @@ def render_html(
                 title += "\nfrom " + ", ".join(cell.sources)
                 marks = ",".join(badges.get(label, "?") for label in cell.sources)
                 badge = f'<span class="src">{esc(marks)}</span>'
+            crash = ""
+            if cell.crashed:
+                found = re.search(r"signal (\w+)", cell.message)
+                crash = (
+                    f'<span class="crash">crashed{" " + esc(found.group(1)) if found else ""}'
+                    f"<br>{esc(cell.config)}</span>"
+                )
             cells.append(
                 f'<td class="{esc(classes)}" title="{esc(title)}">'
-                f"{_SYMBOL.get(cell.outcome, '?')}{badge}</td>"
+                f"{_SYMBOL.get(cell.outcome, '?')}{crash}{badge}</td>"
             )
         out.append(f'<tr><th class="test">{esc(test)}</th>{"".join(cells)}</tr>')
     out.append("</tbody></table>")
-    out += _html_failures(results, merged=len(sources) > 1)
+    out += _html_failures(results, merged=merged)
+    if merged:
+        # A merged page starts with the grid and the failures; what was merged comes after.
+        out += summary
+        out += _html_sources(sources)
     out += _html_skips(rows, results)
     out.append("</body></html>")
-    return "\n".join(out) + "\n"
+    return printable("\n".join(out) + "\n")
+
+
+def printable(text: str) -> str:
+    """``text`` with what UTF-8 cannot encode (lone surrogates from ``os.fsdecode``) escaped.
+
+    Any text pytest can print survives: ``\udcff`` is written as those six characters.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def _html_sources(sources: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -445,10 +467,17 @@ def _html_failures(results: Sequence[Result], merged: bool) -> list[str]:
     )
     for r in failing:
         source = f"<td>{esc(', '.join(r.sources))}</td>" if merged else ""
+        message = esc(r.message)
+        if r.detail and r.detail.strip() != r.message.strip():
+            # Folded, not cut: the first line shows, the whole text unfolds.
+            message = (
+                f"<details><summary>{message}</summary>"
+                f'<pre class="detail">{esc(r.detail)}</pre></details>'
+            )
         out.append(
             f'<tr><td class="id">{esc(r.test)}</td><td class="id">{esc(r.config)}</td>'
             f'<td class="{esc(r.outcome)}">{esc(r.outcome)}</td>'
-            f'<td class="msg">{esc(r.message)}</td>{source}</tr>'
+            f'<td class="msg">{message}</td>{source}</tr>'
         )
     out.append("</tbody></table>")
     return out
@@ -492,15 +521,54 @@ class ReportPlugin:
         self.written: list[str] = []
         self.write_errors: list[str] = []
         self.workers = ControllerEnvironment()
+        #: Items collected by xdist workers (node id -> config id), deselected ones included.
+        self.collected: dict[str, str] = {}
+        #: Items that ran (an outcome other than a skip), whether or not they have a config.
+        self.ran: set[str] = set()
+        #: Items that were skipped, with the reason.
+        self.skipped: dict[str, str] = {}
+        #: Items whose xdist worker died, and how (``killed by signal SIGSEGV``).
+        self.crashes: dict[str, str] = {}
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: object) -> None:
-        """Keep a finished xdist worker's environment lines."""
+        """Keep a finished xdist worker's environment lines and collected items."""
         self.workers.pytest_testnodedown(node, error)
+        from pytest_backends.matrix.xdist import WORKEROUTPUT_COLLECTED
+
+        output = getattr(node, "workeroutput", None) or {}
+        collected = output.get(WORKEROUTPUT_COLLECTED)
+        if isinstance(collected, dict):
+            self.collected.update((str(k), str(v)) for k, v in collected.items())
+
+    def coverage(self) -> Coverage:
+        """What this run collected and what of it ran, for ``pytest-backends merge``."""
+        collected = {**self.matrix.collected, **self.collected}
+        return Coverage(collected, set(self.ran), dict(self.skipped))
+
+    @pytest.hookimpl(optionalhook=True, trylast=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+        """Note how the worker died (its signal), for the item's cell."""
+        how = "worker died"
+        node = getattr(report, "node", None)
+        with contextlib.suppress(Exception):
+            # execnet caches the worker's facts (pid included) when xdist starts it.
+            pid = int(node.gateway._rinfo().pid)  # type: ignore[union-attr]
+            from pytest_backends.capability.plugin import describe_exit, exit_status
+
+            status = exit_status(pid, wait_s=0.5)
+            if status is not None:
+                how = describe_exit(status)
+        self.crashes[crashitem] = how
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if str(report.outcome) == "rerun":  # pytest-rerunfailures: a later attempt follows
             return
+        xfail = hasattr(report, "wasxfail")
+        if report.failed or (report.when == "call" and (xfail or not report.skipped)):
+            self.ran.add(report.nodeid)
+        elif report.skipped and not xfail:
+            self.skipped[report.nodeid] = _skip_reason(report)
         config_id = dict(report.user_properties).get(PROPERTY)
         if config_id is None and is_crash(report):
             known = self.results.get(report.nodeid)
@@ -519,7 +587,15 @@ class ReportPlugin:
             self.results[report.nodeid] = Result(
                 report.nodeid, base_test_id(report.nodeid, str(config_id)), str(config_id)
             )
-        update(self.results[report.nodeid], report)
+        result = self.results[report.nodeid]
+        update(result, report)
+        how = self.crashes.get(report.nodeid)
+        if how is not None and report.failed:
+            result.crashed = True
+            result.message = (
+                f"crashed ({how}) under {result.config}: "
+                + result.message.removeprefix("crashed: ")
+            )
 
     def _order(self) -> list[str]:
         registry = self.matrix.registry()
@@ -552,6 +628,41 @@ class ReportPlugin:
             "cuda": avail.cuda_built,
         }
 
+    @pytest.hookimpl(tryfirst=True, specname="pytest_sessionfinish")
+    def pytest_sessionfinish_skipped(self, session: pytest.Session) -> None:
+        """Say (and fail under ``--backends-strict``) when a CPU level, or the whole
+        matrix, ran nothing because every item was skipped."""
+        results = list(self.results.values())
+        if not results:
+            return
+        from pytest_backends import selection
+        from pytest_backends.capability.levels import AXIS
+
+        by_level: dict[str, list[Result]] = {}
+        for result in results:
+            try:
+                choices = dict(self.matrix.registry().parse_id(result.config))
+            except ConfigError:
+                continue
+            if AXIS in choices:
+                by_level.setdefault(choices[AXIS], []).append(result)
+        for level, items in sorted(by_level.items()):
+            if all(r.outcome == "skipped" for r in items):
+                selection.record_all_skipped(
+                    self.config,
+                    f"CPU capability level {level}",
+                    f"skipped ({len(items)} item(s)): {items[0].message}",
+                )
+        if self.settings.enabled and all(r.outcome == "skipped" for r in results):
+            source = self.settings.select_source if self.settings.select else "the matrix"
+            configs = sorted({r.config for r in results})
+            shown = ", ".join(configs[:5]) + (f", ... ({len(configs)})" if len(configs) > 5 else "")
+            selection.record_all_skipped(
+                self.config,
+                f"{source} ({shown})",
+                f"skipped ({len(results)} item(s)): {results[0].message}",
+            )
+
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.settings.report_json is None and self.settings.report_html is None:
@@ -574,7 +685,12 @@ class ReportPlugin:
             self._write(
                 self.settings.report_json,
                 render_json(
-                    rows, results, environment=environment, settings=settings, header=header
+                    rows,
+                    results,
+                    environment=environment,
+                    settings=settings,
+                    header=header,
+                    extra={"coverage": self.coverage().to_plain()},
                 ),
                 _files.JSON_REPORT,
             )

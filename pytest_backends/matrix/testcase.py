@@ -17,7 +17,12 @@ then run every config through unittest's protocol unchanged, with node ids
 Hidden consequences, documented for users: ``self._testMethodName`` carries
 the config id, ``type(self)`` is the subclass (``isinstance`` checks and
 ``super()`` are unaffected), and attributes that ``setUpClass`` sets on
-``cls`` land on the subclass, where ``self`` finds them.
+``cls`` land on the subclass, where ``self`` finds them.  The subclass is made
+without running the user's class machinery (``__init_subclass__``, a custom
+metaclass's ``__new__``/``__init__``), so class registries see the user's
+class once.  Class-level setup (``setUpClass``, class-scoped fixtures) runs
+once per class, not per config: under the first config's flags, and
+``tearDownClass`` under the last one's.
 """
 
 from __future__ import annotations
@@ -109,4 +114,36 @@ def matrix_subclass(cls: type, expanded: Mapping[str, Sequence[str]]) -> type:
         namespace[name] = _hidden(func)
         for config_name in names:
             namespace[config_name] = func
-    return type(cls.__name__, (cls,), namespace)
+    return _subclass_quietly(cls, namespace)
+
+
+def _subclass_quietly(cls: type, namespace: dict[str, Any]) -> type:
+    """``type(cls.__name__, (cls,), namespace)`` without the user's class machinery.
+
+    The subclass is an implementation detail of the matrix: the class hooks of
+    ``cls`` and its bases (``__init_subclass__``, a metaclass's ``__new__`` and
+    ``__init__``) must not run for it, or registries would record the class
+    twice and hooks with required keywords would fail. ``__init_subclass__`` is
+    shadowed on ``cls`` while the subclass is made; a metaclass other than
+    ``type`` and ``abc.ABCMeta`` (which has no user hooks) is bypassed by
+    calling ``type.__new__`` with it.
+    """
+    import abc
+
+    meta = type(cls)
+    sentinel = object()
+    own = cls.__dict__.get("__init_subclass__", sentinel)
+    type.__setattr__(cls, "__init_subclass__", classmethod(_no_init_subclass))
+    try:
+        if meta in (type, abc.ABCMeta):
+            return meta(cls.__name__, (cls,), namespace)
+        return type.__new__(meta, cls.__name__, (cls,), namespace)
+    finally:
+        if own is sentinel:
+            type.__delattr__(cls, "__init_subclass__")
+        else:
+            type.__setattr__(cls, "__init_subclass__", own)
+
+
+def _no_init_subclass(cls: type, /, **kwargs: object) -> None:
+    """Stands in for the user's ``__init_subclass__`` while the matrix subclass is made."""

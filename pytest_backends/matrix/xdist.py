@@ -14,10 +14,12 @@ import pytest
 if TYPE_CHECKING:
     from pytest_backends.matrix.plugin import MatrixSettings
 
-__all__ = ["WORKERINPUT_SEED", "XdistHooks"]
+__all__ = ["WORKERINPUT_SEED", "WORKEROUTPUT_COLLECTED", "XdistHooks"]
 
 #: The ``workerinput`` key carrying the seed of ``--backends-sample``.
 WORKERINPUT_SEED = "backends_seed"
+#: The ``workeroutput`` key carrying a worker's collected items (node id -> config id).
+WORKEROUTPUT_COLLECTED = "backends_collected"
 
 
 class XdistHooks:

@@ -108,9 +108,11 @@ class _Cells(HTMLParser):
         self._table = ""
         self._row: list[str] | None = None
         self._in_td = False
+        self._in_pre = False  # the whole failure text, folded under the message
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = dict(attrs)
+        self._in_pre = self._in_pre or tag == "pre"
         if tag == "table":
             self._table = a.get("class") or ""
         elif tag == "td" and self._table == "grid":
@@ -122,14 +124,16 @@ class _Cells(HTMLParser):
             self._row.append("")
 
     def handle_endtag(self, tag: str) -> None:
-        if tag == "td":
+        if tag == "pre":
+            self._in_pre = False
+        elif tag == "td":
             self._in_td = False
         elif tag == "tr" and self._row:
             self.failure_rows.append(self._row)
             self._row = None
 
     def handle_data(self, data: str) -> None:
-        if self._in_td and self._row is not None:
+        if self._in_td and self._row is not None and not self._in_pre:
             self._row[-1] += data
 
 

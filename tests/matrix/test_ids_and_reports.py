@@ -222,7 +222,11 @@ def test_ids_read_well_stay_put_and_every_report_agrees(pytester: pytest.Pyteste
     cells = {row[0][1]: [cls for cls, _ in row[1:]] for row in body}
     assert cells["test_suite.py::test_conv[8]"] == ["passed", "failed", *["absent"] * 4]
     assert cells["test_suite.py::test_batch_conv"] == [*["absent"] * 4, "passed", "error"]
+    # The message cell shows the first line; the whole text unfolds under it.
     failed = {(r[0][1], r[1][1]): (r[2][1], r[3][1]) for r in tables["list failures"][1:]}
+    # The message cell shows the first line; the whole failure text unfolds under it.
+    for key, (outcome, text) in list(failed.items()):
+        failed[key] = (outcome, next(m for m in FAILURES.values() if text.startswith(m)))
     assert failed == {
         ("test_suite.py::test_conv[8]", "mkldnn-off"): (
             "failed",

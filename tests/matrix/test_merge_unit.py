@@ -12,6 +12,7 @@ import pytest
 
 from pytest_backends.__main__ import main
 from pytest_backends._sources import MergeInputError, unique_label, version_warning
+from pytest_backends.matrix.coverage import Coverage
 from pytest_backends.matrix.environment import combine
 from pytest_backends.matrix.merge import merge_reports, read_report
 from pytest_backends.matrix.report import Result, build_rows, render_json
@@ -35,9 +36,19 @@ def _report(
         environment=[f"torch {torch}", f"host {label}"],
         settings={"verify": "off", "select": []},
         header={"label": label, "torch": torch, "cuda": cuda},
+        extra={"coverage": _coverage(results).to_plain()},
     )
     path.write_text(text)
     return path
+
+
+def _coverage(results: list[Result]) -> Coverage:
+    """What a run that reported ``results`` collected, ran and skipped."""
+    return Coverage(
+        {r.nodeid: r.config for r in results},
+        {r.nodeid for r in results if r.outcome != "skipped"},
+        {r.nodeid: r.message for r in results if r.outcome == "skipped"},
+    )
 
 
 def _r(test: str, config: str, outcome: str = "passed", message: str = "") -> Result:

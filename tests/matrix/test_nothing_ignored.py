@@ -470,25 +470,31 @@ class _Unequal:
 
 
 class _Spec:
-    def __init__(self, **params: object) -> None:
+    def __init__(self, id: str, **params: object) -> None:
+        self.id = id
         self.params = params
 
 
 class _Fake:
-    def __init__(self, **params: object) -> None:
-        self.callspec = _Spec(**params)
+    def __init__(self, id: str, **params: object) -> None:
+        self.callspec = _Spec(id, **params)
 
 
-def test_same_params_ignores_the_config_and_survives_unequal_objects() -> None:
+def test_same_params_matches_by_id_never_by_value() -> None:
     from pytest_backends.matrix import plugin
+    from pytest_backends.matrix.configs import BackendConfig
 
+    config = BackendConfig((("mkldnn", "off"),), tokens=("mkldnn-off",))
     odd = _Unequal()
-    old = _Fake(n=1, t=odd)
-    assert plugin._same_params(old, _Fake(n=1, t=odd, backend_config="x"))  # type: ignore[arg-type]
-    assert not plugin._same_params(old, _Fake(n=2, t=odd))  # type: ignore[arg-type]
-    assert not plugin._same_params(old, _Fake(n=1, t=_Unequal()))  # type: ignore[arg-type]
-    assert not plugin._same_params(old, _Fake(n=1))  # type: ignore[arg-type]
-    assert plugin._same_params(object(), _Fake(backend_config="x"))  # type: ignore[arg-type]
+    old = _Fake("1-v1", n=1, t=odd)
+    assert plugin._same_params(old, _Fake("1-v1-mkldnn-off", n=1, t=odd, backend_config=config))  # type: ignore[arg-type]
+    assert plugin._same_params(
+        old, _Fake("mkldnn-off-1-v1", n=1, t=_Unequal(), backend_config=config)
+    )  # type: ignore[arg-type]
+    # Equal values under another id are another test.
+    assert not plugin._same_params(old, _Fake("1-v2-mkldnn-off", n=1, t=odd, backend_config=config))  # type: ignore[arg-type]
+    assert not plugin._same_params(old, _Fake("2-v1", n=2, t=odd))  # type: ignore[arg-type]
+    assert plugin._same_params(object(), _Fake("mkldnn-off", backend_config=config))  # type: ignore[arg-type]
 
 
 class _Odd(unittest.TestCase):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -67,3 +71,24 @@ def test_strategy_rejects_bad_axes() -> None:
         backend_configs(["mkldn"])
     with pytest.raises(TypeError):
         backend_configs("mkldnn")
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "howto" / "matrix.rst"
+
+
+def _hypothesis_examples() -> list[str]:
+    text = DOCS.read_text()
+    section = text[text.index("Draw configurations with hypothesis") :]
+    section = section[: section.index("\nAdd your own axes")]
+    blocks = re.findall(r"\.\. code-block:: python\n\n((?:    .*\n|\n)+)", section)
+    return [textwrap.dedent(block) for block in blocks]
+
+
+def test_the_docs_hypothesis_examples_pass_in_a_fresh_session(pytester: pytest.Pytester) -> None:
+    examples = _hypothesis_examples()
+    assert len(examples) == 2
+    for i, code in enumerate(examples):
+        pytester.makepyfile(**{f"test_doc{i}": code})
+    # A fresh process: torch's lazy imports happen in it, as in a user's first run.
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)

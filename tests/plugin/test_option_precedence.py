@@ -280,14 +280,17 @@ def test_strict_on_the_command_line_fails_a_run_whose_option_selected_nothing(
     )
 
 
-def test_strict_exit_code_is_4_when_a_config_selection_deselects_everything(
+def test_strict_exit_code_is_4_when_a_config_selection_selects_nothing(
     suite: pytest.Pytester,
 ) -> None:
-    result = suite.runpytest_subprocess(*COMMON, "--backends-strict", "--backends-config=cudnn-on")
+    result = suite.runpytest_subprocess(
+        *COMMON, "--backends-strict", "--backends-config=cudnn-on", "-k", "test_marked"
+    )
     result.stdout.fnmatch_lines(
         [
-            "--backends-config selected no test: no collected test has a configuration "
-            "matching it; check the ids against the test ids of --backends-matrix --collect-only",
+            "--backends-config selected no test: no collected test is marked "
+            "@pytest.mark.backends with the cudnn axis (--backends-config narrows only the "
+            "tests marked with the axes it names; the others ran as without it)",
             "--backends-strict: the run fails because of the above "
             "(exit code 4, or 1 where tests failed too)",
         ]

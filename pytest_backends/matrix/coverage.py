@@ -1,0 +1,156 @@
+"""Coverage across CI jobs: which collected tests and configs ran in no job.
+
+Every matrix report (``--backends-report``) lists, under ``coverage``, each
+item its run collected (deselected ones included) with its config id, the
+items that ran and the items that were skipped with the reason.
+``pytest-backends merge`` joins the lists of all jobs and names every test,
+configuration and item that ran nowhere; with ``--strict`` those that no job
+even ran (deselected everywhere), and configurations that every job skipped,
+fail the merge.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_backends.matrix.configs import base_test_id
+
+__all__ = ["Coverage", "CoverageGaps", "find_gaps", "missing_note", "parse_coverage"]
+
+
+@dataclass
+class Coverage:
+    """One job's (or a merge's) collected items and what became of them."""
+
+    #: node id -> config id ("" for an item without a backend config).
+    collected: dict[str, str] = field(default_factory=dict)
+    ran: set[str] = field(default_factory=set)
+    #: node id -> skip reason (items that never ran).
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def update(self, other: Coverage) -> None:
+        """Join ``other`` into this coverage."""
+        self.collected.update(other.collected)
+        self.ran |= other.ran
+        for nodeid, reason in other.skipped.items():
+            self.skipped.setdefault(nodeid, reason)
+
+    def to_plain(self) -> dict[str, Any]:
+        """The JSON form written under ``coverage``."""
+        return {
+            "collected": dict(sorted(self.collected.items())),
+            "ran": sorted(self.ran),
+            "skipped": {k: v for k, v in sorted(self.skipped.items()) if k not in self.ran},
+        }
+
+
+def parse_coverage(value: object) -> Coverage | str:
+    """A :class:`Coverage` from its JSON form, or the message naming the bad field."""
+    if not isinstance(value, dict):
+        return "'coverage' must be an object"
+    collected = value.get("collected", {})
+    if not isinstance(collected, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in collected.items()
+    ):
+        return "'coverage.collected' must map node ids to config ids (strings)"
+    ran = value.get("ran", [])
+    if not isinstance(ran, list) or not all(isinstance(n, str) for n in ran):
+        return "'coverage.ran' must be a list of node ids"
+    skipped = value.get("skipped", {})
+    if not isinstance(skipped, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in skipped.items()
+    ):
+        return "'coverage.skipped' must map node ids to skip reasons (strings)"
+    return Coverage(dict(collected), set(ran), dict(skipped))
+
+
+@dataclass
+class CoverageGaps:
+    """What ran in no job, by test, by configuration and by item."""
+
+    #: base test id -> reason (deselected in every job, or a skip reason).
+    tests: dict[str, str] = field(default_factory=dict)
+    #: config id -> reason.
+    configs: dict[str, str] = field(default_factory=dict)
+    #: node ids of items whose test and config ran elsewhere, but not together.
+    items: list[str] = field(default_factory=list)
+    #: The subset that fails a strict merge (never reported, or a config every job skipped).
+    strict: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.tests or self.configs or self.items)
+
+    def lines(self) -> list[str]:
+        """Warning lines for the terminal."""
+        out: list[str] = []
+        if self.tests:
+            out.append(f"{len(self.tests)} collected test(s) ran in no job:")
+            out += [f"  {test} ({why})" for test, why in sorted(self.tests.items())]
+        if self.configs:
+            out.append(f"{len(self.configs)} configuration(s) ran in no job:")
+            out += [f"  {config} ({why})" for config, why in sorted(self.configs.items())]
+        if self.items:
+            out.append(
+                f"{len(self.items)} item(s) were deselected in every job (their test and "
+                "configuration ran elsewhere, not together):"
+            )
+            out += [f"  {nodeid}" for nodeid in self.items]
+        return out
+
+
+def _base(nodeid: str, config: str) -> str:
+    return base_test_id(nodeid, config) if config else nodeid
+
+
+def _why(nodeids: Iterable[str], coverage: Coverage) -> tuple[str, bool]:
+    """Why none of ``nodeids`` ran, and whether no job even reported them."""
+    reasons = [coverage.skipped[n] for n in nodeids if n in coverage.skipped]
+    if not reasons:
+        return "deselected in every job", True
+    first = reasons[0]
+    return f"skipped in every job that ran it: {first}" if first else "skipped", False
+
+
+def find_gaps(coverage: Coverage) -> CoverageGaps:
+    """Every test, configuration and item of ``coverage`` that ran in no job."""
+    gaps = CoverageGaps()
+    by_test: dict[str, list[str]] = {}
+    by_config: dict[str, list[str]] = {}
+    for nodeid, config in coverage.collected.items():
+        by_test.setdefault(_base(nodeid, config), []).append(nodeid)
+        if config:
+            by_config.setdefault(config, []).append(nodeid)
+    ran = coverage.ran
+    dead_tests = {t for t, ids in by_test.items() if not any(n in ran for n in ids)}
+    dead_configs = {c for c, ids in by_config.items() if not any(n in ran for n in ids)}
+    for test in sorted(dead_tests):
+        why, never = _why(by_test[test], coverage)
+        gaps.tests[test] = why
+        if never:
+            gaps.strict.append(test)
+    for config in sorted(dead_configs):
+        why, _never = _why(by_config[config], coverage)
+        gaps.configs[config] = why
+        gaps.strict.append(config)
+    for nodeid, config in sorted(coverage.collected.items()):
+        if nodeid in ran or _base(nodeid, config) in dead_tests or config in dead_configs:
+            continue
+        if nodeid not in coverage.skipped:  # a skip of its own is listed in the grid
+            gaps.items.append(nodeid)
+            gaps.strict.append(nodeid)
+    return gaps
+
+
+def missing_note(sources: Mapping[str, bool]) -> str | None:
+    """A warning naming the sources whose report has no coverage lists."""
+    without = [label for label, has in sources.items() if not has]
+    if not without:
+        return None
+    return (
+        f"coverage is not checked for {', '.join(without)}: the report lists no collected "
+        "tests (written by an older pytest-backends)"
+    )

@@ -1,0 +1,106 @@
+"""Markers added in collection hooks behave like decorator markers.
+
+Re-collected items are matched to their originals by identity (parameter
+indices), so each config item exists exactly once; node-id selection,
+``--deselect``, ``-k`` and the collected count see the expanded items.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+CONFTEST = """
+import pytest
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.originalname in ("test_p", "test_conv_a", "test_conv_b"):
+            item.add_marker(pytest.mark.backends("mkldnn"))
+"""
+
+TESTS = """
+import pytest
+
+
+@pytest.mark.parametrize("v", [[1.5], [2.0], [2.0]])
+def test_p(v, backend_config):
+    assert backend_config.id in ("mkldnn-on", "mkldnn-off")
+
+
+def test_conv_a(backend_config):
+    assert backend_config.id in ("mkldnn-on", "mkldnn-off")
+
+
+def test_conv_b():
+    pass
+
+
+def test_other():
+    pass
+"""
+
+COMMON = ("-p", "no:randomly", "-p", "no:cacheprovider")
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_h=TESTS)
+    return pytester
+
+
+def _ids(result: pytest.RunResult) -> list[str]:
+    return [line for line in result.outlines if line.startswith("test_h.py::")]
+
+
+def test_equal_parameter_values_give_each_config_item_once(suite: pytest.Pytester) -> None:
+    result = suite.runpytest_subprocess(*COMMON, "--backends-matrix", "-v")
+    result.assert_outcomes(passed=11)
+    ran = [line.split()[0] for line in result.outlines if " PASSED" in line]
+    assert len(ran) == len(set(ran)) == 11
+    assert "test_h.py::test_p[mkldnn-off-v1]" in ran
+    assert "test_h.py::test_p[mkldnn-off-v2]" in ran
+    # The header counts the items that run.
+    result.stdout.fnmatch_lines(["collecting ... collected 11 items"])
+
+
+def test_equal_values_under_xdist(suite: pytest.Pytester) -> None:
+    result = suite.runpytest_subprocess(*COMMON, "--backends-matrix", "-n", "2")
+    result.assert_outcomes(passed=11)
+
+
+def test_node_id_of_a_hook_added_config_selects_it(suite: pytest.Pytester) -> None:
+    result = suite.runpytest_subprocess(
+        *COMMON, "--backends-matrix", "-v", "test_h.py::test_conv_a[mkldnn-off]"
+    )
+    result.assert_outcomes(passed=1)
+    assert [line.split()[0] for line in result.outlines if " PASSED" in line] == [
+        "test_h.py::test_conv_a[mkldnn-off]"
+    ]
+
+
+def test_deselect_and_k_see_hook_added_configs(suite: pytest.Pytester) -> None:
+    result = suite.runpytest_subprocess(
+        *COMMON,
+        "--backends-matrix",
+        "--co",
+        "-q",
+        "--deselect",
+        "test_h.py::test_conv_a[mkldnn-off]",
+        "-k",
+        "conv",
+    )
+    assert _ids(result) == [
+        "test_h.py::test_conv_a[mkldnn-on]",
+        "test_h.py::test_conv_b[mkldnn-on]",
+        "test_h.py::test_conv_b[mkldnn-off]",
+    ]
+    result = suite.runpytest_subprocess(*COMMON, "--backends-matrix", "--co", "-q", "-k", "off")
+    assert _ids(result) == [
+        "test_h.py::test_p[mkldnn-off-v0]",
+        "test_h.py::test_p[mkldnn-off-v1]",
+        "test_h.py::test_p[mkldnn-off-v2]",
+        "test_h.py::test_conv_a[mkldnn-off]",
+        "test_h.py::test_conv_b[mkldnn-off]",
+    ]
