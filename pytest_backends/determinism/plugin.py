@@ -475,6 +475,8 @@ class DeterminismPlugin:
                 ops = ", ".join(sorted({d.op for d in accepted}))
                 lines.append(f"  accepted by the baseline: {ops}")
             lines += [f"  checked only at their boundary: {note}" for note in notes or ()]
+            if self.settings.baseline is not None:
+                lines.append(f"  {_accept_hint(self.settings.baseline)}")
             _raise(lines, first)
         if unexplained is not None:
             lines = [f"not reproducible: {unexplained.describe(runs)}"]
@@ -581,8 +583,18 @@ class DeterminismPlugin:
                         f"{settings.baseline}: {ops}",
                         red=True,
                     )
+                    write(_accept_hint(settings.baseline))
                 else:
                     write(f"every nondeterministic op is in the baseline {settings.baseline}")
+
+
+def _accept_hint(baseline: Path) -> str:
+    """The commands that accept new nondeterministic ops into ``baseline``."""
+    return (
+        f"accept with: pytest --backends-baseline={baseline} --backends-baseline-update "
+        "(this job), or across jobs: pytest-backends baseline --census MERGED_CENSUS.json "
+        f"{baseline}"
+    )
 
 
 class _Runs:

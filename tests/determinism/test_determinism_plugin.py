@@ -210,8 +210,22 @@ def test_census_and_baseline_gate_the_run(planted_conftest: pytest.Pytester) -> 
     result = pytester.runpytest_subprocess("--backends-baseline=baseline.json")
     assert result.ret != 0
     result.stdout.fnmatch_lines(
-        ["FAILED: 1 nondeterministic op(s) not in the baseline*: pbtest::noisy (cpu, float64)"]
+        [
+            "FAILED: 1 nondeterministic op(s) not in the baseline*: pbtest::noisy (cpu, float64)",
+            "accept with: pytest --backends-baseline=*baseline.json --backends-baseline-update "
+            "(this job), or across jobs: pytest-backends baseline --census MERGED_CENSUS.json "
+            "*baseline.json",
+        ]
     )
+    # the test's own failure ends with the same command
+    result.stdout.fnmatch_lines(["  accept with: pytest --backends-baseline=*baseline.json *"])
+    # and the command it names accepts the op: the next run passes
+    update = pytester.runpytest_subprocess(
+        "--backends-baseline=baseline.json", "--backends-baseline-update"
+    )
+    assert update.ret == 0, update.stdout.str()[-2000:]
+    assert pytester.runpytest_subprocess("--backends-baseline=baseline.json").ret == 0
+    (pytester.path / "baseline.json").write_text(json.dumps(baseline))
 
     # 4. The session fails even when the test's own failure is expected (xfail).
     pytester.makepyfile(
