@@ -88,7 +88,9 @@ def test_worker_crashes_keep_other_results_and_the_report(
     total = next(line for line in grid.splitlines() if line.startswith("total"))
     assert total.split()[1:3] == ["2", "3"], grid  # passed, failed
     html_text = page.read_text()
-    assert html_text.count('<td class="failed" title=') == 3  # grid cells
+    # grid cells: failed, marked crashed, with the crash named in the cell
+    assert html_text.count('<td class="failed crashed" title=') == 3
+    assert html_text.count('<span class="crash">crashed') == 3
     assert html_text.count('<td class="failed">failed</td>') == 3  # the failure list
     assert html_text.count("(crashed)") == 3
     assert (pytester.path / "junit.xml").exists()
