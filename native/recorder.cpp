@@ -380,6 +380,31 @@ bool compiling() {
          TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FUNCTIONAL).has_value();
 }
 
+// A FakeTensor or FunctionalTensor: the compiler's tracing tensors hold no data, so
+// their ops compute nothing the test can observe (the rule of compiling() above, for
+// the tensors a tracer handles outside its mode). Call with the GIL held.
+bool tracing_tensor(PyObject* obj) {
+  static PyObject* classes = [] {
+    PyObject* found = PyTuple_New(0);
+    try {
+      py::tuple both = py::make_tuple(
+          py::module_::import("torch._subclasses.fake_tensor").attr("FakeTensor"),
+          py::module_::import("torch._subclasses.functional_tensor").attr("FunctionalTensor"));
+      Py_DECREF(found);
+      found = both.release().ptr();
+    } catch (const std::exception&) {
+      PyErr_Clear();
+    }
+    return found;  // kept for the life of the process
+  }();
+  const int result = PyObject_IsInstance(obj, classes);
+  if (result < 0) {
+    PyErr_Clear();
+    return false;
+  }
+  return result == 1;
+}
+
 // Guards one recorder's state against autograd's worker threads; uncontended in
 // practice (the calling thread waits for them), so a spin is cheaper than a mutex.
 class SpinLock {
@@ -593,20 +618,29 @@ class Recorder {
         return;
       }
     }
-    std::string name = "a __torch_dispatch__ subclass";
+    std::string name;
     for (const auto& v : inputs) {
       if (v.isTensor() && v.toTensor().defined() &&
           v.toTensor().unsafeGetTensorImpl()->is_python_dispatch()) {
         py::gil_scoped_acquire gil;
         PyObject* obj = THPVariable_Wrap(v.toTensor());
-        if (obj != nullptr) {
-          name = Py_TYPE(obj)->tp_name;
-          Py_DECREF(obj);
-        } else {
+        if (obj == nullptr) {
           PyErr_Clear();
+          name = "a __torch_dispatch__ subclass";
+          break;
         }
-        break;
+        const bool tracing = tracing_tensor(obj);
+        if (!tracing) {
+          name = Py_TYPE(obj)->tp_name;
+        }
+        Py_DECREF(obj);
+        if (!tracing) {
+          break;
+        }
       }
+    }
+    if (name.empty()) {
+      return;  // only the compiler's tracing tensors: nothing of the test ran unseen
     }
     std::lock_guard<SpinLock> lock(mutex_);
     if (blind_.empty()) {
