@@ -33,7 +33,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from pytest_backends import _tree
 from pytest_backends.batch.runs import rows_differ
-from pytest_backends.determinism.recorder import Comparison, Divergence, Location, locate
+from pytest_backends.determinism.recorder import (
+    Comparison,
+    Divergence,
+    Location,
+    locate,
+    merge_verdict,
+)
 
 if TYPE_CHECKING:
     from pytest_backends.batch.runs import Case, Plan
@@ -259,7 +265,7 @@ def compare_ops(
     if m == n:
         reason = f"{case} has the batch's size, so rows cannot be matched through the ops' shapes"
         for op in full.ops:
-            _merge(verdicts, (op.name, op.device, op.dtype), "inconclusive")
+            merge_verdict(verdicts, (op.name, op.device, op.dtype), "inconclusive", VERDICTS)
         return verdicts, Finding("none", case, reason=reason)
     for i, (a, b) in enumerate(zip(full.ops, sub.ops)):
         key = (a.name, a.device, a.dtype)
@@ -285,7 +291,7 @@ def compare_ops(
         if len(a.inputs) != len(b.inputs):
             inputs_equal = False
         if not inputs_equal:
-            _merge(verdicts, key, "inconclusive")
+            merge_verdict(verdicts, key, "inconclusive", VERDICTS)
             continue
         compared = differs = False
         for kept_x, kept_y in zip(a.outputs, b.outputs):
@@ -302,11 +308,11 @@ def compare_ops(
             if not same:
                 differs = True
         if differs:
-            _merge(verdicts, key, "batch_variant")
+            merge_verdict(verdicts, key, "batch_variant", VERDICTS)
             if finding is None:
                 finding = Finding("op", case, a.name, a.device, a.dtype, i)
         else:
-            _merge(verdicts, key, "no_difference" if compared else "inconclusive")
+            merge_verdict(verdicts, key, "no_difference" if compared else "inconclusive", VERDICTS)
     else:
         if len(full.ops) != len(sub.ops) and finding is None:
             i = min(len(full.ops), len(sub.ops))
@@ -330,16 +336,6 @@ def compare_ops(
             ),
         )
     return verdicts, finding
-
-
-def _merge(
-    verdicts: dict[tuple[str, str | None, str | None], str],
-    key: tuple[str, str | None, str | None],
-    verdict: str,
-) -> None:
-    old = verdicts.get(key)
-    if old is None or VERDICTS.index(verdict) < VERDICTS.index(old):
-        verdicts[key] = verdict
 
 
 def with_location(finding: Finding, plan: Plan, rows: Sequence[int], grads: Any) -> Finding:

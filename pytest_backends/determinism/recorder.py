@@ -71,6 +71,7 @@ __all__ = [
     "RunLog",
     "compare_runs",
     "locate",
+    "merge_verdict",
 ]
 
 _UNINITIALIZED = op_tables.UNINITIALIZED
@@ -1213,9 +1214,9 @@ def compare_runs(logs: Sequence[RunLog]) -> Comparison:
     for log in logs:
         for call in log.calls:
             if call.alerted:
-                _merge(verdicts, call.key, "raises_under_deterministic_mode")
+                merge_verdict(verdicts, call.key, "raises_under_deterministic_mode")
     for i, call in enumerate(ref):
-        _merge(verdicts, call.key, status.get(i, "inconclusive"))
+        merge_verdict(verdicts, call.key, status.get(i, "inconclusive"))
     return Comparison(
         len(logs),
         [blamed[i] for i in sorted(blamed)],
@@ -1234,8 +1235,8 @@ def _single_run(logs: Sequence[RunLog]) -> Comparison:
             keys = [(*call.key, call.alerted) for call in log.calls]
         for name, device, dtype, alerted in keys:
             if alerted:
-                _merge(verdicts, (name, device, dtype), "raises_under_deterministic_mode")
-            _merge(verdicts, (name, device, dtype), "inconclusive")
+                merge_verdict(verdicts, (name, device, dtype), "raises_under_deterministic_mode")
+            merge_verdict(verdicts, (name, device, dtype), "inconclusive")
     return Comparison(len(logs), [], None, verdicts)
 
 
@@ -1249,16 +1250,18 @@ def _same_fingerprints(logs: Sequence[RunLog]) -> Comparison | None:
     verdicts: dict[tuple[str, str | None, str | None], str] = {}
     for name, device, dtype, alerted in keys:
         if alerted:
-            _merge(verdicts, (name, device, dtype), "raises_under_deterministic_mode")
-        _merge(verdicts, (name, device, dtype), "deterministic")
+            merge_verdict(verdicts, (name, device, dtype), "raises_under_deterministic_mode")
+        merge_verdict(verdicts, (name, device, dtype), "deterministic")
     return Comparison(len(logs), [], None, verdicts)
 
 
-def _merge(
+def merge_verdict(
     verdicts: dict[tuple[str, str | None, str | None], str],
     key: tuple[str, str | None, str | None],
     verdict: str,
+    order: Sequence[str] = VERDICTS,
 ) -> None:
+    """Keep the graver of ``verdict`` and the one ``key`` has (``order``: gravest first)."""
     old = verdicts.get(key)
-    if old is None or VERDICTS.index(verdict) < VERDICTS.index(old):
+    if old is None or order.index(verdict) < order.index(old):
         verdicts[key] = verdict
