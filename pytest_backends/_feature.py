@@ -1,0 +1,43 @@
+"""The contract every feature meets, so that the registrar can walk them all.
+
+A feature is a module with three names:
+
+* ``Settings``: a frozen class with ``from_config(config)``, which resolves
+  the feature's options through :func:`pytest_backends._options.lookup` (the
+  one resolver) and raises :class:`pytest.UsageError` on bad input.  A
+  feature that is off still has settings that say so.  Settings may carry
+  ``required_axes``: matrix axes every matrix test must then run along.
+* ``SETTINGS_KEY``: the ``config.stash`` key the registrar stores them under.
+* ``plugins(config, settings)``: the ``(plugin, name)`` pairs this process
+  needs (none when the feature is off); the registrar registers them.
+
+Nothing but :mod:`pytest_backends.plugin` resolves settings or registers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import pytest
+
+__all__ = ["Feature", "FeatureSettings"]
+
+
+class FeatureSettings(Protocol):
+    """What the registrar needs of a feature's ``Settings`` class."""
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Any:
+        """Resolve the feature's options for ``config`` (raises ``pytest.UsageError``)."""
+
+
+class Feature(Protocol):
+    """A feature module (see the module docstring)."""
+
+    #: The feature's settings class.
+    Settings: type[FeatureSettings]
+    #: Where the registrar stores the settings.
+    SETTINGS_KEY: pytest.StashKey[Any]
+
+    def plugins(self, config: pytest.Config, settings: Any) -> list[tuple[object, str]]:
+        """The plugins this process needs for ``settings`` (not registered)."""

@@ -1,0 +1,147 @@
+"""The few names that cross features, and nothing else.
+
+A feature keeps its own stash keys next to its settings.  What is here is
+read or written by more than one feature: the configuration an item runs
+under, the flags applied around it, the axes some feature requires of the
+matrix, the run-wide ``--backends-strict`` and ``--backends-label`` choices,
+and the names of the report properties that carry verdicts to the
+controller, the report, ``merge`` and JUnit alike.  This module imports no
+feature, not even for type checking: the types it needs are protocols.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import pytest
+
+__all__ = [
+    "CONFIG_KEY",
+    "ITEM_FLAGS_KEY",
+    "LABEL_KEY",
+    "PROPERTY_BATCH",
+    "PROPERTY_CENSUS",
+    "PROPERTY_CHECK",
+    "PROPERTY_CONFIG",
+    "PROPERTY_VERIFY_DETAIL",
+    "PROPERTY_VERIFY_STATUS",
+    "REQUIRED_AXES_KEY",
+    "STRICT_KEY",
+    "LabelChoice",
+    "RunningConfig",
+    "Strictness",
+    "add_property",
+    "explicit_label",
+    "report_data",
+    "report_property",
+    "strict",
+]
+
+
+class RunningConfig(Protocol):
+    """What every feature may read of the configuration an item runs under."""
+
+    @property
+    def id(self) -> str:
+        """The configuration's id (``default`` outside the matrix)."""
+
+    @property
+    def flags(self) -> Mapping[str, Any]:
+        """The ``torch.backends`` flags it sets (``name -> value``)."""
+
+
+class Strictness(Protocol):
+    """The selection feature's settings, as other features read them."""
+
+    @property
+    def strict(self) -> bool:
+        """Whether ``--backends-strict`` is on."""
+
+
+class LabelChoice(Protocol):
+    """The label feature's settings, as other features read them."""
+
+    @property
+    def explicit(self) -> str | None:
+        """The label given on the command line or in the ini file (None: the default)."""
+
+
+# --- config.stash ----------------------------------------------------------------------------
+
+#: Axes that some feature requires every matrix test to run along (the CPU level
+#: workers require ``cpu_capability``); set by the registrar before the matrix resolves.
+REQUIRED_AXES_KEY: pytest.StashKey[tuple[str, ...]] = pytest.StashKey()
+#: The selection feature's settings (``--backends-strict``).
+STRICT_KEY: pytest.StashKey[Strictness] = pytest.StashKey()
+#: The label feature's settings (``--backends-label``).
+LABEL_KEY: pytest.StashKey[LabelChoice] = pytest.StashKey()
+
+# --- item.stash ------------------------------------------------------------------------------
+
+#: The configuration an item runs under (``default`` for a marked test outside the matrix).
+CONFIG_KEY: pytest.StashKey[RunningConfig] = pytest.StashKey()
+#: Flags to apply around one item's setup, call and teardown (``name -> value``).
+#: The matrix puts a config's flags here; the leak guard applies them, checks
+#: leaks relative to them and restores them afterwards.
+ITEM_FLAGS_KEY: pytest.StashKey[Mapping[str, Any]] = pytest.StashKey()
+
+# --- report properties (``report.user_properties`` names, JUnit ``<property>``) ---------------
+
+#: The id of the configuration a test ran under.
+PROPERTY_CONFIG = "backend_config"
+#: The verification status of a test's configuration.
+PROPERTY_VERIFY_STATUS = "backends_verify"
+#: The verification detail of a test's configuration.
+PROPERTY_VERIFY_DETAIL = "backends_verify_detail"
+#: One test's determinism census rows.
+PROPERTY_CENSUS = "backends_census"
+#: One test's determinism check: ``{"check", "reason", "boundary"}``.
+PROPERTY_CHECK = "backends_determinism_check"
+#: One test's batch-invariance census rows and config.
+PROPERTY_BATCH = "backends_batch_invariance"
+
+
+def strict(config: pytest.Config) -> bool:
+    """Whether ``--backends-strict`` is on (False before the settings are resolved)."""
+    settings = config.stash.get(STRICT_KEY, None)
+    return settings is not None and settings.strict
+
+
+def explicit_label(config: pytest.Config) -> str | None:
+    """The label given on the command line or in the ini file (None: use the default)."""
+    settings = config.stash.get(LABEL_KEY, None)
+    return None if settings is None else settings.explicit
+
+
+def add_property(report: pytest.TestReport, name: str, value: Any) -> None:
+    """Attach ``value`` to ``report`` as the property ``name`` (replacing an earlier one).
+
+    A string is kept as it is; other plain data (JSON-ready) is stored as
+    JSON text, so that JUnit XML's ``<property>`` holds something a program
+    can read back.  Properties travel with the report from a pytest-xdist
+    worker to the controller.
+    """
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    report.user_properties = [(n, v) for n, v in report.user_properties if n != name]
+    report.user_properties.append((name, text))
+
+
+def report_property(report: Any, name: str) -> str | None:
+    """The text of the property ``name`` on ``report`` (None when absent)."""
+    for key, value in getattr(report, "user_properties", ()) or ():
+        if key == name:
+            return str(value)
+    return None
+
+
+def report_data(report: Any, name: str) -> Any:
+    """The plain data :func:`add_property` stored as ``name`` (None when absent or not JSON)."""
+    text = report_property(report, name)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
