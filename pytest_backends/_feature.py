@@ -34,10 +34,13 @@ class FeatureSettings(Protocol):
 class Feature(Protocol):
     """A feature module (see the module docstring)."""
 
-    #: The feature's settings class.
-    Settings: type[FeatureSettings]
-    #: Where the registrar stores the settings.
-    SETTINGS_KEY: pytest.StashKey[Any]
+    @property
+    def Settings(self) -> type[FeatureSettings]:
+        """The feature's settings class."""
+
+    @property
+    def SETTINGS_KEY(self) -> pytest.StashKey[Any]:
+        """Where the registrar stores the settings."""
 
     def plugins(self, config: pytest.Config, settings: Any) -> list[tuple[object, str]]:
         """The plugins this process needs for ``settings`` (not registered)."""

@@ -17,9 +17,8 @@ if TYPE_CHECKING:
     from pytest_backends.capability.plugin import CapabilitySettings, WorkerPlan
     from pytest_backends.determinism.plugin import DeterminismSettings
     from pytest_backends.isolation import LeakSettings
-    from pytest_backends.matrix.configs import AxisRegistry, BackendConfig
+    from pytest_backends.matrix.configs import BackendConfig
     from pytest_backends.matrix.plugin import MatrixSettings
-    from pytest_backends.selection import Selection
 
 __all__ = [
     "BATCH_KEY",
@@ -31,20 +30,16 @@ __all__ = [
     "DETERMINISM_KEY",
     "DRIFT_KEY",
     "ITEM_FLAGS_KEY",
-    "LABEL_KEY",
     "LEAK_KEY",
     "MARKER_ERROR_KEY",
     "MATRIX_KEY",
     "PROPERTY_CONFIG",
     "PROPERTY_VERIFY_DETAIL",
     "PROPERTY_VERIFY_STATUS",
-    "REGISTRY_KEY",
     "REPORT_ATTR_BATCH",
     "REPORT_ATTR_CENSUS",
     "REPORT_ATTR_CHECK",
-    "SELECTION_KEY",
     "SETUP_ERROR_KEY",
-    "STRICT_KEY",
     "SUBTEST_FAILED_KEY",
     "SUBTEST_RERUN_FAILURE_KEY",
     "SUBTEST_RUN_KEY",
@@ -65,8 +60,6 @@ CAPABILITY_KEY: pytest.StashKey[CapabilitySettings] = pytest.StashKey()
 WORKER_PLAN_KEY: pytest.StashKey[WorkerPlan] = pytest.StashKey()
 #: The resolved determinism settings.
 DETERMINISM_KEY: pytest.StashKey[DeterminismSettings] = pytest.StashKey()
-#: The registry of axes of the run (built-ins plus ``pytest_backends_configurations``).
-REGISTRY_KEY: pytest.StashKey[AxisRegistry] = pytest.StashKey()
 
 # --- item.stash ------------------------------------------------------------------------------
 
@@ -93,12 +86,6 @@ PROPERTY_VERIFY_STATUS = "backends_verify"
 PROPERTY_VERIFY_DETAIL = "backends_verify_detail"
 #: Report attribute carrying one test's census rows (plain JSON-ready data).
 REPORT_ATTR_CENSUS = "backends_census"
-#: The job label given on the command line or in the ini file (None: the default is used).
-LABEL_KEY: pytest.StashKey[str | None] = pytest.StashKey()
-#: Which options selected how many items (merged from the workers in the controller).
-SELECTION_KEY: pytest.StashKey[Selection] = pytest.StashKey()
-#: Whether ``--backends-strict`` is on (resolved on first use).
-STRICT_KEY: pytest.StashKey[bool] = pytest.StashKey()
 #: The determinism run in progress for an item (0 for the first).
 SUBTEST_RUN_KEY: pytest.StashKey[int] = pytest.StashKey()
 #: Whether a subtest failed in an item's first determinism run.

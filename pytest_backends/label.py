@@ -9,14 +9,13 @@ census, so give each job of a CI matrix its own.
 
 from __future__ import annotations
 
-import socket
+from dataclasses import dataclass
 
 import pytest
 
-from pytest_backends import _options
-from pytest_backends._keys import LABEL_KEY
+from pytest_backends import _options, _shared
 
-__all__ = ["check_label", "configure", "default_label", "resolve"]
+__all__ = ["SETTINGS_KEY", "Settings", "check_label", "plugins"]
 
 
 _MAX_LENGTH = 200
@@ -38,24 +37,24 @@ def check_label(value: str, source: str) -> str:
     return text
 
 
-def configure(config: pytest.Config) -> None:
-    """Resolve the explicit label once (command line over ini) into ``config.stash``."""
-    raw = _options.lookup(config, "backends_label")
-    explicit = raw.from_cli or raw.text != ""
-    config.stash[LABEL_KEY] = check_label(raw.text, raw.source) if explicit else None
+@dataclass(frozen=True)
+class Settings:
+    """The label feature's settings: the label given explicitly, if any."""
+
+    explicit: str | None = None
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Settings:
+        """Resolve ``--backends-label`` (command line over ini); checked here, before any test."""
+        raw = _options.lookup(config, "backends_label")
+        explicit = raw.from_cli or raw.text != ""
+        return cls(check_label(raw.text, raw.source) if explicit else None)
 
 
-def default_label() -> str:
-    """``host/CPU capability/GPU name`` of this process (imports torch)."""
-    from pytest_backends.matrix.availability import probe
-
-    avail = probe()
-    host = socket.gethostname().split(".", 1)[0] or "localhost"
-    gpu = avail.cuda_devices[0] if avail.cuda_devices else "cpu"
-    return f"{host}/{avail.cpu_capability}/{gpu}"
+#: Read across features (through :func:`pytest_backends._shared.explicit_label`).
+SETTINGS_KEY = _shared.LABEL_KEY
 
 
-def resolve(config: pytest.Config) -> str:
-    """The label of this run: the explicit one, else :func:`default_label`."""
-    explicit = config.stash.get(LABEL_KEY, None)
-    return explicit if explicit is not None else default_label()
+def plugins(config: pytest.Config, settings: Settings) -> list[tuple[object, str]]:
+    """None: the label is read by the reports and the census, which say it."""
+    return []

@@ -17,12 +17,15 @@ import pytest
 
 from pytest_backends import _keys, _native_plugin, _options, hookspecs, isolation, selection
 from pytest_backends import label as _label
+from pytest_backends._feature import Feature
 from pytest_backends.batch import plugin as batch_plugin
 from pytest_backends.capability import levels as capability_levels
 from pytest_backends.capability import plugin as capability
 from pytest_backends.determinism import plugin as determinism_plugin
 from pytest_backends.matrix import markers
 from pytest_backends.matrix import plugin as matrix
+
+_SHARED_FEATURES: tuple[Feature, ...] = (selection, _label)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -43,6 +46,8 @@ def resolve(config: pytest.Config) -> None:
     """
     if _keys.MATRIX_KEY in config.stash:
         return
+    for feature in _SHARED_FEATURES:
+        config.stash[feature.SETTINGS_KEY] = feature.Settings.from_config(config)
     config.stash[_keys.LEAK_KEY] = isolation.resolve_leak_mode(config)
     levels = capability.resolve_settings(config)
     config.stash[_keys.CAPABILITY_KEY] = levels
@@ -85,8 +90,8 @@ def pytest_configure(config: pytest.Config) -> None:
     plugins += capability.configure(config, config.stash[_keys.CAPABILITY_KEY])
     plugins += determinism_plugin.configure(config)
     plugins += batch_plugin.configure(config)
-    _label.configure(config)
-    plugins += selection.configure(config)
+    for feature in _SHARED_FEATURES:
+        plugins += feature.plugins(config, config.stash[feature.SETTINGS_KEY])
     plugins += _native_plugin.configure(config)
     for plugin, name in plugins:
         config.pluginmanager.register(plugin, name)

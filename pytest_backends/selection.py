@@ -7,77 +7,40 @@ selected nothing would otherwise look like a clean pass ("0 op keys").
 
 Each feature records, once its items are final, how many items its option
 selects (:func:`record`).  The counts travel from xdist workers to the
-controller in ``workeroutput``; the controller names every option that
+controller through :mod:`pytest_backends._xdist`; the controller names every option that
 selected nothing in the terminal summary, and with ``--backends-strict`` (ini
 ``backends_strict``) the run exits with :attr:`pytest.ExitCode.USAGE_ERROR`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from pytest_backends import _options
-from pytest_backends._keys import SELECTION_KEY, STRICT_KEY
+from pytest_backends import _options, _selected, _shared, _xdist
+from pytest_backends._selected import Selection
 
-__all__ = [
-    "SELECTION_KEY",
-    "Selection",
-    "SelectionPlugin",
-    "configure",
-    "record",
-    "strict",
-]
+__all__ = ["SETTINGS_KEY", "SelectionPlugin", "Settings", "plugins"]
 
-#: The ``workeroutput`` key carrying a worker's counts to the controller.
-WORKEROUTPUT_KEY = "backends_selection"
+_CHANNEL = "selection"
 
 
-@dataclass
-class Selection:
-    """Per option: how many items it selects, and what to do when that is none."""
+@dataclass(frozen=True)
+class Settings:
+    """The selection feature's settings: whether ``--backends-strict`` is on."""
 
-    counts: dict[str, int] = field(default_factory=dict)
-    hints: dict[str, str] = field(default_factory=dict)
-    #: What selected items that were all skipped (a CPU level this machine lacks) -> why.
-    skipped: dict[str, str] = field(default_factory=dict)
+    strict: bool = False
 
-    def add(self, option: str, selected: int, hint: str) -> None:
-        """Record ``selected`` items for ``option`` (the largest count wins)."""
-        self.counts[option] = max(self.counts.get(option, 0), selected)
-        self.hints.setdefault(option, hint)
-
-    def empty(self) -> list[tuple[str, str]]:
-        """``(option, hint)`` for every option that selected nothing."""
-        return sorted((option, self.hints[option]) for option, n in self.counts.items() if n == 0)
-
-    def to_plain(self) -> dict[str, list[Any]]:
-        """JSON-ready form, for ``workeroutput``."""
-        return {option: [n, self.hints[option]] for option, n in self.counts.items()}
-
-    def merge(self, plain: dict[str, list[Any]]) -> None:
-        """Add the counts of another process (:meth:`to_plain`)."""
-        for option, (n, hint) in plain.items():
-            self.add(str(option), int(n), str(hint))
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Settings:
+        """Resolve ``--backends-strict`` (ini ``backends_strict``); bad values stop the run."""
+        return cls(bool(_options.lookup(config, "backends_strict").value))
 
 
-def record_all_skipped(config: pytest.Config, what: str, why: str) -> None:
-    """Record that every item ``what`` selected was skipped (controller, after the run)."""
-    config.stash.setdefault(SELECTION_KEY, Selection()).skipped.setdefault(what, why)
-
-
-def strict(config: pytest.Config) -> bool:
-    """Whether ``--backends-strict`` (or ``backends_strict = true``) is on."""
-    if STRICT_KEY not in config.stash:
-        config.stash[STRICT_KEY] = bool(_options.lookup(config, "backends_strict").value)
-    return config.stash[STRICT_KEY]
-
-
-def record(config: pytest.Config, option: str, selected: int, hint: str) -> None:
-    """Record that ``option`` selects ``selected`` items; ``hint`` says what to do if none."""
-    config.stash.setdefault(SELECTION_KEY, Selection()).add(option, selected, hint)
+#: Read across features (through :func:`pytest_backends._shared.strict`).
+SETTINGS_KEY = _shared.STRICT_KEY
 
 
 class SelectionPlugin:
@@ -88,34 +51,32 @@ class SelectionPlugin:
 
     def selection(self) -> Selection:
         """Everything recorded in this process (merged worker counts in an xdist controller)."""
-        return self.config.stash.setdefault(SELECTION_KEY, Selection())
+        return _selected.selection(self.config)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        workeroutput = getattr(self.config, "workeroutput", None)
-        if workeroutput is not None:
-            workeroutput[WORKEROUTPUT_KEY] = self.selection().to_plain()
+        if _xdist.put(self.config, _CHANNEL, self.selection().to_plain()):
             return
         # A run whose option selected nothing may also have deselected every test
         # (--backends-config): that too fails as a usage error, as the summary says.
         passing = (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
         silent = self.selection().empty() or self.selection().skipped
-        if strict(self.config) and silent and session.exitstatus in passing:
+        if _shared.strict(self.config) and silent and session.exitstatus in passing:
             session.exitstatus = pytest.ExitCode.USAGE_ERROR
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: object) -> None:
-        plain = getattr(node, "workeroutput", {}).get(WORKEROUTPUT_KEY)
+        plain = _xdist.collected(node, _CHANNEL)
         if plain:
             self.selection().merge(plain)
 
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
-        if hasattr(config, "workerinput"):
+        if _xdist.is_worker(config):
             return
         empty = self.selection().empty()
         skipped = sorted(self.selection().skipped.items())
         if not empty and not skipped:
             return
-        is_strict = strict(config)
+        is_strict = _shared.strict(config)
         terminalreporter.write_sep(
             "=", "backends: options that selected no test", red=is_strict, yellow=not is_strict
         )
@@ -131,11 +92,6 @@ class SelectionPlugin:
             )
 
 
-def configure(config: pytest.Config) -> list[tuple[object, str]]:
-    """The plugin, for every process (workers send their counts to the controller).
-
-    ``--backends-strict`` is resolved here, so a bad ini value stops the run
-    before any test runs.
-    """
-    strict(config)
+def plugins(config: pytest.Config, settings: Settings) -> list[tuple[object, str]]:
+    """The plugin, for every process (workers send their counts to the controller)."""
     return [(SelectionPlugin(config), "backends-selection")]

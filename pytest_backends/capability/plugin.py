@@ -37,7 +37,7 @@ from typing import IO, Any
 
 import pytest
 
-from pytest_backends import _keys, _options
+from pytest_backends import _keys, _options, _shared
 from pytest_backends.capability import levels
 from pytest_backends.capability.scheduler import (
     LevelScheduling,
@@ -240,13 +240,12 @@ def check_tx_beside_n(config: pytest.Config) -> None:
     specs = _given_tx([str(a) for a in args])
     if not specs:
         return
-    from pytest_backends import selection
 
     message = (
         f"--tx {' --tx '.join(specs)} is ignored: -n starts its own workers and pytest-xdist "
         "drops --tx beside it; give either -n N or the --tx specs"
     )
-    if selection.strict(config):
+    if _shared.strict(config):
         raise pytest.UsageError(message + " (--backends-strict)")
     config.issue_config_time_warning(pytest.PytestConfigWarning(message), stacklevel=2)
 

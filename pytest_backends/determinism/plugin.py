@@ -251,7 +251,7 @@ class DeterminismPlugin:
         self._recorders: set[str] = set()
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        from pytest_backends import selection
+        from pytest_backends._selected import record
 
         option = "--backends-determinism"
         if self.config.getoption("backends_determinism", None) is None:
@@ -261,7 +261,7 @@ class DeterminismPlugin:
                 else ("--backends-baseline" if self.settings.baseline else option)
             )
         selected = sum(1 for item in session.items if _selected(item, self.settings.select_all))
-        selection.record(
+        record(
             self.config,
             option,
             selected,
@@ -491,10 +491,10 @@ class DeterminismPlugin:
         versions = Versions.current() if (settings.census or settings.baseline) else None
         if settings.census is not None and versions is not None:
             try:
-                from pytest_backends.label import resolve
+                from pytest_backends.matrix.availability import run_label
 
                 self.census.write(
-                    settings.census, runs=settings.runs, versions=versions, label=resolve(config)
+                    settings.census, runs=settings.runs, versions=versions, label=run_label(config)
                 )
             except CensusFileError as exc:
                 self._errors.append(f"--backends-census: {exc}")

@@ -13,10 +13,14 @@ Torch is imported by :func:`probe`, never at module import.
 from __future__ import annotations
 
 import functools
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
+from pytest_backends import _shared
 from pytest_backends.capability import levels as capability
 from pytest_backends.flags import torch_imported as torch_imported
 
@@ -288,3 +292,17 @@ HINT = (
     "backends: availability not probed (torch is not imported yet); it is shown with "
     "--backends-matrix or when a collected test carries @pytest.mark.backends"
 )
+
+
+def default_label() -> str:
+    """``host/CPU capability/GPU name`` of this process (imports torch)."""
+    avail = probe()
+    host = socket.gethostname().split(".", 1)[0] or "localhost"
+    gpu = avail.cuda_devices[0] if avail.cuda_devices else "cpu"
+    return f"{host}/{avail.cpu_capability}/{gpu}"
+
+
+def run_label(config: pytest.Config) -> str:
+    """The label of this run: ``--backends-label`` if given, else :func:`default_label`."""
+    explicit = _shared.explicit_label(config)
+    return explicit if explicit is not None else default_label()

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
-from pytest_backends import _keys, _options, selection
+from pytest_backends import _keys, _options, _selected, _shared
 from pytest_backends.matrix import availability, markers, testcase
 from pytest_backends.matrix import xdist as _xdist
 from pytest_backends.matrix.configs import (
@@ -71,7 +71,6 @@ __all__ = [
 
 CONFIG_KEY = _keys.CONFIG_KEY
 SETTINGS_KEY = _keys.MATRIX_KEY
-REGISTRY_KEY = _keys.REGISTRY_KEY
 
 _MARKER_ERROR_KEY = _keys.MARKER_ERROR_KEY
 #: The matrix report's row for tests whose marker is invalid (they fail at setup).
@@ -502,7 +501,6 @@ class MatrixPlugin:
             except ConfigError as exc:
                 raise pytest.UsageError(f"pytest_backends_configurations: {exc}") from None
             self._registry = registry
-            self.config.stash[REGISTRY_KEY] = registry
         return self._registry
 
     def availability(self) -> Availability:
@@ -672,7 +670,7 @@ class MatrixPlugin:
                         f"@pytest.mark.{mark.name} on {defid} is not a pytest-backends marker: "
                         f"did you mean @pytest.mark.{markers.MARKER}?"
                     )
-                    if selection.strict(self.config):
+                    if _shared.strict(self.config):
                         self._errors.setdefault(defid, message + " (--backends-strict)")
                     else:
                         item.warn(markers.BackendsMarkerWarning(message))
@@ -824,7 +822,7 @@ class MatrixPlugin:
 
     def _late_warning(self, item: pytest.Item, why: str) -> None:
         message = f"@pytest.mark.backends on {item.nodeid} is not expanded: {why}"
-        if selection.strict(self.config):
+        if _shared.strict(self.config):
             self._errors[self._defid(item)] = message + " (--backends-strict)"
         else:
             item.warn(markers.BackendsMarkerWarning(message))
@@ -945,12 +943,12 @@ class MatrixPlugin:
             c for item in session.items if (c := item.stash.get(CONFIG_KEY, DEFAULT_CONFIG)).choices
         ]
         if self.settings.enabled and self.settings.select:
-            selection.record(
+            _selected.record(
                 self.config, self.settings.select_source, self._matched, self._select_hint()
             )
         elif self.settings.enabled:
             axes = f"axes {', '.join(self.settings.axes)}" if self.settings.axes else "any axis"
-            selection.record(
+            _selected.record(
                 self.config,
                 self.settings.axes_source,
                 len(configs),
@@ -987,7 +985,7 @@ class MatrixPlugin:
             from pytest_backends.matrix.verify import promises_for
 
             checked = sum(1 for c in configs if promises_for(c))
-            selection.record(
+            _selected.record(
                 self.config,
                 "--backends-verify",
                 checked,
@@ -1090,7 +1088,7 @@ def _check_ignored(config: pytest.Config, settings: MatrixSettings) -> None:
         f"{source} does nothing without the matrix: sampling picks configurations of the "
         "matrix, which is off; add --backends-matrix (or --backends-config)"
     )
-    if selection.strict(config):
+    if _shared.strict(config):
         raise pytest.UsageError(message + " (--backends-strict)")
     config.issue_config_time_warning(pytest.PytestConfigWarning(message), stacklevel=2)
 

@@ -618,12 +618,11 @@ class ReportPlugin:
         return combine(environment_lines(), self.workers.workers)
 
     def _header(self) -> dict[str, Any]:
-        from pytest_backends.label import resolve
-        from pytest_backends.matrix.availability import probe
+        from pytest_backends.matrix.availability import probe, run_label
 
         avail = probe()
         return {
-            "label": resolve(self.config),
+            "label": run_label(self.config),
             "torch": avail.torch_version,
             "cuda": avail.cuda_built,
         }
@@ -635,7 +634,7 @@ class ReportPlugin:
         results = list(self.results.values())
         if not results:
             return
-        from pytest_backends import selection
+        from pytest_backends import _selected
         from pytest_backends.capability.levels import AXIS
 
         by_level: dict[str, list[Result]] = {}
@@ -648,7 +647,7 @@ class ReportPlugin:
                 by_level.setdefault(choices[AXIS], []).append(result)
         for level, items in sorted(by_level.items()):
             if all(r.outcome == "skipped" for r in items):
-                selection.record_all_skipped(
+                _selected.record_all_skipped(
                     self.config,
                     f"CPU capability level {level}",
                     f"skipped ({len(items)} item(s)): {items[0].message}",
@@ -657,7 +656,7 @@ class ReportPlugin:
             source = self.settings.select_source if self.settings.select else "the matrix"
             configs = sorted({r.config for r in results})
             shown = ", ".join(configs[:5]) + (f", ... ({len(configs)})" if len(configs) > 5 else "")
-            selection.record_all_skipped(
+            _selected.record_all_skipped(
                 self.config,
                 f"{source} ({shown})",
                 f"skipped ({len(results)} item(s)): {results[0].message}",

@@ -19,7 +19,8 @@ from pytest_backends.determinism.census import (
     read_census,
 )
 from pytest_backends.determinism.census_merge import merge_censuses
-from pytest_backends.label import check_label, default_label
+from pytest_backends.label import check_label
+from pytest_backends.matrix.availability import default_label
 
 CPU = Versions("2.13.0+cpu", None)
 NOISY: Key = ("plant::noisy", "cpu", "float32")

@@ -12,7 +12,7 @@ import pytest
 # Imported before any pytester snapshot (see test_matrix_e2e.py).
 import torch  # noqa: F401
 
-from pytest_backends import selection
+from pytest_backends import _selected, selection
 from pytest_backends.determinism import subtests
 from pytest_backends.matrix import testcase, verify_cost
 
@@ -309,7 +309,7 @@ def test_matrix_subclass_runs_each_config_as_a_method_and_hides_the_original() -
 
 
 def test_selection_merges_worker_counts_and_names_empty_options() -> None:
-    first, second = selection.Selection(), selection.Selection()
+    first, second = _selected.Selection(), _selected.Selection()
     first.add("--backends-matrix", 0, "mark a test")
     first.add("--backends-verify", 0, "mark an axis")
     second.add("--backends-matrix", 3, "mark a test")
@@ -518,10 +518,13 @@ def test_only_plain_methods_are_expandable_and_hidden_originals_still_work() -> 
 
 
 def test_strict_resolves_command_line_over_ini(pytester: pytest.Pytester) -> None:
-    assert not selection.strict(pytester.parseconfig())
-    assert selection.strict(pytester.parseconfig("--backends-strict"))
+    def strict(*args: str) -> bool:
+        return selection.Settings.from_config(pytester.parseconfig(*args)).strict
+
+    assert not strict()
+    assert strict("--backends-strict")
     pytester.makeini("[pytest]\nbackends_strict = true\n")
-    assert selection.strict(pytester.parseconfig())
+    assert strict()
 
 
 CASES = """
