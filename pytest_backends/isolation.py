@@ -680,6 +680,12 @@ class IsolationPlugin:
     def _end(self, item: pytest.Item, state: _ItemState) -> None:
         if not self.watch.ready():
             return
+        if state.checked_fp is not None and state.checked_fp == self._ambient_fp:
+            # The test ran under the between-tests state and left it so: there is
+            # nothing to restore, and a change made from here on is found by the
+            # next boundary (the next test's drift check, or the session's end),
+            # which reports it as made "after <this test> finished" as well.
+            return
         reg = _registry()
         ambient = self._ensure_ambient()
         fp = reg.fingerprint()
@@ -834,38 +840,48 @@ class IsolationPlugin:
         state = self._current
         if state is None or not self.watch.ready():
             return found
+        checked: tuple[object, ...] | None = None
         try:
-            self._check_test(item, state, found)
+            checked = self._check_test(item, state, found)
         except Exception as exc:  # report, never crash the run
             found["fail"].append(
                 f"pytest-backends could not check torch backend flags: {type(exc).__name__}: {exc}"
             )
-        with contextlib.suppress(Exception):
-            state.checked_fp = _registry().fingerprint()
+        if checked is None:
+            with contextlib.suppress(Exception):
+                checked = _registry().fingerprint()
+        state.checked_fp = checked
         return found
 
     def _check_test(
         self, item: pytest.Item, state: _ItemState, found: dict[str, list[str]]
-    ) -> None:
+    ) -> tuple[object, ...] | None:
+        """Report what the test left changed; the state it leaves, if that is ``fp``.
+
+        Returns the fingerprint taken after teardown when nothing was restored
+        (the caller keeps it as the state the test handed back), else None.
+        """
         if state.mode == "off":
-            return
+            return None
         reg = _registry()
-        fp = reg.fingerprint()
+        fp: tuple[object, ...] = reg.fingerprint()
         if state.expected_fp is not None and fp == state.expected_fp:
-            return
+            return fp
         expected = state.expected
         if expected is None:
             expected = dict(self._ensure_ambient())
         leaked = reg.diff(expected, reg.to_plain(fp))
-        if leaked:
-            self._restore(reg, expected)
-            found[state.mode].append(
-                f"{item.nodeid} left torch backend flags changed:\n{_lines(leaked)}\n"
-                "They were restored for the next test. Restore them in the test "
-                "(try/finally), or set them with the backend_flags fixture or "
-                "pytest_backends.override_flags(), which always restore."
-                + self._thread_hint(state.threads)
-            )
+        if not leaked:
+            return fp
+        self._restore(reg, expected)
+        found[state.mode].append(
+            f"{item.nodeid} left torch backend flags changed:\n{_lines(leaked)}\n"
+            "They were restored for the next test. Restore them in the test "
+            "(try/finally), or set them with the backend_flags fixture or "
+            "pytest_backends.override_flags(), which always restore."
+            + self._thread_hint(state.threads)
+        )
+        return None
 
     # -- session end ------------------------------------------------------
 
