@@ -7,16 +7,16 @@ import circles start).  Nothing here imports torch or a feature module.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from pytest_backends import _shared
 
 if TYPE_CHECKING:
     from pytest_backends.batch.plugin import BatchSettings
     from pytest_backends.capability.plugin import CapabilitySettings, WorkerPlan
     from pytest_backends.determinism.plugin import DeterminismSettings
-    from pytest_backends.isolation import LeakSettings
     from pytest_backends.matrix.configs import BackendConfig
     from pytest_backends.matrix.plugin import MatrixSettings
 
@@ -28,9 +28,7 @@ __all__ = [
     "CHECK_KEY",
     "CONFIG_KEY",
     "DETERMINISM_KEY",
-    "DRIFT_KEY",
     "ITEM_FLAGS_KEY",
-    "LEAK_KEY",
     "MARKER_ERROR_KEY",
     "MATRIX_KEY",
     "PROPERTY_CONFIG",
@@ -39,7 +37,6 @@ __all__ = [
     "REPORT_ATTR_BATCH",
     "REPORT_ATTR_CENSUS",
     "REPORT_ATTR_CHECK",
-    "SETUP_ERROR_KEY",
     "SUBTEST_FAILED_KEY",
     "SUBTEST_RERUN_FAILURE_KEY",
     "SUBTEST_RUN_KEY",
@@ -50,8 +47,6 @@ __all__ = [
 
 # --- config.stash: settings, resolved once ---------------------------------------------------
 
-#: The resolved ``--backends-leaks`` settings.
-LEAK_KEY: pytest.StashKey[LeakSettings] = pytest.StashKey()
 #: The resolved matrix settings.
 MATRIX_KEY: pytest.StashKey[MatrixSettings] = pytest.StashKey()
 #: The resolved ``--backends-cpu-capability`` settings.
@@ -65,12 +60,8 @@ DETERMINISM_KEY: pytest.StashKey[DeterminismSettings] = pytest.StashKey()
 
 #: The ``BackendConfig`` of an item (``default`` for a marked test outside the matrix).
 CONFIG_KEY: pytest.StashKey[BackendConfig] = pytest.StashKey()
-#: Flags to apply around one item's setup, call and teardown (``name -> value``).
-#: Features such as the backend matrix put a config's flags here; the leak guard
-#: applies them, checks leaks relative to them and restores them afterwards.
-ITEM_FLAGS_KEY: pytest.StashKey[Mapping[str, Any]] = pytest.StashKey()
-#: Why the leak guard fails an item at setup (a bad marker, flags it could not apply).
-SETUP_ERROR_KEY: pytest.StashKey[str] = pytest.StashKey()
+#: The shared key (:mod:`pytest_backends._shared`), until every feature reads it there.
+ITEM_FLAGS_KEY = _shared.ITEM_FLAGS_KEY
 #: Why an item's ``@pytest.mark.backends`` marker is invalid (the item fails at setup).
 MARKER_ERROR_KEY: pytest.StashKey[str] = pytest.StashKey()
 #: The determinism verdicts (census rows) of one item, until its report is made.
@@ -98,8 +89,6 @@ VERIFY_SECONDS_KEY: pytest.StashKey[float] = pytest.StashKey()
 CHECK_KEY: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
 #: Report attribute carrying that check to the controller.
 REPORT_ATTR_CHECK = "backends_determinism_check"
-#: A change of the torch state found before an item's setup (made between tests).
-DRIFT_KEY: pytest.StashKey[str] = pytest.StashKey()
 #: The resolved batch-invariance settings.
 BATCH_KEY: pytest.StashKey[BatchSettings] = pytest.StashKey()
 #: The bound arguments of an item's ``@pytest.mark.batch_invariant`` marker.

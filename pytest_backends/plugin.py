@@ -22,6 +22,8 @@ from pytest_backends.batch import plugin as batch_plugin
 from pytest_backends.capability import levels as capability_levels
 from pytest_backends.capability import plugin as capability
 from pytest_backends.determinism import plugin as determinism_plugin
+from pytest_backends.isolation import feature as isolation_feature
+from pytest_backends.isolation import markers as isolation_markers
 from pytest_backends.matrix import markers
 from pytest_backends.matrix import plugin as matrix
 
@@ -48,7 +50,7 @@ def resolve(config: pytest.Config) -> None:
         return
     for feature in _SHARED_FEATURES:
         config.stash[feature.SETTINGS_KEY] = feature.Settings.from_config(config)
-    config.stash[_keys.LEAK_KEY] = isolation.resolve_leak_mode(config)
+    config.stash[isolation_feature.SETTINGS_KEY] = isolation_feature.Settings.from_config(config)
     levels = capability.resolve_settings(config)
     config.stash[_keys.CAPABILITY_KEY] = levels
     required = (capability_levels.AXIS,) if levels.levels is not None else ()
@@ -75,17 +77,12 @@ def _register_watch(config: pytest.Config) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Register the feature plugins that the resolved settings ask for."""
-    config.addinivalue_line(
-        "markers",
-        "backends_leaks(mode): override --backends-leaks (fail, warn, off) for one test",
-    )
+    config.addinivalue_line("markers", isolation_markers.marker_line())
     config.addinivalue_line("markers", markers.marker_line())
     config.addinivalue_line("markers", batch_plugin.marker_line())
     resolve(config)
     _register_watch(config)
-    plugins: list[tuple[object, str]] = [
-        (isolation.IsolationPlugin(config.stash[_keys.LEAK_KEY]), "backends-isolation")
-    ]
+    plugins = isolation_feature.plugins(config, config.stash[isolation_feature.SETTINGS_KEY])
     plugins += matrix.configure(config, config.stash[_keys.MATRIX_KEY])
     plugins += capability.configure(config, config.stash[_keys.CAPABILITY_KEY])
     plugins += determinism_plugin.configure(config)

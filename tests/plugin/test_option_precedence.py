@@ -195,7 +195,7 @@ def test_every_option_that_can_be_off_takes_each_off_word_from_the_ini(
     config = pytester.parseconfig()
     settings = matrix.resolve_settings(config)
     assert (settings.enabled, settings.verify) == (False, "off")
-    assert isolation.resolve_leak_mode(config).mode == "off"
+    assert isolation.Settings.from_config(config).mode == "off"
     assert capability.resolve_settings(config).levels is None
     # A census still turns the check on: only the command line's off overrides it.
     checked = determinism.resolve_settings(config)

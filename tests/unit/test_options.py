@@ -77,7 +77,7 @@ def test_one_off_vocabulary_for_every_option_that_can_be_off(
     assert matrix.resolve_settings(config).enabled is False
     assert matrix.resolve_settings(config).verify == "off"
     assert determinism.resolve_settings(config) is None
-    assert isolation.resolve_leak_mode(config).mode == "off"
+    assert isolation.Settings.from_config(config).mode == "off"
     assert capability.resolve_settings(config).levels is None
 
 
@@ -128,6 +128,6 @@ def test_settings_are_resolved_once_into_frozen_objects(pytester: pytest.Pyteste
     assert settings.axes == ("mkldnn", "cpu_capability")
     with pytest.raises(AttributeError):
         settings.enabled = False  # type: ignore[misc]
-    assert config.stash[_keys.LEAK_KEY].mode == "fail"
+    assert config.stash[isolation.SETTINGS_KEY].mode == "fail"
     plugin.resolve(config)
     assert config.stash[_keys.MATRIX_KEY] is settings, "resolved twice"

@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from pytest_backends.flags import FlagRegistry, _catalogue, registry, snapshot_flags
-from pytest_backends.isolation import TorchStateWatch, _Change, marker_mode
+from pytest_backends.isolation import TorchStateWatch, marker_mode
+from pytest_backends.isolation.watch import Change
 
 pytest_plugins = ["pytester"]
 
@@ -200,12 +201,12 @@ def test_baseline_lines_name_the_source_of_each_net_change() -> None:
     watch.import_state = {"default_dtype": "float32", "cudnn.benchmark": False, "num_threads": 2}
     watch.baseline = {"default_dtype": "float64", "cudnn.benchmark": False, "num_threads": 1}
     watch.baseline_changes = [
-        _Change(
+        Change(
             "tests/conftest.py",
             {"default_dtype": ("float32", "float64"), "cudnn.benchmark": (False, True)},
         ),
-        _Change("tests/sub/conftest.py", {"cudnn.benchmark": (True, False)}),  # undone
-        _Change("a hook of a conftest.py or plugin", {"num_threads": (2, 1)}),
+        Change("tests/sub/conftest.py", {"cudnn.benchmark": (True, False)}),  # undone
+        Change("a hook of a conftest.py or plugin", {"num_threads": (2, 1)}),
     ]
     assert watch.baseline_lines() == [
         "session baseline differs from torch defaults: default_dtype=float64 (tests/conftest.py)",

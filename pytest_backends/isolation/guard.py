@@ -1,0 +1,548 @@
+"""The leak guard's hooks: apply an item's flags, check every phase boundary, restore.
+
+Around every test the flags are compared before setup and after teardown,
+one fingerprint at each boundary: a test that leaves one changed is reported
+with ``before -> after`` and the state is put back.  A fixture owns what it
+changes for its scope and is reported, once, naming it, if the change
+outlives its teardown.  Changes made while no test runs (a stray thread, a
+hook) are reported before the next test, or at session end after the last
+one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Generator, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_backends import _shared
+from pytest_backends.isolation.findings import Findings, warn_leak
+from pytest_backends.isolation.markers import marker_mode
+from pytest_backends.isolation.modules import ModuleFlags
+from pytest_backends.isolation.snapshot import Fingerprint, diff_lines, registry
+from pytest_backends.isolation.threads import ThreadOrigins
+from pytest_backends.isolation.threads import hint as thread_hint
+from pytest_backends.isolation.watch import HOOK_SOURCE, WATCH, TorchStateWatch
+
+if TYPE_CHECKING:
+    from pytest_backends.isolation.feature import Settings
+
+__all__ = ["DRIFT_KEY", "SETUP_ERROR_KEY", "IsolationPlugin"]
+
+#: Why the guard fails an item at setup (a bad marker, flags it could not apply).
+SETUP_ERROR_KEY: pytest.StashKey[str] = pytest.StashKey()
+#: A change of the torch state found before an item's setup (made between tests).
+DRIFT_KEY: pytest.StashKey[str] = pytest.StashKey()
+
+
+def _fixture_label(fixturedef: Any) -> str:
+    where = getattr(fixturedef, "baseid", "") or getattr(
+        getattr(fixturedef, "func", None), "__module__", "a plugin"
+    )
+    return f"fixture {fixturedef.argname!r} ({fixturedef.scope} scope, defined in {where})"
+
+
+@dataclass
+class _Owned:
+    """Flags a fixture changed during its setup."""
+
+    label: str
+    scope: str
+    before: dict[str, object]
+    mode: str
+    # the between-tests values of those flags before the fixture (without the
+    # import-time flags of the module whose test set it up)
+    ambient_before: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class _ItemState:
+    item: pytest.Item
+    mode: str
+    # None while torch is not loaded: the reference is then the baseline
+    expected: dict[str, object] | None
+    expected_fp: Fingerprint | None
+    # (name, origin) of threads alive when the test started that may change flags
+    threads: list[tuple[str, str]] = field(default_factory=list)
+    # the state right after the teardown check: anything later is not the test's
+    checked_fp: Fingerprint | None = None
+
+
+class IsolationPlugin:
+    """Applies per-item flags, restores state and reports leaks."""
+
+    def __init__(self, settings: Settings, watch: TorchStateWatch | None = None) -> None:
+        self.settings = settings
+        self.watch = WATCH if watch is None else watch
+        # A session started inside a running one (pytester's inline runs) finds
+        # torch's state owned by the enclosing session: its reference is the
+        # state it starts with, not the enclosing session's baseline.
+        self._nested = self.watch.settled
+        self._ambient: dict[str, object] | None = None
+        self._ambient_fp: Fingerprint | None = None
+        self._current: _ItemState | None = None
+        # flags each test module set while imported
+        self.modules = ModuleFlags()
+        self._owned: dict[Any, _Owned] = {}
+        # fixture leaks waiting for the teardown of the test that finalised them
+        self._pending: list[tuple[str, str]] = []
+        # what is reported in the summary, and whether it fails the run
+        self.findings = Findings()
+        self._previous: str | None = None
+        # changes made after a test's teardown check (logreport/logfinish hooks,
+        # threads): reported before the next test or at session end
+        self._late: list[tuple[str, dict[str, tuple[object, object]]]] = []
+        self.threads = ThreadOrigins(self.watch)
+
+    # -- bookkeeping ------------------------------------------------------
+
+    def _ensure_ambient(self) -> dict[str, object]:
+        if self._ambient is None:
+            if self._nested:
+                reg = registry()
+                self._ambient_fp = reg.fingerprint()
+                self._ambient = reg.to_plain(self._ambient_fp)
+            else:
+                self._ambient = dict(self.watch.baseline)
+                self._ambient_fp = self.watch.baseline_fp
+        return self._ambient
+
+    def _restore(self, reg: Any, state: Mapping[str, object]) -> None:
+        try:
+            reg.restore(state)
+        except Exception as exc:  # report, never crash the run
+            self.findings.add(
+                "torch backend flags that could not be restored", str(exc), fails=True
+            )
+
+    @contextlib.contextmanager
+    def _unchecked_on_error(self, where: str) -> Iterator[None]:
+        """Report the guard's own failure in the summary instead of raising it."""
+        try:
+            yield
+        except Exception as exc:
+            self.findings.add(
+                "torch backend flags that could not be checked",
+                f"{where}: {type(exc).__name__}: {exc}",
+                fails=False,
+            )
+
+    # -- collection: what conftests and test modules change while imported --
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_make_collect_report(
+        self, collector: pytest.Collector
+    ) -> Generator[None, object, object]:
+        if not isinstance(collector, pytest.File):
+            return (yield)
+        self.watch.checkpoint(HOOK_SOURCE)
+        report = yield
+        with self._unchecked_on_error(collector.nodeid):  # never break collection
+            self.modules.check_import(
+                collector, self.watch, self.settings.mode, self._restore, self.findings
+            )
+        return report
+
+    def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str]:
+        """The suite's baseline, when conftest files or plugins changed torch's defaults."""
+        self.watch.checkpoint(HOOK_SOURCE)
+        return [f"pytest-backends: {line}" for line in self.watch.baseline_lines()]
+
+    # -- around each test -------------------------------------------------
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(
+        self, item: pytest.Item, nextitem: pytest.Item | None
+    ) -> Generator[None, object, object]:
+        flags = item.stash.get(_shared.ITEM_FLAGS_KEY, None)
+        mode, marker_error = marker_mode(item, self.settings.mode)
+        if marker_error:
+            item.stash[SETUP_ERROR_KEY] = f"{item.nodeid}: {marker_error}"
+        if not flags and mode == "off" and self.settings.mode == "off":
+            return (yield)
+        threads_before = set(threading.enumerate())
+        try:
+            state: _ItemState | None = self._begin(item, flags, mode)
+        except Exception as exc:  # a broken registry fails this test, not the run
+            item.stash[SETUP_ERROR_KEY] = (
+                f"pytest-backends could not read torch backend flags: {type(exc).__name__}: {exc}"
+            )
+            state = None
+        self._current = state
+        try:
+            return (yield)
+        finally:
+            self._current = None
+            self._previous = item.nodeid
+            self.threads.started_by(set(threading.enumerate()) - threads_before, item.nodeid)
+            if state is not None:
+                self._end(item, state)
+
+    # trylast: inside pytest's capture wrapper, which points fd 1 at its own file
+    # when the call starts; the primitive log must redirect fd 1 after it.
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
+        """Under a reduced oneDNN precision, capture oneDNN's primitive log during the call.
+
+        The tolerance model then bounds each result by the precision of the
+        kernel that computed it (``pytest_backends.tolerance.kernel_precision``),
+        not by the flag's worst case.  About 0.3 ms a test; only for items whose
+        flags set ``fp32_precision`` to ``bf16`` or ``tf32``.
+        """
+        flags = item.stash.get(_shared.ITEM_FLAGS_KEY, None)
+        if not flags or not _reduces_onednn_precision(flags):
+            return (yield)
+        from pytest_backends import kernels
+
+        if kernels.active_log() is not None:  # --backends-verify or the test captures already
+            return (yield)
+        log = kernels.PrimitiveLog()
+        started = log.start()
+        try:
+            return (yield)
+        finally:
+            if started:
+                log.stop()
+
+    def _begin(
+        self,
+        item: pytest.Item,
+        flags: Mapping[str, object] | None,
+        mode: str,
+    ) -> _ItemState:
+        watch = self.watch
+        if flags and not watch.ready():
+            registry()  # imports torch; the import hook takes the snapshot
+            watch.ready()
+        if not watch.settled:
+            watch.checkpoint(HOOK_SOURCE)
+            watch.settled = True
+        strays = self.threads.suspects()
+        if not watch.ready():
+            return _ItemState(item, mode, None, None, strays)
+        reg = registry()
+        self._check_drift(reg, item)
+        expected_fp, expected = self._ambient_fp, dict(self._ensure_ambient())
+        module_flags = self.modules.of(item)
+        if module_flags:
+            # a module-, package- or session-scoped fixture set up after the import
+            # owns what it changed since, as it would without the plugin
+            baseline = watch.baseline
+            module_flags = {
+                name: value
+                for name, value in module_flags.items()
+                if expected.get(name) == baseline.get(name)
+            }
+        if module_flags:
+            self._restore(reg, module_flags)
+            expected_fp = reg.fingerprint()
+            expected = reg.to_plain(expected_fp)
+        if flags:
+            try:
+                reg.apply(reg.validate(flags))
+                expected_fp = reg.fingerprint()
+                expected = reg.to_plain(expected_fp)
+            except ValueError as exc:
+                self._restore(reg, self._ensure_ambient())
+                item.stash[SETUP_ERROR_KEY] = f"cannot apply backend flags: {exc}"
+        return _ItemState(item, mode, expected, expected_fp, strays)
+
+    def _check_drift(self, reg: Any, item: pytest.Item) -> None:
+        """Flags changed while no test ran, e.g. by a thread an earlier test started."""
+        ambient = self._ensure_ambient()
+        fp = reg.fingerprint()
+        drift: dict[str, tuple[object, object]] = {}
+        if fp != self._ambient_fp:
+            drift = reg.diff(ambient, reg.to_plain(fp))
+            self._restore(reg, ambient)
+            self._ambient_fp = reg.fingerprint()
+        text = self._late_text(drift)
+        if self.settings.mode == "off" or not text:
+            return
+        # Emitted in the setup phase, where pytest records warnings per test (and
+        # where -W error makes it that test's error, never an INTERNALERROR).
+        item.stash[DRIFT_KEY] = (
+            f"torch backend flags changed between tests (before {item.nodeid} started):\n"
+            f"{text}\n"
+            "No test was running, so the change came from another thread (for example "
+            "one an earlier test started and did not join) or from a plugin hook. "
+            "The flags were restored. Flags are process-global: join threads that "
+            "change them before the test ends."
+            + thread_hint(self.threads.suspects(), "at that time")
+        )
+
+    def _end(self, item: pytest.Item, state: _ItemState) -> None:
+        if not self.watch.ready():
+            return
+        if state.checked_fp is not None and state.checked_fp == self._ambient_fp:
+            # The test ran under the between-tests state and left it so: there is
+            # nothing to restore, and a change made from here on is found by the
+            # next boundary (the next test's drift check, or the session's end),
+            # which reports it as made "after <this test> finished" as well.
+            return
+        reg = registry()
+        ambient = self._ensure_ambient()
+        fp = reg.fingerprint()
+        if state.checked_fp is not None and fp != state.checked_fp:
+            late = reg.diff(reg.to_plain(state.checked_fp), reg.to_plain(fp))
+            if late and self.settings.mode != "off":
+                self._late.append((f"after {item.nodeid} finished", late))
+        if self._ambient_fp is None or fp != self._ambient_fp:
+            self._restore(reg, ambient)
+            self._ambient_fp = reg.fingerprint()
+
+    def _late_text(self, drift: Mapping[str, tuple[object, object]]) -> str:
+        """Changes made after earlier tests' checks, then ``drift``, one block each."""
+        blocks = [f"{when}:\n{diff_lines(diff)}" for when, diff in self._late]
+        self._late = []
+        if drift:
+            after = f"after {self._previous} finished" if self._previous else "before any test"
+            blocks.append(f"{after}:\n{diff_lines(drift)}")
+        return "\n".join(blocks)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        """Report drift found before this test, and errors that belong to this test."""
+        drift = item.stash.get(DRIFT_KEY, None)
+        if drift is not None:
+            warn_leak(drift)
+        error = item.stash.get(SETUP_ERROR_KEY, None)
+        if error is not None:
+            pytest.fail(error, pytrace=False)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(
+        self, fixturedef: Any, request: pytest.FixtureRequest
+    ) -> Generator[None, object, object]:
+        state = self._current
+        if state is None:
+            return (yield)
+        before_fp = registry().fingerprint() if self.watch.ready() else None
+        result = yield
+        with self._unchecked_on_error(_fixture_label(fixturedef)):  # never break the fixture
+            self._own(fixturedef, state, before_fp)
+        return result
+
+    def _own(self, fixturedef: Any, state: _ItemState, before_fp: Fingerprint | None) -> None:
+        if not self.watch.ready():
+            return
+        reg = registry()
+        after_fp = reg.fingerprint()
+        if after_fp == before_fp:
+            return
+        before = reg.to_plain(before_fp) if before_fp is not None else dict(self.watch.baseline)
+        delta = reg.diff(before, reg.to_plain(after_fp))
+        if not delta:
+            return
+        # A function-scoped fixture is part of its test; a wider one is judged by
+        # the session's mode, never by the marker of whichever test set it up.
+        mode = state.mode if fixturedef.scope == "function" else self.settings.mode
+        ambient = self._ensure_ambient()
+        self._owned[fixturedef] = _Owned(
+            _fixture_label(fixturedef),
+            fixturedef.scope,
+            {name: b for name, (b, _a) in delta.items()},
+            mode,
+            {name: ambient.get(name) for name in delta},
+        )
+        after = {name: a for name, (_b, a) in delta.items()}
+        if fixturedef.scope != "function":
+            self._ensure_ambient().update(after)
+            self._ambient_fp = None
+        if state.expected is None:
+            state.expected = dict(self._ensure_ambient())
+        state.expected.update(after)
+        state.expected_fp = None
+
+    def pytest_fixture_post_finalizer(
+        self, fixturedef: Any, request: pytest.FixtureRequest
+    ) -> None:
+        owned = self._owned.pop(fixturedef, None)
+        if owned is None:
+            return
+        with self._unchecked_on_error(owned.label):  # never break teardown
+            self._finalized(owned)
+
+    def _finalized(self, owned: _Owned) -> None:
+        reg = registry()
+        current = reg.snapshot()
+        leaked = {
+            name: (before, current.get(name))
+            for name, before in owned.before.items()
+            if current.get(name) != before
+        }
+        if leaked:
+            self._restore(reg, owned.before)
+            message = (
+                f"{owned.label} changed torch backend flags and did not restore them "
+                f"in its teardown:\n{diff_lines(leaked)}\n"
+                "Restore them after the fixture's yield, or set them inside "
+                "pytest_backends.override_flags(), which always restores."
+            )
+            if owned.mode != "off" and owned.scope == "function":
+                self._pending.append((owned.mode, message))  # part of its test
+            elif owned.mode != "off":
+                # Not an error of whichever test happened to finalise the scope
+                # (that depends on the order): once per fixture and change, in the
+                # summary, and the run fails under "fail".
+                self.findings.add(
+                    "torch backend flags leaked by fixtures", message, fails=owned.mode == "fail"
+                )
+        if owned.scope != "function":
+            self._ensure_ambient().update(owned.ambient_before)
+            self._ambient_fp = None
+        state = self._current
+        if state is not None and state.expected is not None:
+            state.expected.update(owned.before)
+            state.expected_fp = None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(
+        self, item: pytest.Item, nextitem: pytest.Item | None
+    ) -> Generator[None, object, object]:
+        try:
+            result = yield
+        except BaseException:
+            found = self._check(item)
+            text = "\n\n".join(found["fail"] + found["warn"])
+            if text:
+                item.add_report_section("teardown", "torch backend flags leaked", text)
+            raise
+        found = self._check(item)
+        fail, warn = found["fail"], found["warn"]
+        # pytest would turn a teardown error of an xfail test into one more
+        # "xfailed", hiding the leak; a warning stays visible.
+        if fail and item.get_closest_marker("xfail") is not None:
+            fail, warn = [], fail + warn
+        if fail:
+            if warn:
+                item.add_report_section(
+                    "teardown", "torch backend flags leaked (warn)", "\n\n".join(warn)
+                )
+            pytest.fail("\n\n".join(fail), pytrace=False)
+        for message in warn:
+            warn_leak(message)
+        return result
+
+    def _check(self, item: pytest.Item) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {"fail": [], "warn": [], "off": []}
+        pending, self._pending = self._pending, []
+        for mode, message in pending:
+            found[mode].append(message)
+        state = self._current
+        if state is None or not self.watch.ready():
+            return found
+        checked: Fingerprint | None = None
+        try:
+            checked = self._check_test(item, state, found)
+        except Exception as exc:  # report, never crash the run
+            found["fail"].append(
+                f"pytest-backends could not check torch backend flags: {type(exc).__name__}: {exc}"
+            )
+        if checked is None:
+            with contextlib.suppress(Exception):
+                checked = registry().fingerprint()
+        state.checked_fp = checked
+        return found
+
+    def _check_test(
+        self, item: pytest.Item, state: _ItemState, found: dict[str, list[str]]
+    ) -> Fingerprint | None:
+        """Report what the test left changed; the state it leaves, if that is ``fp``.
+
+        Returns the fingerprint taken after teardown when nothing was restored
+        (the caller keeps it as the state the test handed back), else None.
+        """
+        if state.mode == "off":
+            return None
+        reg = registry()
+        fp: Fingerprint = reg.fingerprint()
+        if state.expected_fp is not None and fp == state.expected_fp:
+            return fp
+        expected = state.expected
+        if expected is None:
+            expected = dict(self._ensure_ambient())
+        leaked = reg.diff(expected, reg.to_plain(fp))
+        if not leaked:
+            return fp
+        self._restore(reg, expected)
+        found[state.mode].append(
+            f"{item.nodeid} left torch backend flags changed:\n{diff_lines(leaked)}\n"
+            "They were restored for the next test. Restore them in the test "
+            "(try/finally), or set them with the backend_flags fixture or "
+            "pytest_backends.override_flags(), which always restore." + thread_hint(state.threads)
+        )
+        return None
+
+    # -- session end ------------------------------------------------------
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """After the last fixture's teardown: late changes, leftovers, the exit status."""
+        with self._unchecked_on_error("at session end"):  # never an INTERNALERROR
+            self._finish(session)
+        if self.findings.leave_for_controller(session.config, self.watch.baseline_lines()):
+            return
+        if self.findings.fails_run and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _finish(self, session: pytest.Session) -> None:
+        for mode, message in self._pending:
+            self.findings.add(
+                "torch backend flags leaked by fixtures", message, fails=mode == "fail"
+            )
+        self._pending = []
+        if (
+            self.settings.mode == "off"
+            or not self.watch.ready()
+            # a pytest-xdist controller runs no test: its flags reach none
+            or session.config.pluginmanager.has_plugin("dsession")
+        ):
+            return
+        reg = registry()
+        reference = self._ensure_ambient()
+        fp = reg.fingerprint()
+        late: dict[str, tuple[object, object]] = {}
+        if fp != self._ambient_fp:
+            late = reg.diff(reference, reg.to_plain(fp))
+            self._restore(reg, reference)
+        text = self._late_text(late)
+        if not text:
+            return
+        self.findings.add(
+            "torch backend flags changed after the last test",
+            f"torch backend flags changed while no test was running:\n{text}\n"
+            "They were restored at session end. A thread or a hook (pytest_runtest_logfinish, "
+            "pytest_sessionfinish, ...) changed them; join threads that change flags and "
+            "restore what hooks change." + thread_hint(self.threads.suspects(), "at session end"),
+            fails=self.settings.mode == "fail",
+        )
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        """pytest-xdist controller: gather what a worker found outside its tests."""
+        self.findings.gather(node)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """Everything found outside a test's own report."""
+        if self.watch.error is not None and self.settings.mode != "off":
+            self.findings.add(
+                "torch backend flags were not checked",
+                f"pytest-backends could not read torch's flags when torch was imported "
+                f"({self.watch.error}); the leak guard was off for this run.",
+                fails=False,
+            )
+        self.findings.write(terminalreporter)
+
+
+def _reduces_onednn_precision(flags: Mapping[str, object]) -> bool:
+    """Whether ``flags`` let oneDNN compute fp32 ops in a reduced precision."""
+    return any(
+        (name == "fp32_precision" or (name.startswith("mkldnn.") and "fp32_precision" in name))
+        and value in ("bf16", "tf32")
+        for name, value in flags.items()
+    )

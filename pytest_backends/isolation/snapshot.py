@@ -1,0 +1,34 @@
+"""The guard's access to torch's state: the flag registry, fingerprints and diffs.
+
+A fingerprint (:meth:`~pytest_backends.flags.FlagRegistry.fingerprint`) is the
+tuple of raw values of every row, cheap to take and to compare; it is turned
+into plain values (and a diff) only when two fingerprints differ.  The guard
+takes one before a test's setup and one after its teardown.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["Fingerprint", "diff_lines", "registry"]
+
+#: Raw values of every snapshot row, in the registry's order.
+Fingerprint = tuple[object, ...]
+
+
+@functools.cache
+def registry() -> Any:
+    """The flag registry of the running torch (imports torch on first use)."""
+    # flags imports nothing heavy itself; the registry imports torch on first use
+    from pytest_backends.flags import registry as flag_registry
+
+    return flag_registry()
+
+
+def diff_lines(diff: Mapping[str, tuple[object, object]]) -> str:
+    """One ``name: before -> after`` line per changed flag."""
+    from pytest_backends.flags import format_diff
+
+    return format_diff(diff)
