@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from pytest_backends import diff_flags, flag_names, override_flags, restore_flags, snapshot_flags
-from pytest_backends.flags import Flag, FlagRegistry, _catalogue, registry
+from pytest_backends.flags import Flag, FlagRegistry, registry
+from pytest_backends.flags.catalogue import _catalogue
 
 ROWS = registry().rows
 

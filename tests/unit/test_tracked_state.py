@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_backends.flags import FlagRegistry, _catalogue, registry, snapshot_flags
+from pytest_backends.flags import FlagRegistry, registry, snapshot_flags
+from pytest_backends.flags.catalogue import _catalogue
 from pytest_backends.isolation import TorchStateWatch, marker_mode
 from pytest_backends.isolation.watch import Change
 

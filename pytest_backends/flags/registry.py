@@ -1,0 +1,197 @@
+"""The registry: snapshot, validate, apply, restore and diff the rows, and the public API."""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import functools
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pytest_backends.flags.catalogue import _catalogue
+from pytest_backends.flags.row import Flag, _Invalid, _unfrozen
+
+
+class FlagRegistry:
+    """Snapshot, validate, apply and restore the flags that exist in a torch."""
+
+    def __init__(self, torch: Any, rows: list[Flag], absent: Mapping[str, str]) -> None:
+        self._torch = torch
+        self.rows: tuple[Flag, ...] = tuple(sorted(rows, key=lambda r: r.order))
+        self.by_name: dict[str, Flag] = {r.name: r for r in self.rows}
+        self.absent: dict[str, str] = dict(absent)
+        self.snapshot_rows: tuple[Flag, ...] = tuple(r for r in self.rows if r.in_snapshot)
+        self._readers = tuple(r.read for r in self.snapshot_rows)
+
+    def names(self) -> list[str]:
+        """Every flag name that can be set in this torch (snapshot rows and aliases)."""
+        return [r.name for r in self.rows]
+
+    def fingerprint(self) -> tuple[object, ...]:
+        """Raw values of every snapshot row: cheap to take and to compare."""
+        return tuple([read() for read in self._readers])
+
+    def to_plain(self, fingerprint: tuple[object, ...]) -> dict[str, object]:
+        """Turn a :meth:`fingerprint` into a ``{name: plain value}`` snapshot."""
+        return {r.name: r.plain(v) for r, v in zip(self.snapshot_rows, fingerprint)}
+
+    def snapshot(self) -> dict[str, object]:
+        """Every snapshot row as a plain value."""
+        return self.to_plain(self.fingerprint())
+
+    def validate(self, mapping: Mapping[str, object]) -> dict[str, object]:
+        """Check names and values; return normalised values or raise ``ValueError``."""
+        if not isinstance(mapping, Mapping):
+            raise ValueError(f"expected a mapping of flag name to value, got {mapping!r}")
+        normalised: dict[str, object] = {}
+        for name, value in mapping.items():
+            row = self.by_name.get(name) if isinstance(name, str) else None
+            if row is None:
+                raise ValueError(self._unknown_message(name))
+            try:
+                normalised[name] = row.check(value)
+            except _Invalid as exc:
+                raise ValueError(f"invalid value for flag {name!r}: {exc}") from None
+        return normalised
+
+    def _unknown_message(self, name: object) -> str:
+        if isinstance(name, str) and name in self.absent:
+            version = getattr(self._torch, "__version__", "?")
+            return f"flag {name!r} does not exist in this torch ({version}): {self.absent[name]}"
+        known = self.names()
+        close = difflib.get_close_matches(str(name), known, n=3)
+        hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+        return f"unknown backend flag {name!r}.{hint} Known flags: {', '.join(known)}"
+
+    def apply(self, normalised: Mapping[str, object]) -> None:
+        """Write already-validated values, parents before children.
+
+        A value this build or machine refuses raises ``ValueError``; callers
+        restore their snapshot (as :func:`override_flags` does).
+        """
+        ordered = sorted(normalised.items(), key=lambda kv: self.by_name[kv[0]].order)
+        with _unfrozen(self._torch):
+            for name, value in ordered:
+                if not self.by_name[name].last:
+                    self._write(name, value)
+        for name, value in ordered:
+            if self.by_name[name].last:
+                self._write(name, value)
+
+    def _write(self, name: str, value: object) -> None:
+        try:
+            self.by_name[name].write(value)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            # e.g. MAGMA on a CPU build, fp16 reductions on a CPU without fp16,
+            # opt_einsum enabled without the package
+            raise ValueError(
+                f"flag {name!r} cannot be set to {value!r} with this torch and machine: {exc}"
+            ) from exc
+
+    def restore(self, snapshot: Mapping[str, object]) -> None:
+        """Put every flag in ``snapshot`` back; all rows are tried before failing."""
+        unknown = [n for n in snapshot if n not in self.by_name]
+        if unknown:
+            raise ValueError(self._unknown_message(unknown[0]))
+        current = self.snapshot()
+        errors: list[str] = []
+        rows = [r for r in self.rows if r.name in snapshot]
+        with _unfrozen(self._torch):
+            for row in rows:
+                if not row.last:
+                    self._restore_row(row, snapshot[row.name], current, errors)
+        for row in rows:
+            if row.last:
+                self._restore_row(row, snapshot[row.name], current, errors)
+        if errors:
+            raise RuntimeError("could not restore torch backend flags: " + "; ".join(errors))
+
+    def _restore_row(
+        self, row: Flag, want: object, current: Mapping[str, object], errors: list[str]
+    ) -> None:
+        if row.parent is None and current.get(row.name) == want:
+            return
+        try:
+            row.write(self._precision_value(row, want) if row.parent else want)
+        except Exception as exc:  # keep going: one bad row must not block the rest
+            errors.append(f"{row.name}={want!r}: {type(exc).__name__}: {exc}")
+
+    def _precision_value(self, row: Flag, want: object) -> object:
+        """The string to write so that a precision row reads ``want`` again.
+
+        The getters report *effective* values (a leaf set to "none" reads what
+        it inherits), so a leaf whose wanted value equals its parent's is
+        written as "none" to keep it inheriting, as torch's defaults do.
+        """
+        assert row.parent is not None
+        parent_value = self.by_name[row.parent].read()
+        return "none" if want == parent_value else want
+
+    @staticmethod
+    def diff(
+        before: Mapping[str, object], after: Mapping[str, object]
+    ) -> dict[str, tuple[object, object]]:
+        """``{name: (before, after)}`` for every flag whose value differs."""
+        names = list(before) + [n for n in after if n not in before]
+        return {n: (before.get(n), after.get(n)) for n in names if before.get(n) != after.get(n)}
+
+
+@functools.cache
+def registry() -> FlagRegistry:
+    """The registry for the running torch (built once, on first use)."""
+    import torch
+    import torch.backends.opt_einsum
+
+    rows, absent = _catalogue(torch)
+    return FlagRegistry(torch, rows, absent)
+
+
+def flag_names() -> list[str]:
+    """Every flag name that can be set with :func:`override_flags` in this torch."""
+    return registry().names()
+
+
+def snapshot_flags() -> dict[str, object]:
+    """Every flag that exists in this torch, as plain values."""
+    return registry().snapshot()
+
+
+def restore_flags(snapshot: Mapping[str, object]) -> None:
+    """Restore the flags captured by :func:`snapshot_flags`."""
+    registry().restore(snapshot)
+
+
+def diff_flags(
+    before: Mapping[str, object], after: Mapping[str, object]
+) -> dict[str, tuple[object, object]]:
+    """``{name: (before, after)}`` for every flag that differs between two snapshots."""
+    return FlagRegistry.diff(before, after)
+
+
+def format_diff(diff: Mapping[str, tuple[object, object]]) -> str:
+    """One ``name: before -> after`` line per changed flag."""
+    return "\n".join(f"  {name}: {b!r} -> {a!r}" for name, (b, a) in diff.items())
+
+
+@contextlib.contextmanager
+def override_flags(mapping: Mapping[str, object]) -> Iterator[dict[str, object]]:
+    """Set the given flags, and restore **every** flag on exit, also on exceptions.
+
+    Names and values are validated before anything changes: an unknown name or
+    an invalid value raises ``ValueError`` naming the flag and the allowed
+    values.  The context value is the snapshot taken on entry.
+    """
+    reg = registry()
+    normalised = reg.validate(mapping)
+    before = reg.snapshot()
+    try:
+        reg.apply(normalised)
+        yield before
+    finally:
+        reg.restore(before)
+
+
+def torch_imported() -> bool:
+    """Whether something in this process has imported torch already (never imports it)."""
+    return "torch" in sys.modules

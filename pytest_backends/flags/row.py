@@ -1,0 +1,231 @@
+"""A row of the registry (:class:`Flag`), and the checks, readers and writers rows share."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Check = Callable[[object], object]
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One piece of global torch state.
+
+    ``read`` returns the raw value (cheap, used for fingerprints); ``plain``
+    converts it into a plain Python value; ``check`` validates and normalises
+    a user value (raising ``ValueError`` with a message that lists the allowed
+    values); ``write`` applies a normalised value.  ``in_snapshot`` is False
+    for legacy aliases whose state is already captured by other rows.
+    ``parent`` names the row this one inherits from (``fp32_precision`` tree).
+    ``last`` rows are written after all others and outside the mutation
+    allowance (the ``disable_global_flags`` switch itself).
+    """
+
+    name: str
+    read: Callable[[], object]
+    write: Callable[[Any], object]
+    check: Check
+    allowed: str
+    doc: str
+    plain: Callable[[Any], object] = lambda v: v
+    order: int = 50
+    in_snapshot: bool = True
+    parent: str | None = None
+    last: bool = False
+
+
+class _Invalid(ValueError):
+    """A value failed validation; the registry adds the flag name."""
+
+
+def _bool(value: object) -> object:
+    if isinstance(value, bool):
+        return value
+    raise _Invalid(f"expected True or False, got {value!r}")
+
+
+def _choice(*choices: str) -> Check:
+    def check(value: object) -> object:
+        if isinstance(value, str) and value in choices:
+            return value
+        raise _Invalid(f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
+
+    return check
+
+
+def _positive_int(value: object) -> object:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise _Invalid(f"expected a positive int, got {value!r}")
+
+
+def _reduction_pair(value: object) -> object:
+    """cuBLAS reduced-precision settings: a bool or (allow_reduced, allow_splitk)."""
+    if isinstance(value, bool):
+        return (value, True)
+    if (
+        isinstance(value, (tuple, list))
+        and 1 <= len(value) <= 2
+        and all(isinstance(v, bool) for v in value)
+    ):
+        return (value[0], value[1] if len(value) == 2 else True)
+    raise _Invalid(f"expected a bool or a pair (allow_reduced, allow_splitk), got {value!r}")
+
+
+def _unfrozen(torch: Any) -> contextlib.AbstractContextManager[object]:
+    """Allow ContextProp writes even after ``disable_global_flags()``.
+
+    The previous frozen state is put back on exit, so user code that froze
+    the flags still sees them frozen.
+    """
+    allow = getattr(torch.backends, "__allow_nonbracketed_mutation", None)
+    return allow() if allow is not None else contextlib.nullcontext()
+
+
+# Precision strings accepted per fp32_precision backend (DESIGN A.2, item 5).
+_CUDA_PRECISIONS = ("ieee", "tf32", "none")
+_ALL_PRECISIONS = ("ieee", "tf32", "bf16", "none")
+_FP32_ROWS: tuple[tuple[str, str, str, str | None], ...] = (
+    # name, backend, op, parent
+    ("fp32_precision", "generic", "all", None),
+    ("cudnn.fp32_precision", "cuda", "all", "fp32_precision"),
+    ("cuda.matmul.fp32_precision", "cuda", "matmul", "cudnn.fp32_precision"),
+    ("cudnn.conv.fp32_precision", "cuda", "conv", "cudnn.fp32_precision"),
+    ("cudnn.rnn.fp32_precision", "cuda", "rnn", "cudnn.fp32_precision"),
+    ("mkldnn.fp32_precision", "mkldnn", "all", "fp32_precision"),
+    ("mkldnn.matmul.fp32_precision", "mkldnn", "matmul", "mkldnn.fp32_precision"),
+    ("mkldnn.conv.fp32_precision", "mkldnn", "conv", "mkldnn.fp32_precision"),
+    ("mkldnn.rnn.fp32_precision", "mkldnn", "rnn", "mkldnn.fp32_precision"),
+)
+
+
+def _choice_int(*choices: int) -> Check:
+    def check(value: object) -> object:
+        names = {"default": 0, "warn": 1, "error": 2}
+        value = names.get(value, value) if isinstance(value, str) else value
+        if isinstance(value, int) and not isinstance(value, bool) and value in choices:
+            return value
+        raise _Invalid(f"expected one of {', '.join(map(str, choices))}, got {value!r}")
+
+    return check
+
+
+def _device_available(torch: Any, device: str) -> bool:
+    try:
+        if device == "mps":
+            return bool(torch.backends.mps.is_available())
+        module = getattr(torch, device, None)
+        return bool(module is not None and module.is_available())
+    except Exception:  # an unusual build: the device type is simply not offered
+        return False
+
+
+#: Plain value of ``float32_matmul_precision`` when its legacy getter raises
+#: because the legacy and ``fp32_precision`` APIs were mixed.
+MIXED = "<mixed: legacy and fp32_precision APIs disagree>"
+
+
+def _read_or_mixed(read: Callable[[], object]) -> object:
+    try:
+        return read()
+    except RuntimeError:
+        return MIXED
+
+
+def _write_unless_mixed(write: Callable[[Any], object], value: object) -> None:
+    # A mixed legacy state cannot be recreated through public API; the
+    # fp32_precision strings written after this still restore what matters.
+    if value != MIXED:
+        write(value)
+
+
+def _missing(*_args: object) -> object:
+    raise RuntimeError("this flag does not exist in the running torch")
+
+
+def _any_str(value: object) -> object:
+    if isinstance(value, str) and value:
+        return value
+    raise _Invalid(f"expected a non-empty string, got {value!r}")
+
+
+def _non_negative_int(value: object) -> object:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise _Invalid(f"expected a non-negative int, got {value!r}")
+
+
+def _enum_name(value: object) -> object:
+    return str(getattr(value, "name", value)).lower()
+
+
+def _dtype_name(value: object) -> object:
+    return str(value).removeprefix("torch.")
+
+
+_DEFAULT_DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
+def _dtype(torch: Any, value: object) -> Any:
+    return getattr(torch, value) if isinstance(value, str) else value
+
+
+def _check_dtype(torch: Any, value: object) -> object:
+    name = _dtype_name(value) if isinstance(value, torch.dtype) else value
+    if name in _DEFAULT_DTYPES:
+        return name
+    raise _Invalid(f"expected one of {', '.join(map(repr, _DEFAULT_DTYPES))}, got {value!r}")
+
+
+def _priority_order(torch: Any, value: object) -> object:
+    members = {int(m): m for name, m in torch._C._SDPBackend.__members__.items() if name != "ERROR"}
+    names = {name.lower(): int(m) for name, m in torch._C._SDPBackend.__members__.items()}
+    if isinstance(value, (list, tuple)):
+        order = [names.get(v.lower(), -1) if isinstance(v, str) else v for v in value]
+        if sorted(o for o in order if isinstance(o, int)) == sorted(members) and len(order) == len(
+            members
+        ):
+            return [int(o) for o in order]
+    raise _Invalid(
+        f"expected a permutation of {sorted(members)} (SDPBackend values), got {value!r}"
+    )
+
+
+def _default_device_reader(torch: Any) -> tuple[Callable[[], object], Callable[[Any], object]]:
+    """A cheap raw read of the global default device, and its plain form.
+
+    ``torch.get_default_device()`` walks the mode stack (about 3 us); the
+    global setting itself is one thread-local attribute, which is what
+    ``set_default_device`` writes.
+    """
+    holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    if holder is None:
+        return getattr(torch, "get_default_device", _missing), str
+
+    def read() -> object:
+        return getattr(holder, "device_context", None)
+
+    def plain(context: Any) -> object:
+        return "cpu" if context is None else str(context.device)
+
+    return read, plain
+
+
+def _set_default_device(torch: Any, value: str) -> None:
+    # "cpu" is torch's own default: clearing the override avoids leaving a
+    # device-context mode installed that every factory call would pay for.
+    torch.set_default_device(None if value == "cpu" else value)
+
+
+def _pair_writer(setter: Callable[..., None], paired: bool) -> Callable[[Any], None]:
+    if paired:
+        return lambda v: setter(*v)
+    return setter
+
+
+def _set_attr(torch: Any, obj: object, attr: str, value: object) -> None:
+    with _unfrozen(torch):
+        setattr(obj, attr, value)
