@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from pytest_backends import assert_close, flag_effect, override_flags, reference, tolerance_for
-from pytest_backends import tolerance as tolerance_module
 from pytest_backends.kernels import observe
+from pytest_backends.tolerance import kernel as tolerance_kernel
 
 BF16_FLAG = {"mkldnn.matmul.fp32_precision": "bf16"}
 
@@ -90,7 +90,7 @@ def test_the_flags_worst_case_is_documented_and_available() -> None:
 
 def test_the_probe_runs_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, str, str]] = []
-    real = tolerance_module._run_probe
+    real = tolerance_kernel._run_probe
 
     def counting(
         device: str, row: str, mode: str, settings: dict[str, object], shape: object = None
@@ -98,8 +98,8 @@ def test_the_probe_runs_once_per_process(monkeypatch: pytest.MonkeyPatch) -> Non
         calls.append((device, row, mode))
         return real(device, row, mode, settings, shape)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(tolerance_module, "_PROBES", {})
-    monkeypatch.setattr(tolerance_module, "_run_probe", counting)
+    monkeypatch.setattr(tolerance_kernel, "_PROBES", {})
+    monkeypatch.setattr(tolerance_kernel, "_run_probe", counting)
     with override_flags(BF16_FLAG):
         first = tolerance_for(torch.float32, op="matmul", k=64)
         for k in (8, 256, 4096):
@@ -115,7 +115,7 @@ def test_the_probe_runs_once_per_process(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_probe_stays_out_of_an_active_primitive_log() -> None:
     with override_flags(BF16_FLAG), observe() as log:
-        tolerance_module._PROBES.clear()
+        tolerance_kernel._PROBES.clear()
         tolerance_for(torch.float32, op="matmul", k=64)
         assert log.primitives() == []
 

@@ -1,0 +1,126 @@
+"""From dtype, device, op and flags to an elementwise bound: :func:`tolerance_for`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from pytest_backends.tolerance.model import (
+    _C_ACC_ABS,
+    _C_INPUT,
+    _C_OP,
+    _CPU_BLOCK,
+    _FP16_U,
+    _TORCH_DEFAULTS,
+    Tolerance,
+    _check_k,
+    _check_op,
+    _check_scale,
+    _check_shape,
+    _component,
+    _device_type,
+    _dtype,
+    dtype_name,
+)
+from pytest_backends.tolerance.paths import _fp32_path, _half_path
+from pytest_backends.tolerance.view import _FlagView, _Path
+
+
+def tolerance_for(
+    dtype: torch.dtype | str,
+    *,
+    device: torch.device | str = "cpu",
+    op: str | None = None,
+    k: int | None = None,
+    scale: float = 1.0,
+    flags: Mapping[str, object] | None = None,
+    kernel: bool = True,
+    shape: Sequence[int] | None = None,
+) -> Tolerance:
+    """The model's ``(rtol, atol)`` for a result of ``dtype`` computed on ``device``.
+
+    ``op`` names the op family (one of :data:`OP_FAMILIES`) so that only the
+    flags governing it count; ``None`` means any op, so every precision flag
+    of the device counts.  ``k`` is the reduction length (``None``: no
+    reduction).  ``scale`` is the root-mean-square magnitude of the reduced
+    terms (``a_i * b_i`` of a dot product), 1 for standard-normal inputs.
+    ``flags`` overlays flag values on the active ones (for example a
+    configuration's flags), without changing any global state.
+
+    A reduced-precision flag (``fp32_precision="bf16"``/``"tf32"``) only
+    *allows* the fast path.  With ``kernel=True`` (the default) the bound
+    follows the precision the kernel used (:func:`kernel_precision`: oneDNN's
+    primitive log where it is captured, else a one-time probe of the op
+    family on this machine, else the flag's worst case); ``shape``, the
+    shape of the result (:func:`assert_close` passes it), makes both the log
+    and the probe answer for that shape and ``k``, since oneDNN picks its
+    kernel per shape.  ``kernel=False`` always takes the flag's worst case.
+
+    For an elementwise or unnamed op (``op`` ``"elementwise"`` or ``None``)
+    the bound is never tighter than :func:`torch.testing.assert_close`'s
+    defaults for the dtype, so torch's own kernels (vectorised ``gelu``,
+    ``exp``) pass; named reductions keep the k-scaled model.
+
+    Raises ``ValueError`` for an unknown op or dtype, ``k < 1`` or a bad
+    scale or flag.
+    """
+    torch_dtype = _dtype(dtype)
+    device_type = _device_type(device)
+    op_family = _check_op(op)
+    length = _check_k(k, op_family)
+    s = _check_scale(scale)
+    dims = _check_shape(shape)
+    name = dtype_name(torch_dtype)
+    if not (torch_dtype.is_floating_point or torch_dtype.is_complex):
+        return Tolerance(0.0, 0.0, name, device_type, op_family, length, s, (), ("exact",))
+
+    view = _FlagView(flags)
+    real = _component(torch_dtype)
+    finfo = torch.finfo(real)
+    u_out = finfo.eps / 2
+    u_acc = u_out if real == torch.float64 else min(u_out, 2.0**-24)
+    path = _Path(u_out=u_out, u_acc=u_acc)
+    if real == torch.float32:
+        _fp32_path(
+            view, device_type, op_family, path, kernel, dims, length if k is not None else None
+        )
+    elif real in (torch.float16, torch.bfloat16):
+        _half_path(view, device_type, op_family, real, path)
+    block = _CPU_BLOCK if device_type == "cpu" else length
+    m = min(length, block)
+
+    sqrt_k = math.sqrt(length)
+    rounded = path.u_in + path.u_red
+    rtol = path.u_out + 2 * rounded + path.u_acc * (_C_OP + m + (length - 1) // m)
+    terms = _C_OP * path.u_acc + _C_INPUT * rounded * sqrt_k
+    terms += _C_ACC_ABS * path.u_acc * math.sqrt(length * m)
+    subnormal = finfo.eps * finfo.tiny  # the rounding error of a subnormal result
+    atol = s * terms + subnormal
+    acc_name = (
+        "fp16"
+        if path.u_acc == _FP16_U
+        else dtype_name(torch.float64 if real == torch.float64 else torch.float32)
+    )
+    lines = list(path.lines)
+    if length > 1:
+        blocked = f", blocks of <= {block}" if block < length else ""
+        lines.append(f"{acc_name} accumulation over k={length}{blocked}")
+    lines.append(f"result rounded to {name}")
+    floor = _TORCH_DEFAULTS.get(torch_dtype) if op_family in (None, "elementwise") else None
+    if floor is not None and (floor[0] > rtol or floor[1] > atol):
+        rtol, atol = max(rtol, floor[0]), max(atol, floor[1])
+        lines.append(
+            f"no tighter than torch.testing.assert_close's defaults for {name} "
+            f"(rtol={floor[0]:.2g}, atol={floor[1]:.2g}): an elementwise or unnamed op"
+        )
+    consulted = tuple(path.consulted.items())
+    source = "worst case" if "worst case" in path.sources else (path.sources or [""])[0]
+    return Tolerance(
+        rtol, atol, name, device_type, op_family, length, s, consulted, tuple(lines), source
+    )
+
+
+# torch.testing.assert_close's default (rtol, atol) per dtype: the floor for
+# elementwise and unnamed ops, whose libm-style kernels torch itself accepts.
