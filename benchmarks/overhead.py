@@ -9,7 +9,9 @@ the fixed cost (plugin import and setup), so the per-test figure is the slope
 medians.  A fixed cost smaller than the run-to-run noise is printed as such,
 never as a negative figure.  One registry fingerprint (the guard takes one
 before a test's setup and one after its teardown) is also timed directly, in
-this process, on CPU time.
+this process, on CPU time.  With ``--before DIR`` an older source tree is
+measured in the same interleaved rounds, for a before/after comparison under
+the same load.
 """
 
 from __future__ import annotations
@@ -38,11 +40,21 @@ def _write_suite(root: Path, count: int) -> None:
     (root / "pytest.ini").write_text("[pytest]\naddopts = -p no:randomly -p no:cacheprovider\n")
 
 
-def _cpu_seconds(root: Path, extra: list[str]) -> float:
-    """User + system CPU seconds of one pytest run in ``root``."""
+def _cpu_seconds(root: Path, extra: list[str], source: Path | None = None) -> float:
+    """User + system CPU seconds of one pytest run in ``root``.
+
+    ``source``: a source tree whose ``pytest_backends`` is imported instead
+    of the installed one (put first on ``PYTHONPATH``).
+    """
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(source), env.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        )
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", *extra],
         cwd=root,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -100,11 +112,20 @@ def main() -> None:
     parser.add_argument("--tests", type=int, default=TESTS)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", dest="output", type=Path, default=RESULT)
+    parser.add_argument(
+        "--before",
+        type=Path,
+        default=None,
+        help="also measure the package of this source tree (e.g. a worktree of an older "
+        "commit), interleaved with the others, for a before/after comparison",
+    )
     args = parser.parse_args()
     off: list[float] = []
     on: list[float] = []
     off1: list[float] = []
     on1: list[float] = []
+    before: list[float] = []
+    before1: list[float] = []
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as tmp1:
         root, single = Path(tmp), Path(tmp1)
         _write_suite(root, args.tests)
@@ -113,14 +134,16 @@ def main() -> None:
         _cpu_seconds(root, ["-p", "no:backends"])
         for round_ in range(args.repeats):
             # alternate which side goes first, so that a trend favours neither
-            sides = [
-                (off, root, True),
-                (on, root, False),
-                (off1, single, True),
-                (on1, single, False),
+            sides: list[tuple[list[float], Path, bool, Path | None]] = [
+                (off, root, True, None),
+                (on, root, False, None),
+                (off1, single, True, None),
+                (on1, single, False, None),
             ]
-            for values, where, bare in sides if round_ % 2 == 0 else reversed(sides):
-                values.append(_cpu_seconds(where, ["-p", "no:backends"] if bare else []))
+            if args.before is not None:
+                sides += [(before, root, False, args.before), (before1, single, False, args.before)]
+            for values, where, bare, source in sides if round_ % 2 == 0 else reversed(sides):
+                values.append(_cpu_seconds(where, ["-p", "no:backends"] if bare else [], source))
     per_min = _per_test(min(on), min(off), min(on1), min(off1), args.tests)
     per_median = _per_test(*(statistics.median(v) for v in (on, off, on1, off1)), tests=args.tests)
     per_bare = (min(off) - min(off1)) / (args.tests - 1) * 1e6  # without torch's import
@@ -142,6 +165,24 @@ def main() -> None:
             "the guard takes two per plain test)",
         ]
     )
+    if args.before is not None:
+        before_min = _per_test(min(before), min(off), min(before1), min(off1), args.tests)
+        before_median = _per_test(
+            *(statistics.median(v) for v in (before, off, before1, off1)), tests=args.tests
+        )
+        text += "\n".join(
+            [
+                "",
+                f"before ({args.before}), in the same interleaved rounds:",
+                f"  with pytest-backends (before): {_summary('before', before)}",
+                f"  session CPU ratio before/bare: {min(before) / min(off):.3f} on the minima, "
+                f"{statistics.median(before) / statistics.median(off):.3f} on the medians",
+                f"  per-test cost (before):       {before_min:.0f} us CPU/test on the minima, "
+                f"{before_median:.0f} on the medians",
+                f"  now/before session CPU:       {min(on) / min(before):.3f} on the minima, "
+                f"{statistics.median(on) / statistics.median(before):.3f} on the medians",
+            ]
+        )
     write_result(text, args.output)
 
 
