@@ -48,6 +48,10 @@ class RunningConfig(Protocol):
         """The configuration's id (``default`` outside the matrix)."""
 
     @property
+    def axes(self) -> Mapping[str, str]:
+        """Its value on each axis it names (``axis -> value``)."""
+
+    @property
     def flags(self) -> Mapping[str, Any]:
         """The ``torch.backends`` flags it sets (``name -> value``)."""
 
