@@ -240,6 +240,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
 )
 
+
 @functools.lru_cache(maxsize=4)
 def _index(options: tuple[Option, ...]) -> dict[str, Option]:
     return {option.name: option for option in options}

@@ -57,7 +57,7 @@ class RunningConfig(Protocol):
 
 
 class Strictness(Protocol):
-    """The selection feature's settings, as other features read them."""
+    """The ``nothing_selected`` feature's settings, as other features read them."""
 
     @property
     def strict(self) -> bool:
@@ -77,7 +77,7 @@ class LabelChoice(Protocol):
 #: Axes that some feature requires every matrix test to run along (the CPU level
 #: workers require ``cpu_capability``); set by the registrar before the matrix resolves.
 REQUIRED_AXES_KEY: pytest.StashKey[tuple[str, ...]] = pytest.StashKey()
-#: The selection feature's settings (``--backends-strict``).
+#: The ``nothing_selected`` feature's settings (``--backends-strict``).
 STRICT_KEY: pytest.StashKey[Strictness] = pytest.StashKey()
 #: The label feature's settings (``--backends-label``).
 LABEL_KEY: pytest.StashKey[LabelChoice] = pytest.StashKey()

@@ -24,7 +24,7 @@ from pytest_backends import (
     isolation,
     label,
     native_build,
-    selection,
+    nothing_selected,
 )
 from pytest_backends._feature import Feature
 from pytest_backends.batch import plugin as batch_plugin
@@ -35,7 +35,7 @@ from pytest_backends.matrix import plugin as matrix
 
 #: The features, in resolution order: a feature's settings may require matrix
 #: axes (``required_axes``), so those come before the matrix.
-FEATURES: tuple[Feature, ...] = (selection, label, capability, native_build)
+FEATURES: tuple[Feature, ...] = (nothing_selected, label, capability, native_build)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:

@@ -26,7 +26,7 @@ NAMES = {
     "matrix",
     "determinism",
     "batch",
-    "selection",
+    "nothing_selected",
     "label",
     "native_build",
 }

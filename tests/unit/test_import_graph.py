@@ -169,7 +169,7 @@ FEATURE_ROOTS = {
     "matrix": f"{NAME}.matrix",
     "determinism": f"{NAME}.determinism",
     "batch": f"{NAME}.batch",
-    "selection": f"{NAME}.selection",
+    "nothing_selected": f"{NAME}.nothing_selected",
     "label": f"{NAME}.label",
     "native_build": f"{NAME}.native_build",
 }
@@ -223,7 +223,7 @@ def test_every_feature_root_exists_and_the_hook_layer_is_found() -> None:
     modules = _modules()
     assert all(root in modules for root in FEATURE_ROOTS.values())
     layer = hook_layer()
-    assert f"{NAME}.selection" in layer and f"{NAME}.matrix.report" in layer
+    assert f"{NAME}.nothing_selected" in layer and f"{NAME}.matrix.report" in layer
 
 
 def test_no_module_imports_another_features_hook_layer() -> None:
