@@ -7,6 +7,7 @@ import circles start).  Nothing here imports torch or a feature module.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -15,7 +16,6 @@ from pytest_backends import _shared
 
 if TYPE_CHECKING:
     from pytest_backends.batch.plugin import BatchSettings
-    from pytest_backends.capability.plugin import CapabilitySettings, WorkerPlan
     from pytest_backends.determinism.plugin import DeterminismSettings
     from pytest_backends.matrix.configs import BackendConfig
     from pytest_backends.matrix.plugin import MatrixSettings
@@ -24,7 +24,6 @@ __all__ = [
     "BATCH_KEY",
     "BATCH_ROWS_KEY",
     "BATCH_SPEC_KEY",
-    "CAPABILITY_KEY",
     "CHECK_KEY",
     "CONFIG_KEY",
     "DETERMINISM_KEY",
@@ -42,26 +41,23 @@ __all__ = [
     "SUBTEST_RUN_KEY",
     "VERDICTS_KEY",
     "VERIFY_SECONDS_KEY",
-    "WORKER_PLAN_KEY",
 ]
 
 # --- config.stash: settings, resolved once ---------------------------------------------------
 
 #: The resolved matrix settings.
 MATRIX_KEY: pytest.StashKey[MatrixSettings] = pytest.StashKey()
-#: The resolved ``--backends-cpu-capability`` settings.
-CAPABILITY_KEY: pytest.StashKey[CapabilitySettings] = pytest.StashKey()
-#: The controller's plan of CPU level workers (xdist specs per level).
-WORKER_PLAN_KEY: pytest.StashKey[WorkerPlan] = pytest.StashKey()
 #: The resolved determinism settings.
 DETERMINISM_KEY: pytest.StashKey[DeterminismSettings] = pytest.StashKey()
 
 # --- item.stash ------------------------------------------------------------------------------
 
 #: The ``BackendConfig`` of an item (``default`` for a marked test outside the matrix).
-CONFIG_KEY: pytest.StashKey[BackendConfig] = pytest.StashKey()
-#: The shared key (:mod:`pytest_backends._shared`), until every feature reads it there.
-ITEM_FLAGS_KEY = _shared.ITEM_FLAGS_KEY
+CONFIG_KEY: pytest.StashKey[BackendConfig] = _shared.CONFIG_KEY  # type: ignore[assignment]
+#: Flags to apply around one item's setup, call and teardown (``name -> value``).
+#: Features such as the backend matrix put a config's flags here; the leak guard
+#: applies them, checks leaks relative to them and restores them afterwards.
+ITEM_FLAGS_KEY: pytest.StashKey[Mapping[str, Any]] = _shared.ITEM_FLAGS_KEY
 #: Why an item's ``@pytest.mark.backends`` marker is invalid (the item fails at setup).
 MARKER_ERROR_KEY: pytest.StashKey[str] = pytest.StashKey()
 #: The determinism verdicts (census rows) of one item, until its report is made.
