@@ -6,7 +6,7 @@ alternate (off, on, off, on, ...) so drift hits both sides equally, and each
 side reports its minimum and median. A one-test suite run the same way gives
 the fixed cost (plugin import and setup), so the per-test figure is the slope
 ``((on - on_1) - (off - off_1)) / (tests - 1)``, on the minima and on the
-medians.  A fixed cost smaller than the run-to-run noise is printed as such,
+medians.  A fixed cost not clearly above the run-to-run noise is printed as such,
 never as a negative figure.  One registry fingerprint (the guard takes one
 before a test's setup and one after its teardown) is also timed directly, in
 this process, on CPU time.  With ``--before DIR`` an older source tree is
@@ -96,8 +96,8 @@ def _fixed_line(on1: list[float], off1: list[float]) -> str:
     figures = f"min of {min(on1):.3f} s vs {min(off1):.3f} s"
     if by_min <= noise or by_median <= noise:
         return (
-            f"below the run-to-run noise of {noise:.0f} ms ({by_min:.0f} ms on the minima, "
-            f"{by_median:.0f} ms on the medians; {figures})"
+            f"not clearly above the run-to-run noise of {noise:.0f} ms "
+            f"({by_min:.0f} ms on the minima, {by_median:.0f} ms on the medians; {figures})"
         )
     return f"{by_min:.0f} ms CPU on the minima, {by_median:.0f} ms on the medians ({figures})"
 
