@@ -51,9 +51,10 @@ class NativeBuildPlugin:
         _native.prepare(self._progress)
 
     def _determinism_on(self) -> bool:
-        from pytest_backends.determinism.plugin import SETTINGS_KEY
+        from pytest_backends.determinism.feature import SETTINGS_KEY
 
-        return SETTINGS_KEY in self.config.stash
+        settings = self.config.stash.get(SETTINGS_KEY, None)
+        return settings is not None and settings.enabled
 
     def _progress(self, line: str) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
 
 __all__ = [
+    "CENSUS_WRITTEN_KEY",
     "CONFIG_KEY",
     "ITEM_FLAGS_KEY",
     "LABEL_KEY",
@@ -77,6 +79,9 @@ REQUIRED_AXES_KEY: pytest.StashKey[tuple[str, ...]] = pytest.StashKey()
 STRICT_KEY: pytest.StashKey[Strictness] = pytest.StashKey()
 #: The label feature's settings (``--backends-label``).
 LABEL_KEY: pytest.StashKey[LabelChoice] = pytest.StashKey()
+#: The census file the determinism check wrote at the end of this session (controller
+#: only); the batch-invariance feature adds its section to it.
+CENSUS_WRITTEN_KEY: pytest.StashKey[Path] = pytest.StashKey()
 
 # --- item.stash ------------------------------------------------------------------------------
 

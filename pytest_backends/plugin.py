@@ -18,14 +18,16 @@ import pytest
 from pytest_backends import _keys, _native_plugin, _options, hookspecs, isolation, selection
 from pytest_backends import label as _label
 from pytest_backends._feature import Feature
-from pytest_backends.batch import plugin as batch_plugin
+from pytest_backends.batch import feature as batch
+from pytest_backends.batch import marker as batch_marker
 from pytest_backends.capability import levels as capability_levels
 from pytest_backends.capability import plugin as capability
-from pytest_backends.determinism import plugin as determinism_plugin
+from pytest_backends.determinism import feature as determinism
 from pytest_backends.matrix import markers
 from pytest_backends.matrix import plugin as matrix
 
 _SHARED_FEATURES: tuple[Feature, ...] = (selection, _label)
+_FEATURES: tuple[Feature, ...] = (determinism, batch)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -46,7 +48,7 @@ def resolve(config: pytest.Config) -> None:
     """
     if _keys.MATRIX_KEY in config.stash:
         return
-    for feature in _SHARED_FEATURES:
+    for feature in (*_SHARED_FEATURES, *_FEATURES):
         config.stash[feature.SETTINGS_KEY] = feature.Settings.from_config(config)
     config.stash[_keys.LEAK_KEY] = isolation.resolve_leak_mode(config)
     levels = capability.resolve_settings(config)
@@ -80,7 +82,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "backends_leaks(mode): override --backends-leaks (fail, warn, off) for one test",
     )
     config.addinivalue_line("markers", markers.marker_line())
-    config.addinivalue_line("markers", batch_plugin.marker_line())
+    config.addinivalue_line("markers", batch_marker.marker_line())
     resolve(config)
     _register_watch(config)
     plugins: list[tuple[object, str]] = [
@@ -88,9 +90,7 @@ def pytest_configure(config: pytest.Config) -> None:
     ]
     plugins += matrix.configure(config, config.stash[_keys.MATRIX_KEY])
     plugins += capability.configure(config, config.stash[_keys.CAPABILITY_KEY])
-    plugins += determinism_plugin.configure(config)
-    plugins += batch_plugin.configure(config)
-    for feature in _SHARED_FEATURES:
+    for feature in (*_FEATURES, *_SHARED_FEATURES):
         plugins += feature.plugins(config, config.stash[feature.SETTINGS_KEY])
     plugins += _native_plugin.configure(config)
     for plugin, name in plugins:
