@@ -13,7 +13,7 @@ import pytest
 # keeps pytester's sys.modules snapshot from unloading (and re-importing) it.
 import torch  # noqa: F401
 
-from pytest_backends.determinism.plugin import parse_runs
+from pytest_backends.determinism.feature import parse_runs
 
 SUITE = """
 import pytest
@@ -85,7 +85,10 @@ def test_harness_modules_do_not_import_torch() -> None:
     code = (
         "import sys\n"
         "import pytest_backends.determinism.api, pytest_backends.determinism.plugin\n"
-        "import pytest_backends.determinism.census\n"
+        "import pytest_backends.determinism.census, pytest_backends.determinism.feature\n"
+        "import pytest_backends.determinism.record, pytest_backends.determinism.compare\n"
+        "import pytest_backends.determinism.verdict, pytest_backends.determinism.runs\n"
+        "import pytest_backends.batch.feature, pytest_backends.batch.plugin\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -17,8 +17,10 @@ import pytest
 import torch
 
 from pytest_backends.determinism.api import RngState
-from pytest_backends.determinism.native_recorder import NativeRecorder, native_module
-from pytest_backends.determinism.recorder import RunLog, compare_runs, locate
+from pytest_backends.determinism.compare import compare_runs
+from pytest_backends.determinism.locate import locate
+from pytest_backends.determinism.record import RunLog
+from pytest_backends.determinism.record_native import NativeRecorder, native_module
 from pytest_backends.flags import override_flags
 
 

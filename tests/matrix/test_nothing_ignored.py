@@ -432,7 +432,7 @@ def _subreport(
     report = pytest.TestReport(nodeid, ("t.py", 1, nodeid), {}, outcome, None, "call")
     report.context = _Context(msg, **kwargs)  # type: ignore[attr-defined]
     if run is not None:
-        setattr(report, subtests.RUN_ATTR, run)
+        subtests.tag(report, run)
     return report
 
 
@@ -453,7 +453,7 @@ def test_subtest_counter_hides_repeats_of_the_first_run_only() -> None:
     assert status(_subreport("t.py::b", 1, "passed", i=1)) is None  # another test
     assert status(_subreport("t.py::a", None, "passed", i=1)) is None  # not a determinism run
     plain = pytest.TestReport("t.py::a", ("t.py", 1, "a"), {}, "passed", None, "call")
-    setattr(plain, subtests.RUN_ATTR, 1)
+    subtests.tag(plain, 1)
     assert status(plain) is None  # the test's own report is never hidden
     counter.pytest_runtest_logfinish("t.py::a", None)
     assert status(_subreport("t.py::a", 1, "passed", i=1)) is None  # forgotten at the end

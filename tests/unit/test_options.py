@@ -8,7 +8,7 @@ import pytest
 
 from pytest_backends import _keys, _options, isolation, plugin
 from pytest_backends.capability import plugin as capability
-from pytest_backends.determinism import plugin as determinism
+from pytest_backends.determinism import feature as determinism
 from pytest_backends.matrix import plugin as matrix
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "reference" / "options.rst"
@@ -76,7 +76,7 @@ def test_one_off_vocabulary_for_every_option_that_can_be_off(
     )
     assert matrix.resolve_settings(config).enabled is False
     assert matrix.resolve_settings(config).verify == "off"
-    assert determinism.resolve_settings(config) is None
+    assert determinism.Settings.from_config(config).enabled is False
     assert isolation.resolve_leak_mode(config).mode == "off"
     assert capability.resolve_settings(config).levels is None
 
@@ -89,8 +89,8 @@ def test_on_words_turn_switchable_options_on(pytester: pytest.Pytester, word: st
     if word.isdigit():
         return  # --backends-determinism=N counts runs
     config = pytester.parseconfig(f"--backends-determinism={word}")
-    determinism_settings = determinism.resolve_settings(config)
-    assert determinism_settings is not None and determinism_settings.runs == 5
+    determinism_settings = determinism.Settings.from_config(config)
+    assert determinism_settings.enabled and determinism_settings.runs == 5
 
 
 def test_is_off_and_is_on_ignore_case_and_spaces() -> None:
