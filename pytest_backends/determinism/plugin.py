@@ -251,8 +251,8 @@ class DeterminismPlugin:
 
     def _record(self, item: pytest.Item, comparison: Comparison) -> None:
         item.stash[_VERDICTS_KEY] = [
-            {"op": op, "device": device, "dtype": dtype, "verdict": verdict}
-            for (op, device, dtype), verdict in comparison.verdicts.items()
+            {"op": op, "device": device, "dtype": dtype, "verdict": found}
+            for (op, device, dtype), found in comparison.verdicts.items()
         ]
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
