@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_backends import _shared
+
 if TYPE_CHECKING:
-    from pytest_backends.capability.plugin import CapabilitySettings, WorkerPlan
     from pytest_backends.isolation import LeakSettings
     from pytest_backends.matrix.configs import BackendConfig
     from pytest_backends.matrix.plugin import MatrixSettings
 
 __all__ = [
-    "CAPABILITY_KEY",
     "CONFIG_KEY",
     "DRIFT_KEY",
     "ITEM_FLAGS_KEY",
@@ -31,7 +31,6 @@ __all__ = [
     "PROPERTY_VERIFY_STATUS",
     "SETUP_ERROR_KEY",
     "VERIFY_SECONDS_KEY",
-    "WORKER_PLAN_KEY",
 ]
 
 # --- config.stash: settings, resolved once ---------------------------------------------------
@@ -40,19 +39,15 @@ __all__ = [
 LEAK_KEY: pytest.StashKey[LeakSettings] = pytest.StashKey()
 #: The resolved matrix settings.
 MATRIX_KEY: pytest.StashKey[MatrixSettings] = pytest.StashKey()
-#: The resolved ``--backends-cpu-capability`` settings.
-CAPABILITY_KEY: pytest.StashKey[CapabilitySettings] = pytest.StashKey()
-#: The controller's plan of CPU level workers (xdist specs per level).
-WORKER_PLAN_KEY: pytest.StashKey[WorkerPlan] = pytest.StashKey()
 
 # --- item.stash ------------------------------------------------------------------------------
 
 #: The ``BackendConfig`` of an item (``default`` for a marked test outside the matrix).
-CONFIG_KEY: pytest.StashKey[BackendConfig] = pytest.StashKey()
+CONFIG_KEY: pytest.StashKey[BackendConfig] = _shared.CONFIG_KEY  # type: ignore[assignment]
 #: Flags to apply around one item's setup, call and teardown (``name -> value``).
 #: Features such as the backend matrix put a config's flags here; the leak guard
 #: applies them, checks leaks relative to them and restores them afterwards.
-ITEM_FLAGS_KEY: pytest.StashKey[Mapping[str, Any]] = pytest.StashKey()
+ITEM_FLAGS_KEY: pytest.StashKey[Mapping[str, Any]] = _shared.ITEM_FLAGS_KEY
 #: Why the leak guard fails an item at setup (a bad marker, flags it could not apply).
 SETUP_ERROR_KEY: pytest.StashKey[str] = pytest.StashKey()
 #: Why an item's ``@pytest.mark.backends`` marker is invalid (the item fails at setup).

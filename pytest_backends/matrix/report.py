@@ -554,7 +554,7 @@ class ReportPlugin:
         with contextlib.suppress(Exception):
             # execnet caches the worker's facts (pid included) when xdist starts it.
             pid = int(node.gateway._rinfo().pid)  # type: ignore[union-attr]
-            from pytest_backends.capability.plugin import describe_exit, exit_status
+            from pytest_backends._process import describe_exit, exit_status
 
             status = exit_status(pid, wait_s=0.5)
             if status is not None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pytest_backends import _keys, _options, isolation, plugin
-from pytest_backends.capability import plugin as capability
+from pytest_backends.capability import feature as capability
 from pytest_backends.determinism import feature as determinism
 from pytest_backends.matrix import plugin as matrix
 
@@ -78,7 +78,7 @@ def test_one_off_vocabulary_for_every_option_that_can_be_off(
     assert matrix.resolve_settings(config).verify == "off"
     assert determinism.Settings.from_config(config).enabled is False
     assert isolation.resolve_leak_mode(config).mode == "off"
-    assert capability.resolve_settings(config).levels is None
+    assert capability.Settings.from_config(config).levels is None
 
 
 @pytest.mark.parametrize("word", [*_options.ON_WORDS])
@@ -121,7 +121,7 @@ def test_bad_values_are_usage_errors_naming_the_option(
 def test_settings_are_resolved_once_into_frozen_objects(pytester: pytest.Pytester) -> None:
     config = pytester.parseconfig("--backends-cpu-capability=default", "--backends-matrix=mkldnn")
     plugin.resolve(config)
-    levels = config.stash[_keys.CAPABILITY_KEY]
+    levels = config.stash[capability.SETTINGS_KEY]
     settings = config.stash[_keys.MATRIX_KEY]
     assert levels.levels == ("default",)
     # The levels require the cpu_capability axis: it joins the restricted list.
