@@ -176,8 +176,8 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return result
 
     def _record(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-        # Not ``__torch_dispatch__`` itself: torch wraps that in a Dynamo-disabling frame,
-        # which a subclass calling ``super().__torch_dispatch__`` would pay twice per op.
+        # The recording itself; ``__torch_dispatch__`` around it tells the op's own
+        # exceptions from the recorder's and steps aside after the recorder's.
         info = INFOS.get(id(func)) or op_info(func)
         key = self._key
         tainted = None
