@@ -35,6 +35,8 @@ __all__ = [
     "RunningConfig",
     "Strictness",
     "add_property",
+    "call_data",
+    "carry",
     "explicit_label",
     "report_data",
     "report_property",
@@ -154,3 +156,24 @@ def report_data(report: Any, name: str) -> Any:
         return json.loads(text)
     except ValueError:
         return None
+
+
+def carry(report: pytest.TestReport, name: str, value: Any) -> None:
+    """Carry one test's verdict ``value`` on its call and teardown reports as property ``name``.
+
+    Readers (the controller's counts, the report, ``merge``) take it from the
+    call report (:func:`call_data`); JUnit XML writes a test's properties from
+    its teardown report.  Setup reports carry nothing.
+    """
+    if report.when in ("call", "teardown"):
+        add_property(report, name, value)
+
+
+def call_data(report: Any, name: str) -> Any:
+    """The data :func:`carry` put on a call report as ``name`` (None on other reports).
+
+    A report pytest-rerunfailures replaces (outcome ``rerun``) counts for nothing.
+    """
+    if getattr(report, "when", None) != "call" or str(getattr(report, "outcome", "")) == "rerun":
+        return None
+    return report_data(report, name)

@@ -202,17 +202,15 @@ class BatchPlugin:
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
         data = item.stash.get(_ROWS_KEY, None)
-        if data is not None and call.when == "call":
-            _shared.add_property(report, _shared.PROPERTY_BATCH, data)
+        if data is not None:
+            _shared.carry(report, _shared.PROPERTY_BATCH, data)
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if _xdist.is_worker(self.config):
             return
-        data = _shared.report_data(report, _shared.PROPERTY_BATCH)
+        data = _shared.call_data(report, _shared.PROPERTY_BATCH)
         if not isinstance(data, dict):
-            return
-        if str(report.outcome) == "rerun":
             return
         self._marked += 1
         if data.get("failure"):

@@ -237,13 +237,12 @@ class DeterminismPlugin:
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
-        if call.when == "call":
-            rows = item.stash.get(_VERDICTS_KEY, None)
-            if rows is not None:
-                _shared.add_property(report, _shared.PROPERTY_CENSUS, rows)
-            check = item.stash.get(_CHECK_KEY, None)
-            if check is not None:
-                _shared.add_property(report, _shared.PROPERTY_CHECK, check)
+        rows = item.stash.get(_VERDICTS_KEY, None)
+        if rows is not None:
+            _shared.carry(report, _shared.PROPERTY_CENSUS, rows)
+        check = item.stash.get(_CHECK_KEY, None)
+        if check is not None:
+            _shared.carry(report, _shared.PROPERTY_CHECK, check)
         if call.excinfo is not None and isinstance(call.excinfo.value, NondeterministicOpError):
             # The harness's own frames say nothing useful: show the finding alone.
             report.longrepr = str(call.excinfo.value)
@@ -256,9 +255,9 @@ class DeterminismPlugin:
         ]
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if _xdist.is_worker(self.config) or str(report.outcome) == "rerun":
+        if _xdist.is_worker(self.config):
             return
-        check = _shared.report_data(report, _shared.PROPERTY_CHECK)
+        check = _shared.call_data(report, _shared.PROPERTY_CHECK)
         if isinstance(check, dict):
             reason, notes = check.get("reason"), list(check.get("boundary") or [])
             if check.get("recorder"):
@@ -270,7 +269,7 @@ class DeterminismPlugin:
             if notes:
                 self._boundary[report.nodeid] = [str(n) for n in notes]
             self.census.add_check(report.nodeid, reason, notes)
-        rows = _shared.report_data(report, _shared.PROPERTY_CENSUS)
+        rows = _shared.call_data(report, _shared.PROPERTY_CENSUS)
         if not rows:
             return
         self.census.add_test(
