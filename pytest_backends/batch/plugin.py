@@ -7,8 +7,9 @@ are batch-invariant. The marker's arguments are defaults for those calls
 signature is the marker's). Inside a marked test every check also records
 both runs op by op, so each op the function ran gets a verdict
 (``batch_variant``, ``no_difference``, ``inconclusive``) under the test's
-backend config. The verdicts travel on the test's call report as the property
-:data:`pytest_backends._shared.PROPERTY_BATCH` (so xdist loses nothing); the
+backend config. The verdicts travel on the test's call and teardown reports as
+the property :data:`pytest_backends._shared.PROPERTY_BATCH` (so xdist loses
+nothing, and JUnit XML shows them); the
 controller adds them up in a :class:`~pytest_backends.batch.census.BatchCensus`,
 writes them as the ``batch_invariance`` section of the census file the
 determinism check wrote and, with ``--backends-batch-baseline``, fails the run

@@ -19,10 +19,11 @@ ops), reruns that raise where run 0 passed, and failures of the harness's own
 machinery give the verdict "not checked" with the reason, and the test keeps
 run 0's outcome. ``--backends-determinism-repeatable`` fails such tests instead.
 
-Each test's verdicts travel on its call-phase report as properties
+Each test's verdicts travel on its call and teardown reports as properties
 (:data:`pytest_backends._shared.PROPERTY_CENSUS` and
-:data:`~pytest_backends._shared.PROPERTY_CHECK`), and whichever process logs
-the report adds them to the census. So the census is built from the same
+:data:`~pytest_backends._shared.PROPERTY_CHECK`; JUnit XML writes the
+teardown report's), and whichever process logs the call report adds them to
+the census. So the census is built from the same
 stream as the terminal results: a worker that crashes loses nothing that it
 had already reported.
 """
