@@ -7,18 +7,17 @@ import circles start).  Nothing here imports torch or a feature module.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from pytest_backends import _shared
 
 if TYPE_CHECKING:
     from pytest_backends.batch.plugin import BatchSettings
     from pytest_backends.capability.plugin import CapabilitySettings, WorkerPlan
     from pytest_backends.determinism.plugin import DeterminismSettings
     from pytest_backends.isolation import LeakSettings
-    from pytest_backends.matrix.configs import BackendConfig
-    from pytest_backends.matrix.plugin import MatrixSettings
 
 __all__ = [
     "BATCH_KEY",
@@ -31,8 +30,6 @@ __all__ = [
     "DRIFT_KEY",
     "ITEM_FLAGS_KEY",
     "LEAK_KEY",
-    "MARKER_ERROR_KEY",
-    "MATRIX_KEY",
     "PROPERTY_CONFIG",
     "PROPERTY_VERIFY_DETAIL",
     "PROPERTY_VERIFY_STATUS",
@@ -44,7 +41,6 @@ __all__ = [
     "SUBTEST_RERUN_FAILURE_KEY",
     "SUBTEST_RUN_KEY",
     "VERDICTS_KEY",
-    "VERIFY_SECONDS_KEY",
     "WORKER_PLAN_KEY",
 ]
 
@@ -52,8 +48,6 @@ __all__ = [
 
 #: The resolved ``--backends-leaks`` settings.
 LEAK_KEY: pytest.StashKey[LeakSettings] = pytest.StashKey()
-#: The resolved matrix settings.
-MATRIX_KEY: pytest.StashKey[MatrixSettings] = pytest.StashKey()
 #: The resolved ``--backends-cpu-capability`` settings.
 CAPABILITY_KEY: pytest.StashKey[CapabilitySettings] = pytest.StashKey()
 #: The controller's plan of CPU level workers (xdist specs per level).
@@ -63,16 +57,12 @@ DETERMINISM_KEY: pytest.StashKey[DeterminismSettings] = pytest.StashKey()
 
 # --- item.stash ------------------------------------------------------------------------------
 
-#: The ``BackendConfig`` of an item (``default`` for a marked test outside the matrix).
-CONFIG_KEY: pytest.StashKey[BackendConfig] = pytest.StashKey()
-#: Flags to apply around one item's setup, call and teardown (``name -> value``).
-#: Features such as the backend matrix put a config's flags here; the leak guard
-#: applies them, checks leaks relative to them and restores them afterwards.
-ITEM_FLAGS_KEY: pytest.StashKey[Mapping[str, Any]] = pytest.StashKey()
+#: Moved to :mod:`pytest_backends._shared` (the matrix writes them there); the same
+#: objects until every reader imports them from there.
+CONFIG_KEY: pytest.StashKey[Any] = _shared.CONFIG_KEY
+ITEM_FLAGS_KEY = _shared.ITEM_FLAGS_KEY
 #: Why the leak guard fails an item at setup (a bad marker, flags it could not apply).
 SETUP_ERROR_KEY: pytest.StashKey[str] = pytest.StashKey()
-#: Why an item's ``@pytest.mark.backends`` marker is invalid (the item fails at setup).
-MARKER_ERROR_KEY: pytest.StashKey[str] = pytest.StashKey()
 #: The determinism verdicts (census rows) of one item, until its report is made.
 VERDICTS_KEY: pytest.StashKey[list[dict[str, Any]]] = pytest.StashKey()
 
@@ -92,8 +82,6 @@ SUBTEST_RUN_KEY: pytest.StashKey[int] = pytest.StashKey()
 SUBTEST_FAILED_KEY: pytest.StashKey[bool] = pytest.StashKey()
 #: The exception of a subtest that failed in a later determinism run only.
 SUBTEST_RERUN_FAILURE_KEY: pytest.StashKey[BaseException] = pytest.StashKey()
-#: Seconds the verifier itself spent around one test's call phase.
-VERIFY_SECONDS_KEY: pytest.StashKey[float] = pytest.StashKey()
 #: One test's determinism check: ``{"check", "reason", "boundary"}``.
 CHECK_KEY: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
 #: Report attribute carrying that check to the controller.

@@ -15,15 +15,24 @@ from typing import Any
 
 import pytest
 
-from pytest_backends import _keys, _native_plugin, _options, hookspecs, isolation, selection
+from pytest_backends import (
+    _keys,
+    _native_plugin,
+    _options,
+    _shared,
+    hookspecs,
+    isolation,
+    selection,
+)
 from pytest_backends import label as _label
 from pytest_backends._feature import Feature
 from pytest_backends.batch import plugin as batch_plugin
 from pytest_backends.capability import levels as capability_levels
 from pytest_backends.capability import plugin as capability
 from pytest_backends.determinism import plugin as determinism_plugin
+from pytest_backends.matrix import api as matrix_api
+from pytest_backends.matrix import feature as matrix
 from pytest_backends.matrix import markers
-from pytest_backends.matrix import plugin as matrix
 
 _SHARED_FEATURES: tuple[Feature, ...] = (selection, _label)
 
@@ -44,7 +53,7 @@ def resolve(config: pytest.Config) -> None:
     The CPU levels come first because they require the matrix's
     ``cpu_capability`` axis; no feature re-resolves another's options.
     """
-    if _keys.MATRIX_KEY in config.stash:
+    if matrix.SETTINGS_KEY in config.stash:
         return
     for feature in _SHARED_FEATURES:
         config.stash[feature.SETTINGS_KEY] = feature.Settings.from_config(config)
@@ -52,7 +61,8 @@ def resolve(config: pytest.Config) -> None:
     levels = capability.resolve_settings(config)
     config.stash[_keys.CAPABILITY_KEY] = levels
     required = (capability_levels.AXIS,) if levels.levels is not None else ()
-    config.stash[_keys.MATRIX_KEY] = matrix.resolve_settings(config, required)
+    config.stash[_shared.REQUIRED_AXES_KEY] = required
+    config.stash[matrix.SETTINGS_KEY] = matrix.Settings.from_config(config)
 
 
 def pytest_cmdline_main(config: pytest.Config) -> None:
@@ -86,7 +96,7 @@ def pytest_configure(config: pytest.Config) -> None:
     plugins: list[tuple[object, str]] = [
         (isolation.IsolationPlugin(config.stash[_keys.LEAK_KEY]), "backends-isolation")
     ]
-    plugins += matrix.configure(config, config.stash[_keys.MATRIX_KEY])
+    plugins += matrix.plugins(config, config.stash[matrix.SETTINGS_KEY])
     plugins += capability.configure(config, config.stash[_keys.CAPABILITY_KEY])
     plugins += determinism_plugin.configure(config)
     plugins += batch_plugin.configure(config)
@@ -133,13 +143,13 @@ def backend_config(request: pytest.FixtureRequest) -> Any:
     this is its config; otherwise it is the ``default`` config (torch's
     defaults, on the CPU).
     """
-    return matrix.config_for(request.node)
+    return matrix_api.config_for(request.node)
 
 
 @pytest.fixture
 def backend_device(backend_config: Any) -> Any:
     """A ``torch.device`` for the config's device axis (``cpu`` unless the config says)."""
-    return matrix.device_for(backend_config)
+    return matrix_api.device_for(backend_config)
 
 
 @pytest.fixture
