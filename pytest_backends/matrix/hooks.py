@@ -543,7 +543,13 @@ class MatrixPlugin:
         ]
         if self.settings.enabled and self.settings.select:
             _selected.record(
-                self.config, self.settings.select_source, self._matched, self._select_hint()
+                self.config,
+                self.settings.select_source,
+                self._matched,
+                self.settings.select_hint(
+                    {axis for sel in self._selections.values() for axis in sel},
+                    self._select_axes,
+                ),
             )
         elif self.settings.enabled:
             axes = f"axes {', '.join(self.settings.axes)}" if self.settings.axes else "any axis"
@@ -554,30 +560,6 @@ class MatrixPlugin:
                 f"no collected test is marked @pytest.mark.backends with {axes}",
             )
         self._record_verify(configs)
-
-    def _select_hint(self) -> str:
-        """Why ``--backends-config`` selected no item: the first cause that applies."""
-        marked = {axis for sel in self._selections.values() for axis in sel}
-        wanted = sorted(self._select_axes)
-        if self.settings.axes is not None:
-            off = [axis for axis in wanted if axis not in self.settings.axes]
-            if off:
-                return (
-                    f"it names the {', '.join(off)} axis, which the matrix does not expand "
-                    f"here ({self.settings.axes_source} expands "
-                    f"{', '.join(self.settings.axes)}); add the axis there"
-                )
-        if not marked & self._select_axes:
-            return (
-                f"no collected test is marked @pytest.mark.backends with the "
-                f"{', '.join(wanted)} axis (--backends-config narrows only the tests marked "
-                "with the axes it names; the others ran as without it)"
-            )
-        return (
-            "no configuration of a test marked with the "
-            f"{', '.join(sorted(marked & self._select_axes))} axis contains every token of "
-            "a group; check the ids against the test ids of --backends-matrix --collect-only"
-        )
 
     def _record_verify(self, configs: list[BackendConfig]) -> None:
         if self.settings.verify != "off":

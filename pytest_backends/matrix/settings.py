@@ -264,6 +264,33 @@ class MatrixSettings:
             report_html=_path(_options.lookup(config, "backends_html"), config),
         )
 
+    def select_hint(self, marked: set[str], wanted: set[str]) -> str:
+        """Why ``--backends-config`` selected no item: the first cause that applies.
+
+        ``marked``: the axes of the collected tests' markers; ``wanted``: the
+        axes the selected configuration ids name.
+        """
+        names = sorted(wanted)
+        if self.axes is not None:
+            off = [axis for axis in names if axis not in self.axes]
+            if off:
+                return (
+                    f"it names the {', '.join(off)} axis, which the matrix does not expand "
+                    f"here ({self.axes_source} expands "
+                    f"{', '.join(self.axes)}); add the axis there"
+                )
+        if not marked & wanted:
+            return (
+                f"no collected test is marked @pytest.mark.backends with the "
+                f"{', '.join(names)} axis (--backends-config narrows only the tests marked "
+                "with the axes it names; the others ran as without it)"
+            )
+        return (
+            "no configuration of a test marked with the "
+            f"{', '.join(sorted(marked & wanted))} axis contains every token of "
+            "a group; check the ids against the test ids of --backends-matrix --collect-only"
+        )
+
     def describe(self) -> str:
         """One header line summarising the matrix settings."""
         parts = ["axes: " + (", ".join(self.axes) if self.axes else "all marked axes")]
