@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 from pytest_backends.matrix import availability, markers
 from pytest_backends.matrix.configs import AxisRegistry, BackendConfig, builtin_registry
 
-__all__ = ["MAX_CONFIGS", "backend_configs", "warm"]
+# The largest product of axes a strategy enumerates: the limit of the matrix itself.
+from pytest_backends.matrix.expand import MAX_CONFIGS
 
-#: The largest product of axes a strategy enumerates.
-MAX_CONFIGS = 4096
+__all__ = ["MAX_CONFIGS", "backend_configs", "warm"]
 
 
 def _skip(reason: str) -> st.SearchStrategy[BackendConfig]:

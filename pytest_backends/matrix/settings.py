@@ -22,6 +22,7 @@ from pytest_backends import _options, _shared, _xdist
 from pytest_backends.matrix.configs import AxisRegistry, ConfigError
 
 __all__ = [
+    "SEED_CHANNEL",
     "SETTINGS_KEY",
     "VERIFY_MODES",
     "MatrixSettings",
