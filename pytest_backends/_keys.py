@@ -7,6 +7,7 @@ import circles start).  Nothing here imports torch or a feature module.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -15,15 +16,14 @@ from pytest_backends import _shared
 
 if TYPE_CHECKING:
     from pytest_backends.batch.plugin import BatchSettings
-    from pytest_backends.capability.plugin import CapabilitySettings, WorkerPlan
     from pytest_backends.determinism.plugin import DeterminismSettings
     from pytest_backends.isolation import LeakSettings
+    from pytest_backends.matrix.configs import BackendConfig
 
 __all__ = [
     "BATCH_KEY",
     "BATCH_ROWS_KEY",
     "BATCH_SPEC_KEY",
-    "CAPABILITY_KEY",
     "CHECK_KEY",
     "CONFIG_KEY",
     "DETERMINISM_KEY",
@@ -41,26 +41,23 @@ __all__ = [
     "SUBTEST_RERUN_FAILURE_KEY",
     "SUBTEST_RUN_KEY",
     "VERDICTS_KEY",
-    "WORKER_PLAN_KEY",
 ]
 
 # --- config.stash: settings, resolved once ---------------------------------------------------
 
 #: The resolved ``--backends-leaks`` settings.
 LEAK_KEY: pytest.StashKey[LeakSettings] = pytest.StashKey()
-#: The resolved ``--backends-cpu-capability`` settings.
-CAPABILITY_KEY: pytest.StashKey[CapabilitySettings] = pytest.StashKey()
-#: The controller's plan of CPU level workers (xdist specs per level).
-WORKER_PLAN_KEY: pytest.StashKey[WorkerPlan] = pytest.StashKey()
 #: The resolved determinism settings.
 DETERMINISM_KEY: pytest.StashKey[DeterminismSettings] = pytest.StashKey()
 
 # --- item.stash ------------------------------------------------------------------------------
 
-#: Moved to :mod:`pytest_backends._shared` (the matrix writes them there); the same
-#: objects until every reader imports them from there.
-CONFIG_KEY: pytest.StashKey[Any] = _shared.CONFIG_KEY
-ITEM_FLAGS_KEY = _shared.ITEM_FLAGS_KEY
+#: The ``BackendConfig`` of an item (``default`` for a marked test outside the matrix).
+CONFIG_KEY: pytest.StashKey[BackendConfig] = _shared.CONFIG_KEY  # type: ignore[assignment]
+#: Flags to apply around one item's setup, call and teardown (``name -> value``).
+#: Features such as the backend matrix put a config's flags here; the leak guard
+#: applies them, checks leaks relative to them and restores them afterwards.
+ITEM_FLAGS_KEY: pytest.StashKey[Mapping[str, Any]] = _shared.ITEM_FLAGS_KEY
 #: Why the leak guard fails an item at setup (a bad marker, flags it could not apply).
 SETUP_ERROR_KEY: pytest.StashKey[str] = pytest.StashKey()
 #: The determinism verdicts (census rows) of one item, until its report is made.

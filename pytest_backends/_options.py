@@ -13,6 +13,7 @@ Options that can be turned off share one vocabulary: :data:`OFF_WORDS`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -239,7 +240,10 @@ OPTIONS: tuple[Option, ...] = (
     ),
 )
 
-_BY_NAME = {option.name: option for option in OPTIONS}
+
+@functools.lru_cache(maxsize=4)
+def _index(options: tuple[Option, ...]) -> dict[str, Option]:
+    return {option.name: option for option in options}
 
 
 def register(parser: pytest.Parser) -> None:
@@ -301,7 +305,7 @@ def _switch(ini: object, option: Option) -> bool:
 
 def lookup(config: pytest.Config, name: str) -> Raw:
     """The value of option ``name``: command line > ini file > default."""
-    option = _BY_NAME[name]
+    option = _index(OPTIONS)[name]
     cli = config.getoption(option.name, None)
     if cli is not None and (option.kind != "flag" or cli):
         return Raw(cli, option.flag, True)

@@ -1,9 +1,9 @@
-"""How many items each option selected: recorded by the features, read by ``selection``.
+"""How many items each option selected: recorded by the features, read by ``nothing_selected``.
 
 ``--backends-matrix``, ``--backends-verify`` and ``--backends-determinism``
 (and the options that imply it) act only on the tests they select.  Each
 feature records, once its items are final, how many items its option
-selects (:func:`record`); the selection feature sends the counts from
+selects (:func:`record`); the ``nothing_selected`` feature sends the counts from
 pytest-xdist workers to the controller and names every option that selected
 nothing.
 """

@@ -48,12 +48,16 @@ class RunningConfig(Protocol):
         """The configuration's id (``default`` outside the matrix)."""
 
     @property
+    def axes(self) -> Mapping[str, str]:
+        """Its value on each axis it names (``axis -> value``)."""
+
+    @property
     def flags(self) -> Mapping[str, Any]:
         """The ``torch.backends`` flags it sets (``name -> value``)."""
 
 
 class Strictness(Protocol):
-    """The selection feature's settings, as other features read them."""
+    """The ``nothing_selected`` feature's settings, as other features read them."""
 
     @property
     def strict(self) -> bool:
@@ -73,7 +77,7 @@ class LabelChoice(Protocol):
 #: Axes that some feature requires every matrix test to run along (the CPU level
 #: workers require ``cpu_capability``); set by the registrar before the matrix resolves.
 REQUIRED_AXES_KEY: pytest.StashKey[tuple[str, ...]] = pytest.StashKey()
-#: The selection feature's settings (``--backends-strict``).
+#: The ``nothing_selected`` feature's settings (``--backends-strict``).
 STRICT_KEY: pytest.StashKey[Strictness] = pytest.StashKey()
 #: The label feature's settings (``--backends-label``).
 LABEL_KEY: pytest.StashKey[LabelChoice] = pytest.StashKey()

@@ -1,11 +1,12 @@
 """pytest entry point and the plugin's only registrar.
 
-This module adds the hookspecs, the options and the markers, resolves every
-setting once into frozen objects in ``config.stash`` (see
-:mod:`pytest_backends._keys`), and registers the feature plugins that are in
-use.  Feature modules build their plugin objects; only this module registers
-them.  It is imported for every pytest run once the package is installed,
-so it never imports torch; the feature modules import torch lazily.
+This module adds the hookspecs, the options and the markers, and walks the
+features (:data:`FEATURES`): each resolves its settings through the one
+option resolver (``Settings.from_config``), the registrar stores them under
+the feature's own key and registers the plugins the feature asks for
+(``plugins(config, settings)``); see :mod:`pytest_backends._feature`.  It is
+imported for every pytest run once the package is installed, so it never
+imports torch; the feature modules import torch lazily.
 """
 
 from __future__ import annotations
@@ -17,24 +18,25 @@ import pytest
 
 from pytest_backends import (
     _keys,
-    _native_plugin,
     _options,
     _shared,
     hookspecs,
     isolation,
-    selection,
+    label,
+    native_build,
+    nothing_selected,
 )
-from pytest_backends import label as _label
 from pytest_backends._feature import Feature
 from pytest_backends.batch import plugin as batch_plugin
-from pytest_backends.capability import levels as capability_levels
-from pytest_backends.capability import plugin as capability
+from pytest_backends.capability import feature as capability
 from pytest_backends.determinism import plugin as determinism_plugin
 from pytest_backends.matrix import api as matrix_api
 from pytest_backends.matrix import feature as matrix
 from pytest_backends.matrix import markers
 
-_SHARED_FEATURES: tuple[Feature, ...] = (selection, _label)
+#: The features, in resolution order: a feature's settings may require matrix
+#: axes (``required_axes``), so those come before the matrix.
+FEATURES: tuple[Feature, ...] = (nothing_selected, label, capability, native_build, matrix)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -48,27 +50,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def resolve(config: pytest.Config) -> None:
-    """Resolve every setting once, in data-dependency order, into ``config.stash``.
+    """Resolve every feature's settings once, in :data:`FEATURES` order, into ``config.stash``.
 
-    The CPU levels come first because they require the matrix's
-    ``cpu_capability`` axis; no feature re-resolves another's options.
+    Axes a feature requires of the matrix (``required_axes``) are gathered in
+    :data:`pytest_backends._shared.REQUIRED_AXES_KEY` before the next resolves.
     """
-    if matrix.SETTINGS_KEY in config.stash:
+    if _shared.REQUIRED_AXES_KEY in config.stash:
         return
-    for feature in _SHARED_FEATURES:
-        config.stash[feature.SETTINGS_KEY] = feature.Settings.from_config(config)
+    required: list[str] = []
+    for feature in FEATURES:
+        config.stash[_shared.REQUIRED_AXES_KEY] = tuple(required)
+        settings = feature.Settings.from_config(config)
+        config.stash[feature.SETTINGS_KEY] = settings
+        required += [a for a in getattr(settings, "required_axes", ()) if a not in required]
+    config.stash[_shared.REQUIRED_AXES_KEY] = tuple(required)
     config.stash[_keys.LEAK_KEY] = isolation.resolve_leak_mode(config)
-    levels = capability.resolve_settings(config)
-    config.stash[_keys.CAPABILITY_KEY] = levels
-    required = (capability_levels.AXIS,) if levels.levels is not None else ()
-    config.stash[_shared.REQUIRED_AXES_KEY] = required
-    config.stash[matrix.SETTINGS_KEY] = matrix.Settings.from_config(config)
 
 
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    """Plan the CPU level workers before pytest-xdist starts any (it has read ``-n`` by now)."""
+    """Resolve the settings; let features act before pytest-xdist starts workers.
+
+    A feature with ``prepare(config, settings)`` (the CPU level workers) runs
+    it here: xdist has read ``-n`` by now and starts its workers later.
+    """
     resolve(config)
-    capability.plan_distribution(config)
+    for feature in FEATURES:
+        prepare = getattr(feature, "prepare", None)
+        if prepare is not None:
+            prepare(config, config.stash[feature.SETTINGS_KEY])
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -96,13 +105,15 @@ def pytest_configure(config: pytest.Config) -> None:
     plugins: list[tuple[object, str]] = [
         (isolation.IsolationPlugin(config.stash[_keys.LEAK_KEY]), "backends-isolation")
     ]
+    # The matrix registers where it always has, right after the leak guard: hooks of the
+    # same priority run in reverse registration order, which orders the header lines,
+    # the summary sections and which setup failure speaks first.
     plugins += matrix.plugins(config, config.stash[matrix.SETTINGS_KEY])
-    plugins += capability.configure(config, config.stash[_keys.CAPABILITY_KEY])
     plugins += determinism_plugin.configure(config)
     plugins += batch_plugin.configure(config)
-    for feature in _SHARED_FEATURES:
-        plugins += feature.plugins(config, config.stash[feature.SETTINGS_KEY])
-    plugins += _native_plugin.configure(config)
+    for feature in FEATURES:
+        if feature is not matrix:
+            plugins += feature.plugins(config, config.stash[feature.SETTINGS_KEY])
     for plugin, name in plugins:
         config.pluginmanager.register(plugin, name)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_backends import _shared
+from pytest_backends._shared import CONFIG_KEY
 from pytest_backends.matrix import availability
 from pytest_backends.matrix.configs import (
     DEFAULT_CONFIG,
@@ -22,11 +22,10 @@ from pytest_backends.matrix.configs import (
     builtin_registry,
 )
 
+# CONFIG_KEY (from the shared module, where every feature reads it) is public here: the
+# ``pytest.StashKey`` under which each item's config is stored, for other plugins
+# (``item.stash.get(CONFIG_KEY, None)``; absent for a test the matrix did not touch).
 __all__ = ["CONFIG_KEY", "config_for", "device_for", "use_config"]
-
-#: The ``pytest.StashKey`` under which each item's config is stored, for other plugins
-#: (``item.stash.get(CONFIG_KEY, None)``; absent for a test the matrix did not touch).
-CONFIG_KEY = _shared.CONFIG_KEY
 
 
 def config_for(node: pytest.Item) -> BackendConfig:

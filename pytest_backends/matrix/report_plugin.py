@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from pytest_backends import _files, _shared, _xdist
+from pytest_backends._process import describe_exit, exit_status
 from pytest_backends.matrix import coverage
 from pytest_backends.matrix.configs import ConfigError, base_test_id
 from pytest_backends.matrix.environment import ControllerEnvironment, combine
 from pytest_backends.matrix.environment import lines as environment_lines
-from pytest_backends.matrix.exits import describe_exit, exit_status
 from pytest_backends.matrix.registry import axis_registry
 from pytest_backends.matrix.report import (
     ConfigRow,

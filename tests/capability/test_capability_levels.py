@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from pytest_backends import _process
+from pytest_backends.capability import feature as levels_plugin
 from pytest_backends.capability import levels as capability
-from pytest_backends.capability import plugin as levels_plugin
+from pytest_backends.capability import notes
+from pytest_backends.capability import plan as planning
 
 X86_FULL = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl", "sse42"})
 
@@ -159,7 +162,7 @@ def test_verify_level_compares_what_torch_reports() -> None:
 
 
 def test_level_spec_sets_the_level_the_library_caps_and_an_inductor_cache() -> None:
-    spec = levels_plugin.level_spec("avx2", {"TORCHINDUCTOR_CACHE_DIR": "/cache"})
+    spec = planning.level_spec("avx2", {"TORCHINDUCTOR_CACHE_DIR": "/cache"})
     parts = spec.split("//")
     assert parts[0] == "popen"
     env = dict(part.removeprefix("env:").split("=", 1) for part in parts[1:])
@@ -170,21 +173,21 @@ def test_level_spec_sets_the_level_the_library_caps_and_an_inductor_cache() -> N
 
 
 def test_each_level_gets_its_own_inductor_cache() -> None:
-    dirs = {levels_plugin.inductor_cache_dir(lv, {}) for lv in ("default", "avx2", "avx512")}
+    dirs = {planning.inductor_cache_dir(lv, {}) for lv in ("default", "avx2", "avx512")}
     assert len(dirs) == 3
     assert all("torchinductor_" in d for d in dirs)
-    assert levels_plugin.inductor_cache_dir("default", {"TORCHINDUCTOR_CACHE_DIR": "/c/"}) == (
+    assert planning.inductor_cache_dir("default", {"TORCHINDUCTOR_CACHE_DIR": "/c/"}) == (
         "/c/cap-default"
     )
 
 
 def test_a_spec_cannot_carry_a_double_slash() -> None:
     with pytest.raises(pytest.UsageError, match="contains '//'"):
-        levels_plugin.level_spec("default", {"TORCHINDUCTOR_CACHE_DIR": "//server/share"})
+        planning.level_spec("default", {"TORCHINDUCTOR_CACHE_DIR": "//server/share"})
 
 
 def test_plan_starts_n_workers_per_runnable_level() -> None:
-    plan = levels_plugin.plan_workers(
+    plan = planning.plan_workers(
         ("default", "avx2", "avx512"), 2, {"default": None, "avx2": None, "avx512": "no avx512f"}
     )
     assert plan.runnable == ("default", "avx2")
@@ -200,7 +203,7 @@ def test_plan_starts_n_workers_per_runnable_level() -> None:
 
 
 def test_plan_without_a_runnable_level_starts_one_plain_worker() -> None:
-    plan = levels_plugin.plan_workers(("avx512",), 3, {"avx512": "no avx512f"})
+    plan = planning.plan_workers(("avx512",), 3, {"avx512": "no avx512f"})
     assert plan.specs == ("popen",)
     assert plan.worker_levels == (None,)
 
@@ -221,54 +224,51 @@ def test_parse_settings_accepts_levels_and_the_off_words(
     assert levels_plugin.parse_settings(value, "--x").levels == expected
 
 
-def test_widen_matrix_turns_on_only_the_capability_axis() -> None:
-    on = ("default",)
-    assert levels_plugin.widen_matrix(on, False, None) == (True, ("cpu_capability",))
-    assert levels_plugin.widen_matrix(on, True, ("mkldnn",)) == (True, ("mkldnn", "cpu_capability"))
-    assert levels_plugin.widen_matrix(on, True, None) == (True, None)
-    assert levels_plugin.widen_matrix(None, False, None) == (False, None)
+def test_levels_require_only_the_capability_axis() -> None:
+    assert levels_plugin.parse_settings("default", "--x").required_axes == ("cpu_capability",)
+    assert levels_plugin.parse_settings("off", "--x").required_axes == ()
 
 
 def test_ini_twin_and_command_line_precedence(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\nbackends_cpu_capability = avx2, default\n")
-    settings = levels_plugin.resolve_settings(pytester.parseconfig())
+    settings = levels_plugin.Settings.from_config(pytester.parseconfig())
     assert settings.levels == ("avx2", "default")
     cli = pytester.parseconfig("--backends-cpu-capability=default")
-    assert levels_plugin.resolve_settings(cli).levels == ("default",)
+    assert levels_plugin.Settings.from_config(cli).levels == ("default",)
     off = pytester.parseconfig("--backends-cpu-capability=off")
-    assert levels_plugin.resolve_settings(off).levels is None
+    assert levels_plugin.Settings.from_config(off).levels is None
 
 
 def test_describe_exit_reads_wait_statuses() -> None:
-    assert levels_plugin.describe_exit(1 << 8) == "exit code 1"
-    assert levels_plugin.describe_exit(11) == "killed by signal SIGSEGV"
-    assert levels_plugin.describe_exit(11 | 0x80) == "killed by signal SIGSEGV"
-    assert levels_plugin.describe_exit(0) == "exit code 0"
+    assert _process.describe_exit(1 << 8) == "exit code 1"
+    assert _process.describe_exit(11) == "killed by signal SIGSEGV"
+    assert _process.describe_exit(11 | 0x80) == "killed by signal SIGSEGV"
+    assert _process.describe_exit(0) == "exit code 0"
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 def test_exit_status_of_a_dead_child_is_read_without_reaping_it() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import os; os._exit(3)"])
     try:
-        status = levels_plugin.exit_status(child.pid, wait_s=10)
-        assert status is not None and levels_plugin.describe_exit(status) == "exit code 3"
+        status = _process.exit_status(child.pid, wait_s=10)
+        assert status is not None and _process.describe_exit(status) == "exit code 3"
     finally:
         assert child.wait() == 3, "the child was reaped by someone else"
-    assert levels_plugin.exit_status(child.pid, wait_s=0) is None
+    assert _process.exit_status(child.pid, wait_s=0) is None
 
 
 def test_fault_tail_keeps_the_start_of_a_fatal_error() -> None:
     frames = "".join(f'  File "x.py", line {i} in f{i}\n' for i in range(40))
     text = f"noise\nFatal Python error: Segmentation fault\n\n{frames}"
-    tail = levels_plugin.fault_tail(text).splitlines()
+    tail = notes.fault_tail(text).splitlines()
     assert tail[0] == "    Fatal Python error: Segmentation fault"
     assert tail[1].endswith("in f0") and tail[-1] == "    ..."
-    assert levels_plugin.fault_tail("") == ""
+    assert notes.fault_tail("") == ""
 
 
 def test_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, pytest_backends.capability.levels, pytest_backends.capability.plugin,"
+        "import sys, pytest_backends.capability.levels, pytest_backends.capability.feature,"
         "pytest_backends.capability.scheduler;"
         "sys.exit('torch' in sys.modules)"
     )
@@ -292,16 +292,15 @@ def test_options_that_cannot_work_with_level_workers_are_usage_errors(
 
 
 def test_the_plan_turns_n_into_workers_per_level(pytester: pytest.Pytester) -> None:
-    from pytest_backends import _keys
     from pytest_backends import plugin as registrar
 
     config = pytester.parseconfig("--backends-cpu-capability=default,avx512,sve256", "-n", "2")
     config.option.numprocesses = 2
     registrar.resolve(config)
-    levels_plugin.plan_distribution(config)
-    plan = config.stash[_keys.WORKER_PLAN_KEY]
-    assert "sve256" in plan.unsupported and "sve256" not in plan.runnable
-    assert len(config.option.tx) == 2 * len(plan.runnable)
+    planning.plan_distribution(config, ("default", "avx512", "sve256"))
+    worker_plan = config.stash[planning.WORKER_PLAN_KEY]
+    assert "sve256" in worker_plan.unsupported and "sve256" not in worker_plan.runnable
+    assert len(config.option.tx) == 2 * len(worker_plan.runnable)
     assert all(spec.startswith("popen//env:ATEN_CPU_CAPABILITY=") for spec in config.option.tx)
     assert config.option.dist != "no"
     assert config.option.maxworkerrestart == str(4 * len(config.option.tx))

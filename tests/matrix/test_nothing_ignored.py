@@ -12,7 +12,7 @@ import pytest
 # Imported before any pytester snapshot (see test_matrix_e2e.py).
 import torch  # noqa: F401
 
-from pytest_backends import _selected, _shared, selection
+from pytest_backends import _selected, _shared, nothing_selected
 from pytest_backends.determinism import subtests
 from pytest_backends.matrix import testcase, verify_cost
 
@@ -517,7 +517,7 @@ def test_only_plain_methods_are_expandable_and_hidden_originals_still_work() -> 
 
 def test_strict_resolves_command_line_over_ini(pytester: pytest.Pytester) -> None:
     def strict(*args: str) -> bool:
-        return selection.Settings.from_config(pytester.parseconfig(*args)).strict
+        return nothing_selected.Settings.from_config(pytester.parseconfig(*args)).strict
 
     assert not strict()
     assert strict("--backends-strict")

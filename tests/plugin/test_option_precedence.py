@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pytest_backends import _options, isolation
-from pytest_backends.capability import plugin as capability
+from pytest_backends.capability import feature as capability
 from pytest_backends.determinism import plugin as determinism
 from pytest_backends.matrix import feature as matrix
 
@@ -196,7 +196,7 @@ def test_every_option_that_can_be_off_takes_each_off_word_from_the_ini(
     settings = matrix.Settings.from_config(config)
     assert (settings.enabled, settings.verify) == (False, "off")
     assert isolation.resolve_leak_mode(config).mode == "off"
-    assert capability.resolve_settings(config).levels is None
+    assert capability.Settings.from_config(config).levels is None
     # A census still turns the check on: only the command line's off overrides it.
     checked = determinism.resolve_settings(config)
     assert checked is not None and checked.runs == determinism.DEFAULT_RUNS

@@ -162,17 +162,106 @@ def test_only_plugin_py_registers_plugins_and_hookspecs() -> None:
     assert offenders == []
 
 
+#: The features: each a package or a module (see ``pytest_backends._feature``).
+FEATURE_ROOTS = {
+    "isolation": f"{NAME}.isolation",
+    "capability": f"{NAME}.capability",
+    "matrix": f"{NAME}.matrix",
+    "determinism": f"{NAME}.determinism",
+    "batch": f"{NAME}.batch",
+    "nothing_selected": f"{NAME}.nothing_selected",
+    "label": f"{NAME}.label",
+    "native_build": f"{NAME}.native_build",
+}
+#: Modules that use every feature by design: the registrar and the command line.
+TOP = {f"{NAME}.plugin", f"{NAME}.__main__"}
+
+
+def feature_of(module: str) -> str | None:
+    for feature, root in FEATURE_ROOTS.items():
+        if module == root or module.startswith(root + "."):
+            return feature
+    return None
+
+
+def _defines_a_plugin(path: Path) -> bool:
+    """Whether the module builds plugins: a class with ``pytest_*`` hooks, or ``plugins()``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "plugins":
+            return True
+        if isinstance(node, ast.ClassDef) and any(
+            isinstance(child, ast.FunctionDef) and child.name.startswith("pytest_")
+            for child in node.body
+        ):
+            return True
+    return False
+
+
+def hook_layer() -> set[str]:
+    """The modules that make up the features' hook layers (plugin classes, ``plugins()``)."""
+    return {
+        name
+        for name, path in _modules().items()
+        if feature_of(name) is not None and _defines_a_plugin(path)
+    }
+
+
+def all_imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """Like :func:`imports_of`, ``if TYPE_CHECKING:`` imports included."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in found if name in known and name != module}
+
+
+def test_every_feature_root_exists_and_the_hook_layer_is_found() -> None:
+    modules = _modules()
+    assert all(root in modules for root in FEATURE_ROOTS.values())
+    layer = hook_layer()
+    assert f"{NAME}.nothing_selected" in layer and f"{NAME}.matrix.report_plugin" in layer
+
+
+def test_no_module_imports_another_features_hook_layer() -> None:
+    graph = import_graph()
+    layer = hook_layer()
+    offenders = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module not in TOP
+        for target in targets
+        if target in layer and feature_of(target) != feature_of(module)
+    )
+    assert offenders == [], "features import only foundations, _shared and themselves"
+
+
+def test_the_shared_module_imports_no_feature_not_even_for_type_checking() -> None:
+    modules = _modules()
+    known = set(modules)
+    shared = f"{NAME}._shared"
+    imported = all_imports_of(shared, modules[shared], known)
+    assert [name for name in imported if feature_of(name) is not None] == []
+    assert imported <= {f"{NAME}._options"}
+
+
 @pytest.mark.parametrize(
     "foundation",
     [
-        "pytest_backends._keys",
+        "pytest_backends._shared",
+        "pytest_backends._xdist",
+        "pytest_backends._options",
+        "pytest_backends._feature",
         "pytest_backends.flags",
         "pytest_backends.matrix.configs",
         "pytest_backends.capability.levels",
         "pytest_backends.determinism.digest",
     ],
 )
-def test_foundations_import_no_feature_plugin(foundation: str) -> None:
+def test_foundations_reach_no_hook_layer(foundation: str) -> None:
     graph = import_graph()
     reachable: set[str] = set()
     todo = [foundation]
@@ -181,23 +270,74 @@ def test_foundations_import_no_feature_plugin(foundation: str) -> None:
             if succ not in reachable:
                 reachable.add(succ)
                 todo.append(succ)
-    plugins = {name for name in reachable if name.endswith(".plugin")}
-    assert plugins == set(), f"{foundation} reaches feature plugins {sorted(plugins)}"
+    assert reachable & hook_layer() == set(), f"{foundation} reaches a feature's hook layer"
 
 
-def test_every_stash_key_lives_in_keys_module() -> None:
-    elsewhere = [
-        name
+def _assignments(tree: ast.Module) -> Iterator[tuple[str, ast.expr]]:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and node.value is not None:
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    yield target.id, node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value:
+            yield node.target.id, node.value
+
+
+def test_stash_keys_live_next_to_their_feature_and_have_one_name() -> None:
+    modules = _modules()
+    assert f"{NAME}._keys" not in modules, "the key hub is gone"
+    aliases = []
+    for name, path in modules.items():
+        for target, value in _assignments(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(value, ast.Attribute) and value.attr.endswith("_KEY"):
+                # A feature may name a shared key as its contract's SETTINGS_KEY.
+                shared = isinstance(value.value, ast.Name) and value.value.id == "_shared"
+                if not (target == "SETTINGS_KEY" and shared):
+                    aliases.append(f"{name}: {target} = ...{value.attr}")
+    assert aliases == []
+
+
+def test_the_xdist_channel_is_the_only_one() -> None:
+    offenders = []
+    for name, path in _modules().items():
+        if name == f"{NAME}._xdist":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in ("workerinput", "workeroutput"):
+                offenders.append(f"{name}:{node.lineno}")
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+                and len(node.args) > 1
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value in ("workerinput", "workeroutput")
+            ):
+                offenders.append(f"{name}:{node.lineno}")
+    assert offenders == []
+
+
+def test_verdicts_travel_as_report_properties_not_attributes() -> None:
+    offenders = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "setattr"
+                and node.args
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id in ("report", "rep", "new")
+            ):
+                offenders.append(f"{name}:{node.lineno}")
+    assert offenders == []
+
+
+def test_no_module_is_over_600_lines_except_declarative_tables() -> None:
+    tables = {f"{NAME}._options"}
+    long = {
+        name: n
         for name, path in _modules().items()
-        if name not in {f"{NAME}._keys", f"{NAME}._shared", f"{NAME}._selected", f"{NAME}._feature"}
-        # The matrix keeps its keys next to their use (the feature contract).
-        and not name.startswith(f"{NAME}.matrix.")
-        and "StashKey" in path.read_text(encoding="utf-8")
-    ]
-    assert elsewhere == []
-    from pytest_backends import _keys
-
-    keys = [getattr(_keys, n) for n in _keys.__all__ if n.endswith("_KEY")]
-    assert len({id(k) for k in keys}) == len(keys) > 5
-    names = [getattr(_keys, n) for n in _keys.__all__ if not n.endswith("_KEY")]
-    assert len(set(names)) == len(names), "two report properties share a name"
+        if name not in tables and (n := len(path.read_text(encoding="utf-8").splitlines())) > 620
+    }
+    assert long == {}

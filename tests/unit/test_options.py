@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pytest_backends import _keys, _options, isolation, plugin
-from pytest_backends.capability import plugin as capability
+from pytest_backends.capability import feature as capability
 from pytest_backends.determinism import plugin as determinism
 from pytest_backends.matrix import feature as matrix
 
@@ -78,7 +78,7 @@ def test_one_off_vocabulary_for_every_option_that_can_be_off(
     assert matrix.Settings.from_config(config).verify == "off"
     assert determinism.resolve_settings(config) is None
     assert isolation.resolve_leak_mode(config).mode == "off"
-    assert capability.resolve_settings(config).levels is None
+    assert capability.Settings.from_config(config).levels is None
 
 
 @pytest.mark.parametrize("word", [*_options.ON_WORDS])
@@ -121,7 +121,7 @@ def test_bad_values_are_usage_errors_naming_the_option(
 def test_settings_are_resolved_once_into_frozen_objects(pytester: pytest.Pytester) -> None:
     config = pytester.parseconfig("--backends-cpu-capability=default", "--backends-matrix=mkldnn")
     plugin.resolve(config)
-    levels = config.stash[_keys.CAPABILITY_KEY]
+    levels = config.stash[capability.SETTINGS_KEY]
     settings = config.stash[matrix.SETTINGS_KEY]
     assert levels.levels == ("default",)
     # The levels require the cpu_capability axis: it joins the restricted list.

@@ -18,16 +18,32 @@ for a digest, so:
 from __future__ import annotations
 
 from collections.abc import Generator
+from dataclasses import dataclass
 
 import pytest
 
-from pytest_backends import _native
+from pytest_backends import _native, _shared, _xdist
 
-__all__ = ["NativeBuildPlugin", "configure"]
+__all__ = ["SETTINGS_KEY", "NativeBuildPlugin", "Settings", "plugins"]
 
-#: Report attribute carrying the build notices raised while the test ran.
-REPORT_ATTR = "backends_native_build"
+#: Report property carrying the build notices raised while the test ran (from a worker).
+PROPERTY = "backends_native_build"
 _PREFIX = "pytest-backends: "
+#: The determinism feature's plugin: when it is registered, the harness is built up front.
+_DETERMINISM_PLUGIN = "backends-determinism"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The native build feature has no option of its own: it follows the determinism feature."""
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Settings:
+        """Nothing to resolve."""
+        return cls()
+
+
+SETTINGS_KEY: pytest.StashKey[Settings] = pytest.StashKey()
 
 
 class NativeBuildPlugin:
@@ -35,7 +51,7 @@ class NativeBuildPlugin:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.worker = hasattr(config, "workerinput")
+        self.worker = _xdist.is_worker(config)
         self._item: pytest.Item | None = None
         self._notices: list[str] = []
         # An in-process pytester run configures a second session: give the
@@ -51,9 +67,7 @@ class NativeBuildPlugin:
         _native.prepare(self._progress)
 
     def _determinism_on(self) -> bool:
-        from pytest_backends.determinism.plugin import SETTINGS_KEY
-
-        return SETTINGS_KEY in self.config.stash
+        return self.config.pluginmanager.has_plugin(_DETERMINISM_PLUGIN)
 
     def _progress(self, line: str) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -103,12 +117,12 @@ class NativeBuildPlugin:
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
         if self._notices and self.worker:
-            setattr(report, REPORT_ATTR, list(self._notices))
+            _shared.add_property(report, PROPERTY, list(self._notices))
         self._notices.clear()
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        notices = getattr(report, REPORT_ATTR, None)
+        notices = _shared.report_data(report, PROPERTY)
         if self.worker or not isinstance(notices, list):
             return
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -125,7 +139,7 @@ class NativeBuildPlugin:
         _native.set_build_listener(self.previous_listener)
 
 
-def configure(config: pytest.Config) -> list[tuple[object, str]]:
+def plugins(config: pytest.Config, settings: Settings) -> list[tuple[object, str]]:
     """The plugin to register, made the process's build listener."""
     plugin = NativeBuildPlugin(config)
     _native.set_build_listener(plugin.notice)

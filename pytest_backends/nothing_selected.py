@@ -6,7 +6,7 @@ tests, configs that make checkable promises.  A run where such an option
 selected nothing would otherwise look like a clean pass ("0 op keys").
 
 Each feature records, once its items are final, how many items its option
-selects (:func:`record`).  The counts travel from xdist workers to the
+selects (:func:`pytest_backends._selected.record`).  The counts travel from xdist workers to the
 controller through :mod:`pytest_backends._xdist`; the controller names every option that
 selected nothing in the terminal summary, and with ``--backends-strict`` (ini
 ``backends_strict``) the run exits with :attr:`pytest.ExitCode.USAGE_ERROR`.

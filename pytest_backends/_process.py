@@ -1,8 +1,7 @@
-"""How a worker process ended, read from Linux ``/proc`` before anyone reaps it.
+"""How a child process ended, read from outside it (Linux ``/proc``).
 
-When a pytest-xdist worker dies, the report names the signal that killed it
-in the crashed item's cell (``crashed (killed by signal SIGSEGV)``).  A plain
-library: no hooks, no torch.
+The CPU level controller and the matrix report both name the way a
+pytest-xdist worker died (``killed by signal SIGSEGV``).
 """
 
 from __future__ import annotations
