@@ -24,7 +24,8 @@ import pytest
 from hypothesis import strategies as st
 
 from pytest_backends.matrix import availability, markers
-from pytest_backends.matrix.configs import AxisRegistry, BackendConfig, builtin_registry
+from pytest_backends.matrix.axes import builtin_registry
+from pytest_backends.matrix.configs import AxisRegistry, BackendConfig
 
 # The largest product of axes a strategy enumerates: the limit of the matrix itself.
 from pytest_backends.matrix.expand import MAX_CONFIGS

@@ -15,12 +15,8 @@ import pytest
 
 from pytest_backends._shared import CONFIG_KEY
 from pytest_backends.matrix import availability
-from pytest_backends.matrix.configs import (
-    DEFAULT_CONFIG,
-    AxisRegistry,
-    BackendConfig,
-    builtin_registry,
-)
+from pytest_backends.matrix.axes import builtin_registry
+from pytest_backends.matrix.configs import DEFAULT_CONFIG, AxisRegistry, BackendConfig
 
 # CONFIG_KEY (from the shared module, where every feature reads it) is public here: the
 # ``pytest.StashKey`` under which each item's config is stored, for other plugins

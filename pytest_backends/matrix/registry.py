@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_backends.matrix.configs import Axis, AxisRegistry, ConfigError, builtin_registry
+from pytest_backends.matrix.axes import builtin_registry
+from pytest_backends.matrix.configs import Axis, AxisRegistry, ConfigError
 
 __all__ = ["axis_registry"]
 

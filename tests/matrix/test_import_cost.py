@@ -15,7 +15,7 @@ def test_matrix_modules_do_not_import_torch() -> None:
         "import pytest_backends.matrix.feature, pytest_backends.matrix.api\n"
         "import pytest_backends.matrix.markers, pytest_backends.matrix.configs\n"
         "import pytest_backends.matrix.xdist\n"
-        "from pytest_backends.matrix.configs import builtin_registry\n"
+        "from pytest_backends.matrix.axes import builtin_registry\n"
         "builtin_registry().product({'mkldnn': ['on', 'off']})\n"
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
     )

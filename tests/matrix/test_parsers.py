@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_backends.matrix.configs import builtin_registry
+from pytest_backends.matrix.axes import builtin_registry
 from pytest_backends.matrix.settings import (
     check_axes,
     check_config_ids,

@@ -21,7 +21,8 @@ from pytest_backends.capability import levels as capability
 from pytest_backends.matrix import expand as matrix_expand
 from pytest_backends.matrix import markers
 from pytest_backends.matrix import settings as matrix
-from pytest_backends.matrix.configs import ConfigError, builtin_registry
+from pytest_backends.matrix.axes import builtin_registry
+from pytest_backends.matrix.configs import ConfigError
 
 pytest_plugins = ["pytester"]
 
