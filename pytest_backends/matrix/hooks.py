@@ -18,8 +18,9 @@ Data flows one way (DESIGN B):
    guard (:data:`pytest_backends._shared.ITEM_FLAGS_KEY`), and turns a config
    this machine cannot run into a skip with a precise reason.
 
-A test's markers are read once per node
-(:func:`pytest_backends.matrix.items.read_marks`).
+The check for markers added late reads each item's markers once per pass,
+and those of the parents items share once per pass
+(:class:`pytest_backends.matrix.items.MarkReader`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pytest_backends.matrix.expand import expand
 from pytest_backends.matrix.items import (
     PARAM,
     Mark,
+    MarkReader,
     definition_id,
     read_marks,
     same,
@@ -283,8 +285,9 @@ class MatrixPlugin:
         late: dict[str, tuple[str, list[Mark]]] = {}
         groups: dict[tuple[str, str], dict[str, list[Mark]]] = {}
         expanded = dict(self._seen)  # as they were before this hook resolves late markers
+        read = MarkReader()
         for item in items:
-            marks = read_marks(item)
+            marks = read(item)
             defid = self._defid(item)
             seen = expanded.get(defid)
             if not marks or marks == seen or defid in self._errors:

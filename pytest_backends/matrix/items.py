@@ -1,11 +1,12 @@
 """What the matrix reads of collected items, and how it reads it cheaply.
 
-A test's ``backends`` markers are read once per node and cached in the
-node's stash (:func:`read_marks`); they are read again only when a marker
-list of the node or a parent changed, which is what the checks for markers
-added by hooks look for (they run on every item twice per collection).
-The other helpers tell which definition an item comes from and whether an
-item collected again is the same parameter set with a config added.
+The check for markers that hooks added runs over every item twice per
+collection (before pytest's ``-k``/``--deselect`` and after every other
+hook), so it reads markers with a :class:`MarkReader`: each item's own
+markers once per pass, and the markers of the parents they share (a module,
+a class) once per pass, not once per item.  The other helpers tell which
+definition an item comes from and whether an item collected again is the
+same parameter set with a config added.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 from pytest_backends.matrix import markers
 from pytest_backends.matrix.configs import BackendConfig
 
-__all__ = ["PARAM", "Mark", "definition_id", "read_marks", "same", "same_params"]
+__all__ = ["PARAM", "Mark", "MarkReader", "definition_id", "read_marks", "same", "same_params"]
 
 #: The test-id parameter and fixture that carry the config.
 PARAM = "backend_config"
@@ -35,44 +36,40 @@ def definition_id(item: pytest.Item) -> str:
 Mark = tuple[Sequence[object], Mapping[str, object]]
 
 
-#: A node's ``backends`` markers as last read, and the marker lists they were read from.
-_MARKS_KEY: pytest.StashKey[tuple[tuple[tuple[list[Any], int], ...], list[Mark]]] = (
-    pytest.StashKey()
-)
-
-
-def _marker_lists(node: Any) -> tuple[tuple[list[Any], int], ...]:
-    """Each node's own marker list, from ``node`` up, with its length when read."""
-    lists = []
-    while node is not None:
-        lists.append((node.own_markers, len(node.own_markers)))
-        node = node.parent
-    return tuple(lists)
-
-
-def _unchanged(node: Any, lists: tuple[tuple[list[Any], int], ...]) -> bool:
-    """Whether no marker list from ``node`` up was replaced or grew or shrank since ``lists``."""
-    for own, length in lists:
-        if node is None or node.own_markers is not own or len(own) != length:
-            return False
-        node = node.parent
-    return node is None
-
-
 def read_marks(node: Any) -> list[Mark]:
-    """The ``backends`` markers of ``node`` and its parents, closest first.
+    """The ``backends`` markers of ``node`` and its parents, closest first."""
+    return [(m.args, m.kwargs) for m in node.iter_markers(markers.MARKER)]
 
-    Read once per node and cached in its stash; read again only when a marker
-    was added to (or removed from) the node or a parent since, which is what
-    the checks for markers added by hooks look for.
+
+class MarkReader:
+    """Reads the ``backends`` markers of many items in one pass, each parent's once.
+
+    An item's markers are its own, then its parents' from the closest up, as
+    ``iter_markers`` gives them.  Items share their parents (a module, a
+    class), so the parents' part is read once per reader.  Use one reader per
+    pass over the items: a marker added to a parent between two passes is then
+    seen by the next.
     """
-    cached = node.stash.get(_MARKS_KEY, None)
-    if cached is not None and _unchanged(node, cached[0]):
-        marks: list[Mark] = cached[1]
-        return marks
-    found = [(m.args, m.kwargs) for m in node.iter_markers(markers.MARKER)]
-    node.stash[_MARKS_KEY] = (_marker_lists(node), found)
-    return found
+
+    def __init__(self) -> None:
+        # id(parent) -> (parent, its markers and its parents'); the node is kept
+        # so that its id is not reused while the reader lives.
+        self._parents: dict[int, tuple[Any, list[Mark]]] = {}
+
+    def __call__(self, node: Any) -> list[Mark]:
+        """The markers of ``node``, equal to :func:`read_marks` of it."""
+        own = [
+            (m.args, m.kwargs)
+            for m in node.own_markers
+            if getattr(m, "name", None) == markers.MARKER
+        ]
+        parent = node.parent
+        if parent is None:
+            return own
+        known = self._parents.get(id(parent))
+        if known is None:
+            known = self._parents[id(parent)] = (parent, self(parent))
+        return own + known[1]
 
 
 def same(a: object, b: object) -> bool:
