@@ -17,28 +17,22 @@ from pytest_backends import _shared
 if TYPE_CHECKING:
     from pytest_backends.isolation import LeakSettings
     from pytest_backends.matrix.configs import BackendConfig
-    from pytest_backends.matrix.plugin import MatrixSettings
 
 __all__ = [
     "CONFIG_KEY",
     "DRIFT_KEY",
     "ITEM_FLAGS_KEY",
     "LEAK_KEY",
-    "MARKER_ERROR_KEY",
-    "MATRIX_KEY",
     "PROPERTY_CONFIG",
     "PROPERTY_VERIFY_DETAIL",
     "PROPERTY_VERIFY_STATUS",
     "SETUP_ERROR_KEY",
-    "VERIFY_SECONDS_KEY",
 ]
 
 # --- config.stash: settings, resolved once ---------------------------------------------------
 
 #: The resolved ``--backends-leaks`` settings.
 LEAK_KEY: pytest.StashKey[LeakSettings] = pytest.StashKey()
-#: The resolved matrix settings.
-MATRIX_KEY: pytest.StashKey[MatrixSettings] = pytest.StashKey()
 
 # --- item.stash ------------------------------------------------------------------------------
 
@@ -50,8 +44,6 @@ CONFIG_KEY: pytest.StashKey[BackendConfig] = _shared.CONFIG_KEY  # type: ignore[
 ITEM_FLAGS_KEY: pytest.StashKey[Mapping[str, Any]] = _shared.ITEM_FLAGS_KEY
 #: Why the leak guard fails an item at setup (a bad marker, flags it could not apply).
 SETUP_ERROR_KEY: pytest.StashKey[str] = pytest.StashKey()
-#: Why an item's ``@pytest.mark.backends`` marker is invalid (the item fails at setup).
-MARKER_ERROR_KEY: pytest.StashKey[str] = pytest.StashKey()
 
 # --- report properties (``report.user_properties`` names, JUnit ``<property>``) ---------------
 
@@ -61,7 +53,5 @@ PROPERTY_CONFIG = "backend_config"
 PROPERTY_VERIFY_STATUS = "backends_verify"
 #: The verification detail of a test's configuration.
 PROPERTY_VERIFY_DETAIL = "backends_verify_detail"
-#: Seconds the verifier itself spent around one test's call phase.
-VERIFY_SECONDS_KEY: pytest.StashKey[float] = pytest.StashKey()
 #: A change of the torch state found before an item's setup (made between tests).
 DRIFT_KEY: pytest.StashKey[str] = pytest.StashKey()

@@ -31,8 +31,9 @@ from pytest_backends.batch import feature as batch
 from pytest_backends.batch import marker as batch_marker
 from pytest_backends.capability import feature as capability
 from pytest_backends.determinism import feature as determinism
+from pytest_backends.matrix import api as matrix_api
+from pytest_backends.matrix import feature as matrix
 from pytest_backends.matrix import markers
-from pytest_backends.matrix import plugin as matrix
 
 #: The features, in resolution order: a feature's settings may require matrix
 #: axes (``required_axes``), so those come before the matrix.
@@ -43,6 +44,7 @@ FEATURES: tuple[Feature, ...] = (
     label,
     capability,
     native_build,
+    matrix,
 )
 
 
@@ -72,7 +74,6 @@ def resolve(config: pytest.Config) -> None:
         required += [a for a in getattr(settings, "required_axes", ()) if a not in required]
     config.stash[_shared.REQUIRED_AXES_KEY] = tuple(required)
     config.stash[_keys.LEAK_KEY] = isolation.resolve_leak_mode(config)
-    config.stash[_keys.MATRIX_KEY] = matrix.resolve_settings(config, tuple(required))
 
 
 def pytest_cmdline_main(config: pytest.Config) -> None:
@@ -113,9 +114,13 @@ def pytest_configure(config: pytest.Config) -> None:
     plugins: list[tuple[object, str]] = [
         (isolation.IsolationPlugin(config.stash[_keys.LEAK_KEY]), "backends-isolation")
     ]
-    plugins += matrix.configure(config, config.stash[_keys.MATRIX_KEY])
+    # The matrix registers where it always has, right after the leak guard: hooks of the
+    # same priority run in reverse registration order, which orders the header lines,
+    # the summary sections and which setup failure speaks first.
+    plugins += matrix.plugins(config, config.stash[matrix.SETTINGS_KEY])
     for feature in FEATURES:
-        plugins += feature.plugins(config, config.stash[feature.SETTINGS_KEY])
+        if feature is not matrix:
+            plugins += feature.plugins(config, config.stash[feature.SETTINGS_KEY])
     for plugin, name in plugins:
         config.pluginmanager.register(plugin, name)
 
@@ -156,13 +161,13 @@ def backend_config(request: pytest.FixtureRequest) -> Any:
     this is its config; otherwise it is the ``default`` config (torch's
     defaults, on the CPU).
     """
-    return matrix.config_for(request.node)
+    return matrix_api.config_for(request.node)
 
 
 @pytest.fixture
 def backend_device(backend_config: Any) -> Any:
     """A ``torch.device`` for the config's device axis (``cpu`` unless the config says)."""
-    return matrix.device_for(backend_config)
+    return matrix_api.device_for(backend_config)
 
 
 @pytest.fixture

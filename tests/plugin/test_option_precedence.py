@@ -13,7 +13,7 @@ from pytest_backends import _options, isolation
 from pytest_backends.capability import feature as capability
 from pytest_backends.determinism import feature as determinism
 from pytest_backends.determinism.api import DEFAULT_RUNS
-from pytest_backends.matrix import plugin as matrix
+from pytest_backends.matrix import feature as matrix
 
 SUITE = """
 import pytest
@@ -194,7 +194,7 @@ def test_every_option_that_can_be_off_takes_each_off_word_from_the_ini(
     ini = "".join(f"backends_{key} = {word}\n" for key in keys)
     pytester.makeini(f"[pytest]\n{ini}backends_census = census.json\n")
     config = pytester.parseconfig()
-    settings = matrix.resolve_settings(config)
+    settings = matrix.Settings.from_config(config)
     assert (settings.enabled, settings.verify) == (False, "off")
     assert isolation.resolve_leak_mode(config).mode == "off"
     assert capability.Settings.from_config(config).levels is None
