@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from calibrate_tolerance import cpu_line
 
 from pytest_backends.kernels import PrimitiveLog
-from pytest_backends.matrix.verify import KernelTrace, ProfilerOpRecorder
+from pytest_backends.matrix.op_recorder import ProfilerOpRecorder
+from pytest_backends.matrix.verify import KernelTrace
 
 
 def _ops_only(body: Callable[[], object]) -> None:

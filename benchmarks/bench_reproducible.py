@@ -55,9 +55,9 @@ from torch.utils._pytree import tree_flatten
 
 from pytest_backends import assert_reproducible
 from pytest_backends.determinism import digest
-from pytest_backends.determinism.boundary import BoundaryRecorder, CompileWatch
-from pytest_backends.determinism.native_recorder import native_module
-from pytest_backends.determinism.plugin import _Runs
+from pytest_backends.determinism.record_native import native_module
+from pytest_backends.determinism.record_python import BoundaryRecorder
+from pytest_backends.determinism.runs import CompileWatch, Runs
 
 sys.path.append(str(Path(__file__).resolve().parent))  # bench_machine, also for tests
 from bench_machine import describe, write_result
@@ -194,7 +194,7 @@ def bench_modes(
 
     def plugin_runs(count: int) -> Any:
         # What ``--backends-determinism`` runs: the plugin's runner and recorder.
-        runner = _Runs(CompileWatch())
+        runner = Runs(CompileWatch())
         for _ in range(count):
             runner.begin()
             with torch.no_grad():
@@ -345,7 +345,7 @@ def bench_model(
 
     def recorded_forward(count: bool = False) -> int:
         # The plugin's runner: the native recorder where the extension is built.
-        runner = _Runs(CompileWatch())
+        runner = Runs(CompileWatch())
         runner.begin()
         with torch.no_grad():
             model(x)

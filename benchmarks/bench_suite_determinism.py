@@ -158,8 +158,8 @@ def per_op_floor() -> tuple[int, dict[str, float]]:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from pytest_backends.determinism.native_recorder import NativeRecorder, native_module
-    from pytest_backends.determinism.recorder import OpRecorder
+    from pytest_backends.determinism.record_native import NativeRecorder, native_module
+    from pytest_backends.determinism.record_python import BoundaryRecorder
 
     body = ode_body()
     module = native_module()
@@ -170,7 +170,7 @@ def per_op_floor() -> tuple[int, dict[str, float]]:
         ) -> Any:
             return func(*args, **(kwargs or {}))
 
-    with OpRecorder() as recorder:
+    with BoundaryRecorder() as recorder:
         body()
     ops = len(recorder.finish().calls)
 
@@ -182,7 +182,7 @@ def per_op_floor() -> tuple[int, dict[str, float]]:
             body()
 
     def python_recorder() -> None:
-        with OpRecorder() as rec:
+        with BoundaryRecorder() as rec:
             body()
         rec.finish()
 

@@ -85,7 +85,7 @@ def discover(python: str = sys.executable) -> Surface:
 
 
 def _registry_words() -> tuple[list[str], list[str]]:
-    from pytest_backends.matrix.configs import builtin_registry
+    from pytest_backends.matrix.axes import builtin_registry
 
     registry = builtin_registry()
     axes = list(registry.names)

@@ -32,7 +32,7 @@ _EXPORTS: dict[str, str] = {
     "assert_batch_invariant": "batch.api",
     "BatchInvariance": "batch.api",
     "BatchInvarianceError": "batch.api",
-    "use_config": "matrix.plugin",
+    "use_config": "matrix.api",
     "BackendConfig": "matrix.configs",
     "Axis": "matrix.configs",
     "AxisValue": "matrix.configs",

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
 
 __all__ = [
+    "CENSUS_WRITTEN_KEY",
     "CONFIG_KEY",
     "ITEM_FLAGS_KEY",
     "LABEL_KEY",
@@ -33,6 +35,8 @@ __all__ = [
     "RunningConfig",
     "Strictness",
     "add_property",
+    "call_data",
+    "carry",
     "explicit_label",
     "report_data",
     "report_property",
@@ -81,6 +85,9 @@ REQUIRED_AXES_KEY: pytest.StashKey[tuple[str, ...]] = pytest.StashKey()
 STRICT_KEY: pytest.StashKey[Strictness] = pytest.StashKey()
 #: The label feature's settings (``--backends-label``).
 LABEL_KEY: pytest.StashKey[LabelChoice] = pytest.StashKey()
+#: The census file the determinism check wrote at the end of this session (controller
+#: only); the batch-invariance feature adds its section to it.
+CENSUS_WRITTEN_KEY: pytest.StashKey[Path] = pytest.StashKey()
 
 # --- item.stash ------------------------------------------------------------------------------
 
@@ -149,3 +156,24 @@ def report_data(report: Any, name: str) -> Any:
         return json.loads(text)
     except ValueError:
         return None
+
+
+def carry(report: pytest.TestReport, name: str, value: Any) -> None:
+    """Carry one test's verdict ``value`` on its call and teardown reports as property ``name``.
+
+    Readers (the controller's counts, the report, ``merge``) take it from the
+    call report (:func:`call_data`); JUnit XML writes a test's properties from
+    its teardown report.  Setup reports carry nothing.
+    """
+    if report.when in ("call", "teardown"):
+        add_property(report, name, value)
+
+
+def call_data(report: Any, name: str) -> Any:
+    """The data :func:`carry` put on a call report as ``name`` (None on other reports).
+
+    A report pytest-rerunfailures replaces (outcome ``rerun``) counts for nothing.
+    """
+    if getattr(report, "when", None) != "call" or str(getattr(report, "outcome", "")) == "rerun":
+        return None
+    return report_data(report, name)

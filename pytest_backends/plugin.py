@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from pytest_backends import (
-    _keys,
     _options,
     _shared,
     hookspecs,
@@ -27,17 +26,27 @@ from pytest_backends import (
     nothing_selected,
 )
 from pytest_backends._feature import Feature
-from pytest_backends.batch import plugin as batch_plugin
+from pytest_backends.batch import feature as batch
+from pytest_backends.batch import marker as batch_marker
 from pytest_backends.capability import feature as capability
-from pytest_backends.determinism import plugin as determinism_plugin
+from pytest_backends.determinism import feature as determinism
 from pytest_backends.isolation import feature as isolation_feature
 from pytest_backends.isolation import markers as isolation_markers
+from pytest_backends.matrix import api as matrix_api
+from pytest_backends.matrix import feature as matrix
 from pytest_backends.matrix import markers
-from pytest_backends.matrix import plugin as matrix
 
 #: The features, in resolution order: a feature's settings may require matrix
 #: axes (``required_axes``), so those come before the matrix.
-FEATURES: tuple[Feature, ...] = (nothing_selected, label, capability, native_build)
+FEATURES: tuple[Feature, ...] = (
+    determinism,
+    batch,
+    nothing_selected,
+    label,
+    capability,
+    native_build,
+    matrix,
+)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -66,7 +75,6 @@ def resolve(config: pytest.Config) -> None:
         required += [a for a in getattr(settings, "required_axes", ()) if a not in required]
     config.stash[_shared.REQUIRED_AXES_KEY] = tuple(required)
     config.stash[isolation_feature.SETTINGS_KEY] = isolation_feature.Settings.from_config(config)
-    config.stash[_keys.MATRIX_KEY] = matrix.resolve_settings(config, tuple(required))
 
 
 def pytest_cmdline_main(config: pytest.Config) -> None:
@@ -98,15 +106,17 @@ def pytest_configure(config: pytest.Config) -> None:
     """Register the feature plugins that the resolved settings ask for."""
     config.addinivalue_line("markers", isolation_markers.marker_line())
     config.addinivalue_line("markers", markers.marker_line())
-    config.addinivalue_line("markers", batch_plugin.marker_line())
+    config.addinivalue_line("markers", batch_marker.marker_line())
     resolve(config)
     _register_watch(config)
     plugins = isolation_feature.plugins(config, config.stash[isolation_feature.SETTINGS_KEY])
-    plugins += matrix.configure(config, config.stash[_keys.MATRIX_KEY])
-    plugins += determinism_plugin.configure(config)
-    plugins += batch_plugin.configure(config)
+    # The matrix registers where it always has, right after the leak guard: hooks of the
+    # same priority run in reverse registration order, which orders the header lines,
+    # the summary sections and which setup failure speaks first.
+    plugins += matrix.plugins(config, config.stash[matrix.SETTINGS_KEY])
     for feature in FEATURES:
-        plugins += feature.plugins(config, config.stash[feature.SETTINGS_KEY])
+        if feature is not matrix:
+            plugins += feature.plugins(config, config.stash[feature.SETTINGS_KEY])
     for plugin, name in plugins:
         config.pluginmanager.register(plugin, name)
 
@@ -147,13 +157,13 @@ def backend_config(request: pytest.FixtureRequest) -> Any:
     this is its config; otherwise it is the ``default`` config (torch's
     defaults, on the CPU).
     """
-    return matrix.config_for(request.node)
+    return matrix_api.config_for(request.node)
 
 
 @pytest.fixture
 def backend_device(backend_config: Any) -> Any:
     """A ``torch.device`` for the config's device axis (``cpu`` unless the config says)."""
-    return matrix.device_for(backend_config)
+    return matrix_api.device_for(backend_config)
 
 
 @pytest.fixture

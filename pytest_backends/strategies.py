@@ -24,12 +24,13 @@ import pytest
 from hypothesis import strategies as st
 
 from pytest_backends.matrix import availability, markers
-from pytest_backends.matrix.configs import AxisRegistry, BackendConfig, builtin_registry
+from pytest_backends.matrix.axes import builtin_registry
+from pytest_backends.matrix.configs import AxisRegistry, BackendConfig
+
+# The largest product of axes a strategy enumerates: the limit of the matrix itself.
+from pytest_backends.matrix.expand import MAX_CONFIGS
 
 __all__ = ["MAX_CONFIGS", "backend_configs", "warm"]
-
-#: The largest product of axes a strategy enumerates.
-MAX_CONFIGS = 4096
 
 
 def _skip(reason: str) -> st.SearchStrategy[BackendConfig]:

@@ -14,7 +14,7 @@ whose output is not batched although an input is (a reduction over the
 batch, a weight gradient) cannot be compared row by row and is not blamed;
 ops fed by it are not either. The op's source line and module path come
 from the determinism check's locator
-(:func:`pytest_backends.determinism.recorder.locate`), which re-runs the
+(:func:`pytest_backends.determinism.locate.locate`), which re-runs the
 sub-batch once more.
 
 Importing this module imports torch.
@@ -33,13 +33,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from pytest_backends import _tree
 from pytest_backends.batch.runs import rows_differ
-from pytest_backends.determinism.recorder import (
-    Comparison,
-    Divergence,
-    Location,
-    locate,
-    merge_verdict,
-)
+from pytest_backends.determinism.compare import Comparison, Divergence, merge_verdict
+from pytest_backends.determinism.locate import Location, locate
 
 if TYPE_CHECKING:
     from pytest_backends.batch.runs import Case, Plan

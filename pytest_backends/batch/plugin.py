@@ -1,176 +1,47 @@
-"""Suite-level batch invariance: ``@pytest.mark.batch_invariant``, census rows and baseline.
+"""Suite-level batch invariance: the hooks of ``@pytest.mark.batch_invariant``.
 
 A test marked ``@pytest.mark.batch_invariant(...)`` declares that the
 functions it checks with :func:`~pytest_backends.batch.api.assert_batch_invariant`
 are batch-invariant. The marker's arguments are defaults for those calls
-(bound through :func:`batch_invariant`, whose signature is the marker's).
-Inside a marked test every check also records both runs op by op, so each
-op the function ran gets a verdict (``batch_variant``, ``no_difference``,
-``inconclusive``) under the test's backend config. The verdicts travel on the
-test's call report (so xdist loses nothing); the controller adds them up in a
-:class:`~pytest_backends.batch.census.BatchCensus`, writes them as the
-``batch_invariance`` section of the ``--backends-census`` file and, with
-``--backends-batch-baseline``, fails the run only for a batch-variant op the
-baseline does not accept (a marked test whose first batch-variant op is
-accepted passes). A marked test that never calls the check fails: the marker
-promises a check.
+(bound through :func:`~pytest_backends.batch.marker.batch_invariant`, whose
+signature is the marker's). Inside a marked test every check also records
+both runs op by op, so each op the function ran gets a verdict
+(``batch_variant``, ``no_difference``, ``inconclusive``) under the test's
+backend config. The verdicts travel on the test's call and teardown reports as
+the property :data:`pytest_backends._shared.PROPERTY_BATCH` (so xdist loses
+nothing, and JUnit XML shows them); the
+controller adds them up in a :class:`~pytest_backends.batch.census.BatchCensus`,
+writes them as the ``batch_invariance`` section of the census file the
+determinism check wrote and, with ``--backends-batch-baseline``, fails the run
+only for a batch-variant op the baseline does not accept (a marked test whose
+first batch-variant op is accepted passes). A marked test that never calls
+the check fails: the marker promises a check.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_backends import _keys, _options
+from pytest_backends import _shared, _xdist
 from pytest_backends.batch.census import SECTION, BatchCensus, updated_baseline
-from pytest_backends.determinism.census import (
-    Baseline,
-    BaselineVersionWarning,
-    CensusFileError,
-    Key,
-    Versions,
-)
+from pytest_backends.batch.marker import MARKER, MarkerError, bind
+from pytest_backends.determinism.census import Baseline, CensusFileError, Key, Versions
 
 if TYPE_CHECKING:
     from pytest_backends.batch.api import BatchInvariance
+    from pytest_backends.batch.feature import Settings
     from pytest_backends.batch.locate import Finding
     from pytest_backends.batch.runs import Case, Plan
 
-__all__ = [
-    "MARKER",
-    "BatchPlugin",
-    "BatchSettings",
-    "MarkerError",
-    "batch_invariant",
-    "bind",
-    "configure",
-    "marker_line",
-    "resolve_settings",
-]
+__all__ = ["BatchPlugin", "TestCheck"]
 
-MARKER = "batch_invariant"
-_SPEC_KEY = _keys.BATCH_SPEC_KEY
-_ROWS_KEY = _keys.BATCH_ROWS_KEY
-REPORT_ATTR = _keys.REPORT_ATTR_BATCH
-
-
-class MarkerError(ValueError):
-    """A ``@pytest.mark.batch_invariant`` marker whose arguments are invalid."""
-
-
-def batch_invariant(
-    *,
-    sizes: Sequence[int] | None = None,
-    rtol: float | None = None,
-    atol: float | None = None,
-    tolerance: object = None,
-    permute: bool = True,
-) -> dict[str, Any]:
-    """The marker's signature: defaults for the test's ``assert_batch_invariant`` calls.
-
-    ``sizes``: sub-batch sizes; ``rtol``/``atol`` or ``tolerance`` (``(rtol,
-    atol)`` or ``"report"``): tolerance mode; ``permute``: also compare the
-    batch permuted. A value given in the call itself wins.
-    """
-    if sizes is not None and (
-        isinstance(sizes, (str, bytes))
-        or not isinstance(sizes, Sequence)
-        or not sizes
-        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes)
-    ):
-        raise MarkerError(f"sizes must be a non-empty list of positive ints, got {sizes!r}")
-    for name, value in (("rtol", rtol), ("atol", atol)):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
-        ):
-            raise MarkerError(f"{name} must be a number >= 0, got {value!r}")
-    if tolerance is not None and (rtol is not None or atol is not None):
-        raise MarkerError("give tolerance= or rtol/atol, not both")
-    if tolerance is not None and tolerance != "report":
-        try:
-            pair: tuple[Any, ...] = tuple(tolerance)  # type: ignore[arg-type]
-            ok = len(pair) == 2 and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair
-            )
-        except TypeError:
-            ok = False
-        if not ok:
-            raise MarkerError(f"tolerance must be (rtol, atol) or 'report', got {tolerance!r}")
-    if not isinstance(permute, bool):
-        raise MarkerError(f"permute must be True or False, got {permute!r}")
-    return {"sizes": sizes, "rtol": rtol, "atol": atol, "tolerance": tolerance, "permute": permute}
-
-
-def bind(args: Sequence[object], kwargs: dict[str, object]) -> dict[str, Any]:
-    """Bind one marker's arguments through :func:`batch_invariant` (raises :class:`MarkerError`)."""
-    try:
-        inspect.signature(batch_invariant).bind(*args, **kwargs)
-    except TypeError as exc:
-        raise MarkerError(str(exc)) from None
-    return batch_invariant(*args, **kwargs)  # type: ignore[arg-type]
-
-
-def marker_line() -> str:
-    """The ``markers`` ini line, built from :func:`batch_invariant`'s signature."""
-    params = ", ".join(p.name for p in inspect.signature(batch_invariant).parameters.values())
-    return (
-        f"{MARKER}(*, {params}): the test's assert_batch_invariant checks are recorded op by "
-        "op in the batch-invariance census and gated by --backends-batch-baseline"
-    )
-
-
-@dataclass(frozen=True)
-class BatchSettings:
-    """The resolved batch-invariance options."""
-
-    baseline: Path | None = None
-    baseline_update: bool = False
-
-
-def resolve_settings(config: pytest.Config) -> BatchSettings:
-    """Resolve ``--backends-batch-baseline`` and ``--backends-batch-baseline-update`` once."""
-    raw = _options.lookup(config, "backends_batch_baseline")
-    baseline: Path | None = None
-    if raw.text.strip():
-        base = Path(config.invocation_params.dir) if raw.from_cli else config.rootpath
-        baseline = base / raw.text.strip()
-    elif raw.from_cli:
-        raise pytest.UsageError(
-            "--backends-batch-baseline: expected a file path, got an empty value"
-        )
-    update = bool(_options.lookup(config, "backends_batch_baseline_update").value)
-    if update and baseline is None:
-        raise pytest.UsageError(
-            "--backends-batch-baseline-update: name the file to write with "
-            "--backends-batch-baseline=PATH"
-        )
-    return BatchSettings(baseline, update)
-
-
-def configure(config: pytest.Config) -> list[tuple[object, str]]:
-    """Resolve the settings and load the baseline; the plugin to register."""
-    settings = resolve_settings(config)
-    config.stash[_keys.BATCH_KEY] = settings
-    baseline = Baseline()
-    worker = hasattr(config, "workerinput")
-    if settings.baseline is not None:
-        try:
-            baseline = Baseline.load(settings.baseline)
-        except CensusFileError as exc:
-            missing = not settings.baseline.exists()
-            if not (missing and settings.baseline_update):
-                hint = " (create it with --backends-batch-baseline-update)" if missing else ""
-                raise pytest.UsageError(f"--backends-batch-baseline: {exc}{hint}") from None
-        if not worker and baseline.versions is not None:
-            message = baseline.version_mismatch(settings.baseline, Versions.current())
-            if message:
-                config.issue_config_time_warning(BaselineVersionWarning(message), stacklevel=2)
-    return [(BatchPlugin(config, settings, baseline), "backends-batch")]
+#: The bound arguments of an item's ``@pytest.mark.batch_invariant`` marker.
+_SPEC_KEY: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
+#: One item's batch-invariance census rows and config, until its report is made.
+_ROWS_KEY: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
 
 
 class TestCheck:
@@ -273,14 +144,14 @@ class TestCheck:
 
 
 def _config_id(item: pytest.Item) -> str:
-    config = item.stash.get(_keys.CONFIG_KEY, None)
+    config = item.stash.get(_shared.CONFIG_KEY, None)
     return str(getattr(config, "id", None) or "default")
 
 
 class BatchPlugin:
     """Runs marked tests with the census recorder and gates the run on the baseline."""
 
-    def __init__(self, config: pytest.Config, settings: BatchSettings, baseline: Baseline) -> None:
+    def __init__(self, config: pytest.Config, settings: Settings, baseline: Baseline) -> None:
         self.config = config
         self.settings = settings
         self.baseline = baseline
@@ -332,15 +203,15 @@ class BatchPlugin:
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
         data = item.stash.get(_ROWS_KEY, None)
-        if data is not None and call.when == "call":
-            setattr(report, REPORT_ATTR, data)
+        if data is not None:
+            _shared.carry(report, _shared.PROPERTY_BATCH, data)
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        data = getattr(report, REPORT_ATTR, None)
-        if not isinstance(data, dict) or hasattr(self.config, "workerinput"):
+        if _xdist.is_worker(self.config):
             return
-        if str(report.outcome) == "rerun":
+        data = _shared.call_data(report, _shared.PROPERTY_BATCH)
+        if not isinstance(data, dict):
             return
         self._marked += 1
         if data.get("failure"):
@@ -356,15 +227,15 @@ class BatchPlugin:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         config = session.config
-        if hasattr(config, "workerinput"):
+        if _xdist.is_worker(config):
             return
-        determinism = config.stash.get(_keys.DETERMINISM_KEY, None)
-        census_path = getattr(determinism, "census", None)
-        if self._marked and census_path is not None and Path(census_path).is_file():
+        # The census file the determinism check wrote this session, if it wrote one.
+        census_path = config.stash.get(_shared.CENSUS_WRITTEN_KEY, None)
+        if self._marked and census_path is not None and census_path.is_file():
             from pytest_backends.determinism.census import add_section
 
             try:
-                add_section(Path(census_path), SECTION, self.census.to_data())
+                add_section(census_path, SECTION, self.census.to_data())
             except CensusFileError as exc:
                 self._errors.append(f"--backends-census: {exc}")
         settings = self.settings
@@ -385,7 +256,7 @@ class BatchPlugin:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
-        if hasattr(config, "workerinput") or not (self._marked or self._errors):
+        if _xdist.is_worker(config) or not (self._marked or self._errors):
             return
         write = terminalreporter.write_line
         terminalreporter.section("batch invariance", sep="=")

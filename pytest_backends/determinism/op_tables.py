@@ -1,8 +1,8 @@
 """The op tables both recorders use, in one place.
 
-The Python recorder (:mod:`~pytest_backends.determinism.recorder`) reads them
+The Python recorder (:mod:`~pytest_backends.determinism.keys`) reads them
 directly; the native recorder (``native/recorder.cpp``) receives them from
-:func:`~pytest_backends.determinism.native_recorder.native_module` before it
+:func:`~pytest_backends.determinism.record_native.native_module` before it
 records anything, so the two cannot drift apart.
 
 Importing this module imports nothing.

@@ -6,8 +6,8 @@ run: a test with two subtests checked over five runs would show "10
 subtests passed", and a failing subtest would count five times.
 
 The reports that a test makes during its call phase are tagged with the number
-of the determinism run that made them (:data:`RUN_ATTR`; the tag travels with
-the report to the xdist controller).  Wherever reports are counted, a subtest
+of the determinism run that made them (the report property :data:`RUN_PROPERTY`,
+which travels with the report to the xdist controller).  Wherever reports are counted, a subtest
 report of a later run that repeats the outcome of the same subtest in run 0 is
 not counted again; one whose outcome differs is (that difference is news).
 A failed subtest in run 0 fails the test, so the determinism plugin stops
@@ -26,15 +26,26 @@ from collections.abc import Generator, Mapping
 
 import pytest
 
-from pytest_backends._keys import SUBTEST_FAILED_KEY, SUBTEST_RERUN_FAILURE_KEY, SUBTEST_RUN_KEY
+from pytest_backends import _shared
 
-__all__ = ["RUN_ATTR", "RUN_KEY", "SubtestCounter", "failed_first_run", "take_rerun_failure"]
+__all__ = [
+    "RUN_KEY",
+    "RUN_PROPERTY",
+    "SubtestCounter",
+    "failed_first_run",
+    "run_of",
+    "tag",
+    "take_rerun_failure",
+]
 
-RUN_KEY = SUBTEST_RUN_KEY
-#: Report attribute: the determinism run that made the report.
-RUN_ATTR = "backends_determinism_run"
-_FAILED_KEY = SUBTEST_FAILED_KEY
-_RERUN_FAILURE_KEY = SUBTEST_RERUN_FAILURE_KEY
+#: The determinism run in progress for an item (0 for the first).
+RUN_KEY: pytest.StashKey[int] = pytest.StashKey()
+#: Report property: the determinism run that made the report.
+RUN_PROPERTY = "backends_determinism_run"
+#: Whether a subtest failed in an item's first determinism run.
+_FAILED_KEY: pytest.StashKey[bool] = pytest.StashKey()
+#: The exception of a subtest that failed in a later determinism run only.
+_RERUN_FAILURE_KEY: pytest.StashKey[BaseException] = pytest.StashKey()
 
 _Key = tuple[str, object, tuple[tuple[str, str], ...]]
 
@@ -47,6 +58,17 @@ def _context(report: pytest.TestReport) -> tuple[object, tuple[tuple[str, str], 
     kwargs = getattr(context, "kwargs", {})
     items = kwargs.items() if isinstance(kwargs, Mapping) else ()
     return getattr(context, "msg", None), tuple(sorted((str(k), repr(v)) for k, v in items))
+
+
+def tag(report: pytest.TestReport, run: int) -> None:
+    """Tag ``report`` as made by determinism run ``run``."""
+    _shared.add_property(report, RUN_PROPERTY, run)
+
+
+def run_of(report: pytest.TestReport) -> int | None:
+    """The determinism run that made ``report`` (None: not made by one)."""
+    run = _shared.report_data(report, RUN_PROPERTY)
+    return run if isinstance(run, int) else None
 
 
 def failed_first_run(item: pytest.Item) -> bool:
@@ -75,7 +97,7 @@ class SubtestCounter:
         report = yield
         run = item.stash.get(RUN_KEY, None)
         if run is not None and call.when == "call":
-            setattr(report, RUN_ATTR, run)
+            tag(report, run)
             if run == 0 and report.failed:
                 item.stash[_FAILED_KEY] = True
             elif run > 0 and report.failed:
@@ -110,7 +132,7 @@ class SubtestCounter:
     def pytest_report_teststatus(
         self, report: pytest.TestReport, config: pytest.Config
     ) -> tuple[str, str, str] | None:
-        run = getattr(report, RUN_ATTR, None)
+        run = run_of(report)
         context = _context(report)
         if run is None or context is None:
             return None

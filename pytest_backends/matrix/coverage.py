@@ -17,9 +17,32 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from pytest_backends.matrix.configs import base_test_id
 
-__all__ = ["Coverage", "CoverageGaps", "find_gaps", "missing_note", "parse_coverage"]
+__all__ = [
+    "COLLECTED_CHANNEL",
+    "Coverage",
+    "CoverageGaps",
+    "collected",
+    "find_gaps",
+    "missing_note",
+    "parse_coverage",
+]
+
+_COLLECTED_KEY: pytest.StashKey[dict[str, str]] = pytest.StashKey()
+#: What a pytest-xdist worker leaves for the controller: its :func:`collected` items.
+COLLECTED_CHANNEL = "collected"
+
+
+def collected(config: pytest.Config) -> dict[str, str]:
+    """Every item this process collected, deselected ones included: node id -> config id.
+
+    The matrix's collection hooks fill it in; the report lists it under
+    ``coverage`` (with the items the xdist workers collected).
+    """
+    return config.stash.setdefault(_COLLECTED_KEY, {})
 
 
 @dataclass

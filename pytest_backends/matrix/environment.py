@@ -4,7 +4,7 @@ A report's ``environment`` lists what the machine supports (torch, CUDA,
 cuDNN, CPU capability, ...). Without xdist the process that runs the tests
 writes the report and knows these facts. Under xdist the controller runs no
 test, so it probes its own facts at the end of the session, and every worker
-sends its own lines back in ``workeroutput``; a worker line that differs from
+sends its own lines back (through :mod:`pytest_backends._xdist`); a worker line that differs from
 the controller's (a worker pinned to another CPU capability level, say) is
 added, prefixed with the workers that report it.
 """
@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 
-__all__ = ["WORKEROUTPUT_KEY", "ControllerEnvironment", "WorkerEnvironment", "combine", "lines"]
+from pytest_backends import _xdist
 
-#: The ``workeroutput`` key carrying a worker's environment lines.
-WORKEROUTPUT_KEY = "backends_environment"
+__all__ = ["CHANNEL", "ControllerEnvironment", "WorkerEnvironment", "combine", "lines"]
+
+#: What a worker leaves for the controller: its environment lines.
+CHANNEL = "environment"
 
 
 def lines() -> list[str]:
@@ -66,9 +68,8 @@ class WorkerEnvironment:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         from pytest_backends.matrix.availability import torch_imported
 
-        workeroutput = getattr(self.config, "workeroutput", None)
-        if workeroutput is not None and torch_imported():
-            workeroutput[WORKEROUTPUT_KEY] = lines()
+        if _xdist.is_worker(self.config) and torch_imported():
+            _xdist.put(self.config, CHANNEL, lines())
 
 
 class ControllerEnvironment:
@@ -80,8 +81,6 @@ class ControllerEnvironment:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: object) -> None:
         """Keep the lines a finished worker sent (a crashed worker sends none)."""
-        output = getattr(node, "workeroutput", None) or {}
-        sent = output.get(WORKEROUTPUT_KEY)
+        sent = _xdist.collected(node, CHANNEL)
         if isinstance(sent, list) and all(isinstance(line, str) for line in sent):
-            workerid = str(getattr(node, "workerinput", {}).get("workerid", "worker"))
-            self.workers[workerid] = sent
+            self.workers[_xdist.node_id(node)] = sent

@@ -27,7 +27,8 @@ from typing import Any
 
 from pytest_backends import _files
 from pytest_backends._sources import MergeInputError, load_json, unique_label, version_warning
-from pytest_backends.matrix.configs import ConfigError, builtin_registry
+from pytest_backends.matrix.axes import builtin_registry
+from pytest_backends.matrix.configs import ConfigError
 from pytest_backends.matrix.coverage import (
     Coverage,
     CoverageGaps,

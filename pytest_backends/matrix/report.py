@@ -1,46 +1,39 @@
-"""The matrix report: a terminal grid, a JSON file and a self-contained HTML grid.
+"""The matrix report's data and rendering: a terminal grid, a JSON file, an HTML grid.
 
 Results are read from test reports only (the ``backend_config`` and
-``backends_verify`` user properties travel with every report), so the same
-code merges results from all xdist workers in the controller.
+``backends_verify`` report properties travel with every report), so the same
+code merges results from all xdist workers in the controller, and
+``pytest-backends merge`` renders merged reports with it.  The hooks that
+collect results and write the files are
+:class:`pytest_backends.matrix.report_plugin.ReportPlugin`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import html
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
-from pytest_backends import _files
-from pytest_backends._keys import PROPERTY_CONFIG as PROPERTY
-from pytest_backends._keys import PROPERTY_VERIFY_DETAIL as DETAIL_PROPERTY
-from pytest_backends._keys import PROPERTY_VERIFY_STATUS as STATUS_PROPERTY
+from pytest_backends import _files, _shared
 from pytest_backends.matrix.configs import DEFAULT_ID, ConfigError, base_test_id
-from pytest_backends.matrix.coverage import Coverage
-from pytest_backends.matrix.environment import ControllerEnvironment, combine
-from pytest_backends.matrix.environment import lines as environment_lines
-
-if TYPE_CHECKING:
-    from pytest_backends.matrix.plugin import MatrixPlugin, MatrixSettings
 
 __all__ = [
     "FAILING",
     "OUTCOMES",
     "REPORT_FORMAT",
     "ConfigRow",
-    "ReportPlugin",
     "Result",
     "base_test_id",
     "build_rows",
     "render_html",
     "render_json",
     "render_terminal",
+    "skip_reason",
 ]
 
 #: Outcome columns, in display order. ``conflict``: sources of a merged report disagree.
@@ -107,7 +100,8 @@ def _failure_detail(report: pytest.TestReport) -> str:
     return str(report.longreprtext or report.longrepr or "").strip()
 
 
-def _skip_reason(report: pytest.TestReport) -> str:
+def skip_reason(report: pytest.TestReport) -> str:
+    """Why ``report`` was skipped (the reason without pytest's ``Skipped:`` prefix)."""
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
         return str(longrepr[2]).removeprefix("Skipped: ")
@@ -166,21 +160,21 @@ def update(result: Result, report: pytest.TestReport) -> None:
             result.outcome, result.message = "error", _failure_message(report)
         elif report.skipped:
             result.outcome = "xfailed" if xfail else "skipped"
-            result.message = _skip_reason(report) if not xfail else str(report.wasxfail)
+            result.message = skip_reason(report) if not xfail else str(report.wasxfail)
         else:
             result.outcome = "passed"
     elif report.when == "call":
         props = dict(report.user_properties)
-        status = props.get(STATUS_PROPERTY)
+        status = props.get(_shared.PROPERTY_VERIFY_STATUS)
         result.verify = str(status) if status is not None else None
-        result.verify_detail = str(props.get(DETAIL_PROPERTY, ""))
+        result.verify_detail = str(props.get(_shared.PROPERTY_VERIFY_DETAIL, ""))
         if xfail:
             result.outcome = "xfailed" if report.skipped else "xpassed"
             result.message = str(report.wasxfail)
         elif report.failed:
             result.outcome, result.message = "failed", _failure_message(report)
         elif report.skipped:
-            result.outcome, result.message = "skipped", _skip_reason(report)
+            result.outcome, result.message = "skipped", skip_reason(report)
     elif report.failed and result.outcome not in ("failed", "error"):
         result.outcome, result.message = "error", _failure_message(report)
 
@@ -506,227 +500,3 @@ def _html_skips(rows: Sequence[ConfigRow], results: Sequence[Result]) -> list[st
         )
     out.append("</tbody></table>")
     return out
-
-
-class ReportPlugin:
-    """Collects matrix results (controller side) and writes the terminal/JSON/HTML report."""
-
-    def __init__(
-        self, config: pytest.Config, settings: MatrixSettings, matrix: MatrixPlugin
-    ) -> None:
-        self.config = config
-        self.settings = settings
-        self.matrix = matrix
-        self.results: dict[str, Result] = {}
-        self.written: list[str] = []
-        self.write_errors: list[str] = []
-        self.workers = ControllerEnvironment()
-        #: Items collected by xdist workers (node id -> config id), deselected ones included.
-        self.collected: dict[str, str] = {}
-        #: Items that ran (an outcome other than a skip), whether or not they have a config.
-        self.ran: set[str] = set()
-        #: Items that were skipped, with the reason.
-        self.skipped: dict[str, str] = {}
-        #: Items whose xdist worker died, and how (``killed by signal SIGSEGV``).
-        self.crashes: dict[str, str] = {}
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_testnodedown(self, node: Any, error: object) -> None:
-        """Keep a finished xdist worker's environment lines and collected items."""
-        self.workers.pytest_testnodedown(node, error)
-        from pytest_backends.matrix.xdist import WORKEROUTPUT_COLLECTED
-
-        output = getattr(node, "workeroutput", None) or {}
-        collected = output.get(WORKEROUTPUT_COLLECTED)
-        if isinstance(collected, dict):
-            self.collected.update((str(k), str(v)) for k, v in collected.items())
-
-    def coverage(self) -> Coverage:
-        """What this run collected and what of it ran, for ``pytest-backends merge``."""
-        collected = {**self.matrix.collected, **self.collected}
-        return Coverage(collected, set(self.ran), dict(self.skipped))
-
-    @pytest.hookimpl(optionalhook=True, trylast=True)
-    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
-        """Note how the worker died (its signal), for the item's cell."""
-        how = "worker died"
-        node = getattr(report, "node", None)
-        with contextlib.suppress(Exception):
-            # execnet caches the worker's facts (pid included) when xdist starts it.
-            pid = int(node.gateway._rinfo().pid)  # type: ignore[union-attr]
-            from pytest_backends._process import describe_exit, exit_status
-
-            status = exit_status(pid, wait_s=0.5)
-            if status is not None:
-                how = describe_exit(status)
-        self.crashes[crashitem] = how
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if str(report.outcome) == "rerun":  # pytest-rerunfailures: a later attempt follows
-            return
-        xfail = hasattr(report, "wasxfail")
-        if report.failed or (report.when == "call" and (xfail or not report.skipped)):
-            self.ran.add(report.nodeid)
-        elif report.skipped and not xfail:
-            self.skipped[report.nodeid] = _skip_reason(report)
-        config_id = dict(report.user_properties).get(PROPERTY)
-        if config_id is None and is_crash(report):
-            known = self.results.get(report.nodeid)
-            config_id = (
-                known.config
-                if known is not None
-                else (
-                    config_in_nodeid(report.nodeid, self.matrix.registry().parse_id)
-                    if self.settings.enabled
-                    else None
-                )
-            )
-        if config_id is None:
-            return
-        if report.nodeid not in self.results:
-            self.results[report.nodeid] = Result(
-                report.nodeid, base_test_id(report.nodeid, str(config_id)), str(config_id)
-            )
-        result = self.results[report.nodeid]
-        update(result, report)
-        how = self.crashes.get(report.nodeid)
-        if how is not None and report.failed:
-            result.crashed = True
-            result.message = (
-                f"crashed ({how}) under {result.config}: "
-                + result.message.removeprefix("crashed: ")
-            )
-
-    def _order(self) -> list[str]:
-        registry = self.matrix.registry()
-        ids = {r.config for r in self.results.values()}
-
-        def key(config_id: str) -> tuple[int, tuple[tuple[int, int], ...], str]:
-            try:
-                return (0, registry.sort_key(registry.parse_id(config_id)), config_id)
-            except ConfigError:
-                return (1, (), config_id)
-
-        return sorted(ids, key=key)
-
-    def rows(self) -> list[ConfigRow]:
-        """The per-config rows of the results so far."""
-        return build_rows(self.results.values(), self._order())
-
-    def _environment(self) -> list[str]:
-        # Under xdist the controller ran no test: it probes its own facts here.
-        return combine(environment_lines(), self.workers.workers)
-
-    def _header(self) -> dict[str, Any]:
-        from pytest_backends.matrix.availability import probe, run_label
-
-        avail = probe()
-        return {
-            "label": run_label(self.config),
-            "torch": avail.torch_version,
-            "cuda": avail.cuda_built,
-        }
-
-    @pytest.hookimpl(tryfirst=True, specname="pytest_sessionfinish")
-    def pytest_sessionfinish_skipped(self, session: pytest.Session) -> None:
-        """Say (and fail under ``--backends-strict``) when a CPU level, or the whole
-        matrix, ran nothing because every item was skipped."""
-        results = list(self.results.values())
-        if not results:
-            return
-        from pytest_backends import _selected
-        from pytest_backends.capability.levels import AXIS
-
-        by_level: dict[str, list[Result]] = {}
-        for result in results:
-            try:
-                choices = dict(self.matrix.registry().parse_id(result.config))
-            except ConfigError:
-                continue
-            if AXIS in choices:
-                by_level.setdefault(choices[AXIS], []).append(result)
-        for level, items in sorted(by_level.items()):
-            if all(r.outcome == "skipped" for r in items):
-                _selected.record_all_skipped(
-                    self.config,
-                    f"CPU capability level {level}",
-                    f"skipped ({len(items)} item(s)): {items[0].message}",
-                )
-        if self.settings.enabled and all(r.outcome == "skipped" for r in results):
-            source = self.settings.select_source if self.settings.select else "the matrix"
-            configs = sorted({r.config for r in results})
-            shown = ", ".join(configs[:5]) + (f", ... ({len(configs)})" if len(configs) > 5 else "")
-            _selected.record_all_skipped(
-                self.config,
-                f"{source} ({shown})",
-                f"skipped ({len(results)} item(s)): {results[0].message}",
-            )
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self.settings.report_json is None and self.settings.report_html is None:
-            return
-        rows = self.rows()
-        header = self._header()
-        results = list(self.results.values())
-        for result in results:
-            result.sources = [header["label"]]
-        verify = self.settings.verify != "off"
-        environment = self._environment()
-        if self.settings.report_json is not None:
-            settings = {
-                "axes": list(self.settings.axes) if self.settings.axes else None,
-                "sample": self.settings.sample,
-                "seed": self.settings.seed,
-                "verify": self.settings.verify,
-                "select": [",".join(g) for g in self.settings.select],
-            }
-            self._write(
-                self.settings.report_json,
-                render_json(
-                    rows,
-                    results,
-                    environment=environment,
-                    settings=settings,
-                    header=header,
-                    extra={"coverage": self.coverage().to_plain()},
-                ),
-                _files.JSON_REPORT,
-            )
-        if self.settings.report_html is not None:
-            self._write(
-                self.settings.report_html,
-                render_html(
-                    rows,
-                    results,
-                    environment=[f"label: {header['label']}", *environment],
-                    verify=verify,
-                ),
-                _files.HTML_REPORT,
-            )
-        if self.write_errors and session.exitstatus in (
-            pytest.ExitCode.OK,
-            pytest.ExitCode.NO_TESTS_COLLECTED,
-        ):
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-    def _write(self, path: Any, text: str, kind: _files.OutputKind) -> None:
-        try:
-            _files.write_output(path, text, kind)
-        except OSError as exc:
-            self.write_errors.append(f"ERROR: the matrix report was not written: {exc}")
-        else:
-            self.written.append(str(path))
-
-    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
-        if config.option.collectonly or (not self.results and not self.settings.enabled):
-            return
-        terminalreporter.section("backends matrix")
-        for line in render_terminal(self.rows(), self.settings.verify != "off"):
-            terminalreporter.line(line)
-        if self.settings.sample and not self.settings.seed_given:
-            terminalreporter.line(f"sampled with --backends-seed={self.settings.seed}")
-        for path in self.written:
-            terminalreporter.line(f"report written to {path}")
-        for message in self.write_errors:
-            terminalreporter.line(message, red=True)

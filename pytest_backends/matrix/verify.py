@@ -34,20 +34,15 @@ for input (1, 3, 8, 8)").
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
-import os
-import sys
-from collections.abc import Collection, Generator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import pytest
 
-from pytest_backends import _keys
+from pytest_backends import _shared
 from pytest_backends.kernels import (
     FAMILY_OPS,
-    PROBE_SCOPE,
     CudaKernel,
     OpEvent,
     Primitive,
@@ -56,20 +51,17 @@ from pytest_backends.kernels import (
     classify_cuda_kernel,
 )
 from pytest_backends.matrix.configs import BackendConfig
+from pytest_backends.matrix.op_recorder import ProfilerOpRecorder
 
 __all__ = [
     "PROMISES",
     "KernelTrace",
-    "ProfilerOpRecorder",
     "Promise",
     "Verdict",
     "VerifyPlugin",
     "evaluate",
 ]
 
-#: JUnit/report properties written by the verifier.
-STATUS_PROPERTY = _keys.PROPERTY_VERIFY_STATUS
-DETAIL_PROPERTY = _keys.PROPERTY_VERIFY_DETAIL
 
 # Ops that *implement* a convolution, i.e. that show which path ran.
 CONV_IMPLS = (
@@ -513,101 +505,6 @@ def evaluate(
     return Verdict(tuple(broken), tuple(missing), tuple(exercised))
 
 
-@contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """Hide the banner lines kineto writes to fd 2 when a profiler starts and stops."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-@dataclass
-class ProfilerOpRecorder:
-    """Records the names of every op the dispatcher runs (``torch.profiler``, CPU side).
-
-    With ``shapes`` it also keeps the op events (:attr:`events`: name, input
-    shapes, parent), which attributing oneDNN primitives needs.
-    """
-
-    shapes: bool = False
-    cuda: bool = False
-    _profiler: Any = field(default=None, repr=False)
-    error: str | None = None
-    events: list[OpEvent] = field(default_factory=list)
-    #: names of the CUDA kernels that ran (with ``cuda``)
-    kernels: list[str] = field(default_factory=list)
-
-    def start(self) -> bool:
-        """Start recording; ``False`` (with :attr:`error`) if the profiler cannot start."""
-        from torch.profiler import ProfilerActivity, profile
-
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        self._profiler = profile(activities=activities, record_shapes=self.shapes)
-        try:
-            with _quiet_stderr():
-                self._profiler.__enter__()
-        except RuntimeError as exc:  # e.g. the test session already runs a profiler
-            self._profiler, self.error = None, f"the profiler could not start: {exc}"
-            return False
-        return True
-
-    def stop(self) -> frozenset[str]:
-        """Stop recording and return the op names seen."""
-        profiler, self._profiler = self._profiler, None
-        if profiler is None:
-            return frozenset()
-        with _quiet_stderr():
-            profiler.__exit__(None, None, None)
-        # the tolerance model's one-time probes are not the test's ops
-        everything = list(profiler.events())
-        raw = [e for e in everything if not _inside_probe(e) and not _on_gpu(e)]
-        if self.shapes:
-            self.events = _op_events(raw)
-        if self.cuda:
-            self.kernels = [e.name for e in everything if _on_gpu(e)]
-            for event in raw:  # kernels launched by ops appear as their children too
-                self.kernels.extend(k.name for k in getattr(event, "kernels", ()) or ())
-        return frozenset(event.name for event in raw)
-
-
-def _on_gpu(event: Any) -> bool:
-    return "CUDA" in str(getattr(event, "device_type", ""))
-
-
-def _inside_probe(event: Any) -> bool:
-    while event is not None:
-        if event.name == PROBE_SCOPE:
-            return True
-        event = getattr(event, "cpu_parent", None)
-    return False
-
-
-def _op_events(raw: Sequence[Any]) -> list[OpEvent]:
-    """Profiler events in start order, with shapes and parent indices."""
-    ordered = sorted(raw, key=lambda e: (e.time_range.start, -e.time_range.end))
-    index = {id(e): i for i, e in enumerate(ordered)}
-    events = []
-    for event in ordered:
-        parent = getattr(event, "cpu_parent", None)
-        shapes = tuple(
-            tuple(int(d) for d in shape)
-            for shape in (getattr(event, "input_shapes", None) or ())
-            if isinstance(shape, (list, tuple)) and all(isinstance(d, int) for d in shape)
-        )
-        events.append(OpEvent(event.name, shapes, index.get(id(parent)) if parent else None))
-    return events
-
-
 class VerifyPlugin:
     """Records ops during each matrix item's call phase and checks its promises."""
 
@@ -631,14 +528,14 @@ class VerifyPlugin:
     # file when the call starts; the primitive log must redirect fd 1 after it.
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
-        config = item.stash.get(_keys.CONFIG_KEY, None)
-        if config is None or not promises_for(config, self.table):
+        config = item.stash.get(_shared.CONFIG_KEY, None)
+        if not isinstance(config, BackendConfig) or not promises_for(config, self.table):
             return (yield)
         log = PrimitiveLog() if self._wants_primitives(config) else None
         recorder = ProfilerOpRecorder(shapes=log is not None, cuda=self._wants_cuda_kernels(config))
         if not recorder.start():
-            item.user_properties.append((STATUS_PROPERTY, "unverified"))
-            item.user_properties.append((DETAIL_PROPERTY, recorder.error or ""))
+            item.user_properties.append((_shared.PROPERTY_VERIFY_STATUS, "unverified"))
+            item.user_properties.append((_shared.PROPERTY_VERIFY_DETAIL, recorder.error or ""))
             return (yield)
         logging = log is not None and log.start()
         try:
@@ -649,10 +546,10 @@ class VerifyPlugin:
         if not ops and not primitives:
             # A torch.profiler started inside the test takes the session over and
             # leaves this one empty; a test that runs no op at all looks the same.
-            item.user_properties.append((STATUS_PROPERTY, "unverified"))
+            item.user_properties.append((_shared.PROPERTY_VERIFY_STATUS, "unverified"))
             item.user_properties.append(
                 (
-                    DETAIL_PROPERTY,
+                    _shared.PROPERTY_VERIFY_DETAIL,
                     (
                         "no op was recorded: the test ran no torch op, or started its own "
                         "torch.profiler, which takes the profiling session over"
@@ -663,8 +560,8 @@ class VerifyPlugin:
         trace = None if primitives is None else KernelTrace.build(primitives, recorder.events)
         kernels = recorder.kernels if recorder.cuda else None
         verdict = evaluate(config, ops, self.table, trace, kernels)
-        item.user_properties.append((STATUS_PROPERTY, verdict.status))
-        item.user_properties.append((DETAIL_PROPERTY, verdict.detail))
+        item.user_properties.append((_shared.PROPERTY_VERIFY_STATUS, verdict.status))
+        item.user_properties.append((_shared.PROPERTY_VERIFY_DETAIL, verdict.detail))
         if verdict.broken:
             pytest.fail("backends-verify: " + "\n".join(verdict.broken), pytrace=False)
         if self.strict and verdict.not_exercised:

@@ -4,8 +4,8 @@ Verification profiles every op of a verified test's call phase, which can make
 a suite many times slower.  :class:`TimedVerifyPlugin` is the verifier with
 its call-phase wrapper timed: the time spent in the wrapper itself (starting
 and stopping the profiler, collecting its events, checking the promises), not
-in the test it wraps.  That time travels on the call report
-(:data:`SECONDS_ATTR`), so the xdist controller sums it, and the summary gives
+in the test it wraps.  That time travels on the call report as the
+property :data:`SECONDS_PROPERTY`, so the xdist controller sums it, and the summary gives
 the total, the mean per verified test and the slowest test, beside the call
 time of those tests (which includes the profiler's per-op cost).
 """
@@ -19,14 +19,16 @@ from typing import Any
 
 import pytest
 
-from pytest_backends._keys import VERIFY_SECONDS_KEY
+from pytest_backends import _shared, _xdist
+from pytest_backends.matrix.configs import BackendConfig
 from pytest_backends.matrix.verify import VerifyPlugin, promises_for
 
-__all__ = ["SECONDS_ATTR", "CostSummary", "TimedVerifyPlugin"]
+__all__ = ["SECONDS_KEY", "SECONDS_PROPERTY", "CostSummary", "TimedVerifyPlugin"]
 
-#: Report attribute: seconds the verifier itself spent around one test's call phase.
-SECONDS_ATTR = "backends_verify_seconds"
-_SECONDS_KEY = VERIFY_SECONDS_KEY
+#: Report property: seconds the verifier itself spent around one test's call phase.
+SECONDS_PROPERTY = "backends_verify_seconds"
+#: Those seconds on the item, until its call report is made.
+SECONDS_KEY: pytest.StashKey[float] = pytest.StashKey()
 
 
 def _drive(
@@ -38,7 +40,7 @@ def _drive(
     try:
         next(inner)
     except StopIteration as stop:  # pragma: no cover - a wrapper must yield once
-        item.stash[_SECONDS_KEY] = time.perf_counter() - started
+        item.stash[SECONDS_KEY] = time.perf_counter() - started
         return stop.value
     own += time.perf_counter() - started
     try:
@@ -53,7 +55,7 @@ def _drive(
     except StopIteration as stop:
         return stop.value
     finally:
-        item.stash[_SECONDS_KEY] = own + time.perf_counter() - started
+        item.stash[SECONDS_KEY] = own + time.perf_counter() - started
     raise RuntimeError("the verifier's hook wrapper yielded twice")  # pragma: no cover
 
 
@@ -64,10 +66,8 @@ class TimedVerifyPlugin(VerifyPlugin):
     # oneDNN primitive log can redirect file descriptor 1 after pytest has.
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
-        from pytest_backends._keys import CONFIG_KEY
-
-        config = item.stash.get(CONFIG_KEY, None)
-        if config is None or not promises_for(config, self.table):
+        config = item.stash.get(_shared.CONFIG_KEY, None)
+        if not isinstance(config, BackendConfig) or not promises_for(config, self.table):
             return (yield)  # nothing to verify, nothing to time
         return (yield from _drive(super().pytest_runtest_call(item), item))
 
@@ -76,9 +76,9 @@ class TimedVerifyPlugin(VerifyPlugin):
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
-        seconds = item.stash.get(_SECONDS_KEY, None)
+        seconds = item.stash.get(SECONDS_KEY, None)
         if seconds is not None and call.when == "call" and not hasattr(report, "context"):
-            setattr(report, SECONDS_ATTR, seconds)
+            _shared.add_property(report, SECONDS_PROPERTY, seconds)
         return report
 
 
@@ -92,7 +92,7 @@ class CostSummary:
     slowest: tuple[float, str] = (0.0, "")
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        seconds = getattr(report, SECONDS_ATTR, None)
+        seconds = _shared.report_data(report, SECONDS_PROPERTY)
         if seconds is None or report.when != "call" or str(report.outcome) == "rerun":
             return
         self.tests += 1
@@ -114,7 +114,7 @@ class CostSummary:
         ]
 
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
-        if hasattr(config, "workerinput"):
+        if _xdist.is_worker(config):
             return
         lines = self.lines()
         if lines:

@@ -1,25 +1,22 @@
 """xdist integration: hand the controller's sampling seed to every worker.
 
 Registered only when pytest-xdist is active, in the controller.  Each worker
-then expands the matrix with the same seed, so every process collects the
-same items with the same ids (xdist refuses to run otherwise).
+then expands the matrix with the same seed (read back in
+:meth:`pytest_backends.matrix.settings.MatrixSettings.from_config`), so every
+process collects the same items with the same ids (xdist refuses to run
+otherwise).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
-if TYPE_CHECKING:
-    from pytest_backends.matrix.plugin import MatrixSettings
+from pytest_backends import _xdist
+from pytest_backends.matrix.settings import SEED_CHANNEL, MatrixSettings
 
-__all__ = ["WORKERINPUT_SEED", "WORKEROUTPUT_COLLECTED", "XdistHooks"]
-
-#: The ``workerinput`` key carrying the seed of ``--backends-sample``.
-WORKERINPUT_SEED = "backends_seed"
-#: The ``workeroutput`` key carrying a worker's collected items (node id -> config id).
-WORKEROUTPUT_COLLECTED = "backends_collected"
+__all__ = ["XdistHooks"]
 
 
 class XdistHooks:
@@ -32,4 +29,4 @@ class XdistHooks:
     def pytest_configure_node(self, node: Any) -> None:
         """Send the resolved seed (random unless given) to the new worker."""
         if self.settings.seed is not None:
-            node.workerinput[WORKERINPUT_SEED] = self.settings.seed
+            _xdist.send(node, SEED_CHANNEL, self.settings.seed)

@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from pytest_backends.batch import plugin
+from pytest_backends.batch import marker
 from pytest_backends.batch.census import BatchCensus, updated_baseline
 from pytest_backends.determinism.census import Baseline, BaselineEntry, CensusFileError
 
 
 def test_marker_arguments_bind_through_its_signature() -> None:
-    spec = plugin.bind((), {"sizes": [1, 4], "tolerance": (1e-3, 1e-5)})
+    spec = marker.bind((), {"sizes": [1, 4], "tolerance": (1e-3, 1e-5)})
     assert spec == {
         "sizes": [1, 4],
         "rtol": None,
@@ -22,7 +22,7 @@ def test_marker_arguments_bind_through_its_signature() -> None:
         "tolerance": (1e-3, 1e-5),
         "permute": True,
     }
-    assert plugin.bind((), {"tolerance": "report"})["tolerance"] == "report"
+    assert marker.bind((), {"tolerance": "report"})["tolerance"] == "report"
 
 
 @pytest.mark.parametrize(
@@ -44,13 +44,13 @@ def test_marker_arguments_bind_through_its_signature() -> None:
 def test_invalid_marker_arguments_are_refused(
     args: tuple[object, ...], kwargs: dict[str, object], message: str
 ) -> None:
-    with pytest.raises(plugin.MarkerError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        plugin.bind(args, kwargs)
+    with pytest.raises(marker.MarkerError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        marker.bind(args, kwargs)
 
 
 def test_marker_line_lists_the_signature() -> None:
-    line = plugin.marker_line()
-    for name in inspect.signature(plugin.batch_invariant).parameters:
+    line = marker.marker_line()
+    for name in inspect.signature(marker.batch_invariant).parameters:
         assert name in line
     assert line.startswith("batch_invariant(*, sizes")
 

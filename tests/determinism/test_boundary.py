@@ -23,13 +23,10 @@ import pytest
 # keeps pytester's sys.modules snapshot from unloading (and re-importing) it.
 import torch
 
-from pytest_backends.determinism.boundary import (
-    INPUTS_DIFFER,
-    BoundaryRecorder,
-    RunRecord,
-    explain_unchecked,
-)
-from pytest_backends.determinism.recorder import Comparison, compare_runs
+from pytest_backends.determinism.compare import Comparison, compare_runs
+from pytest_backends.determinism.record import RunRecord
+from pytest_backends.determinism.record_python import BoundaryRecorder
+from pytest_backends.determinism.verdict import INPUTS_DIFFER, explain_unchecked
 
 HERE = Path(__file__).parent
 EXAMPLES = HERE.parent.parent / "examples"
@@ -90,7 +87,7 @@ def suite(
     Run under each recorder: the two must give the same outcomes and verdicts.
     """
     if request.param == "native":
-        from pytest_backends.determinism.native_recorder import native_module
+        from pytest_backends.determinism.record_native import native_module
 
         if native_module() is None:
             pytest.skip("the native recorder is unavailable here")
@@ -368,21 +365,21 @@ def test_identical_runs_and_blamed_ops_need_no_explanation(planted: object) -> N
 
 
 def test_numbers_in_tensor_positions_are_rewrapped_only_there() -> None:
-    from pytest_backends.determinism.boundary import _rewrap_numbers
+    from pytest_backends.determinism.keys import rewrap_numbers
 
     view = torch.ops.aten.view.default
-    args = _rewrap_numbers(view, (6.0, [1]))
+    args = rewrap_numbers(view, (6.0, [1]))
     assert args is not None
     assert args[0].dtype == torch.float64 and args[0].item() == 6.0 and args[1] == [1]
-    assert _rewrap_numbers(view, (torch.ones(2), [2])) is None
+    assert rewrap_numbers(view, (torch.ones(2), [2])) is None
     # A number where the schema takes a number is left alone.
-    assert _rewrap_numbers(torch.ops.aten.add.Scalar, (torch.ones(1), 2)) is None
-    (flag,) = _rewrap_numbers(torch.ops.aten.logical_not.default, (True,)) or ()
+    assert rewrap_numbers(torch.ops.aten.add.Scalar, (torch.ones(1), 2)) is None
+    (flag,) = rewrap_numbers(torch.ops.aten.logical_not.default, (True,)) or ()
     assert flag.dtype == torch.bool
 
 
 def test_compile_watch_counts_compilations_and_survives_dynamo_reset() -> None:
-    from pytest_backends.determinism.boundary import CompileWatch
+    from pytest_backends.determinism.runs import CompileWatch
 
     watch = CompileWatch()
     backend_calls: list[int] = []

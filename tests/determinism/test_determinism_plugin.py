@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 # keeps pytester's sys.modules snapshot from unloading (and re-importing) it.
 import torch  # noqa: F401
 
-from pytest_backends.determinism.plugin import parse_runs
+from pytest_backends.determinism.feature import parse_runs
 
 SUITE = """
 import pytest
@@ -85,7 +86,10 @@ def test_harness_modules_do_not_import_torch() -> None:
     code = (
         "import sys\n"
         "import pytest_backends.determinism.api, pytest_backends.determinism.plugin\n"
-        "import pytest_backends.determinism.census\n"
+        "import pytest_backends.determinism.census, pytest_backends.determinism.feature\n"
+        "import pytest_backends.determinism.record, pytest_backends.determinism.compare\n"
+        "import pytest_backends.determinism.verdict, pytest_backends.determinism.runs\n"
+        "import pytest_backends.batch.feature, pytest_backends.batch.plugin\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -257,6 +261,7 @@ def test_census_merges_xdist_workers(planted_conftest: pytest.Pytester) -> None:
         "loadfile",
         "--backends-census=census.json",
         "--backends-determinism=3",
+        "--junitxml=junit.xml",
     )
     result.assert_outcomes(passed=2, failed=1)
     census = json.loads((pytester.path / "census.json").read_text())
@@ -269,6 +274,19 @@ def test_census_merges_xdist_workers(planted_conftest: pytest.Pytester) -> None:
     }
     assert census["runs"] == 3
     result.stdout.fnmatch_lines(["*pbtest::noisy (cpu, float64): NONDETERMINISTIC*"])
+    # The verdicts travel as report properties: JUnit XML carries the same rows.
+    properties = {
+        (case.get("name"), p.get("name")): json.loads(p.get("value", "null"))
+        for case in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
+        for p in case.iter("property")
+        if p.get("name") in ("backends_census", "backends_determinism_check")
+    }
+    rows = properties[("test_noisy", "backends_census")]
+    assert {"op": "pbtest::noisy", "device": "cpu", "dtype": "float64"} in [
+        {k: r[k] for k in ("op", "device", "dtype")} for r in rows
+    ]
+    assert [r["verdict"] for r in rows if r["op"] == "pbtest::noisy"] == ["nondeterministic"]
+    assert properties[("test_matmul", "backends_determinism_check")]["check"] == "checked"
 
 
 # Runs that never reach a test touch no torch state: they run in-process.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_backends.determinism.native_recorder import native_module
+from pytest_backends.determinism.record_native import native_module
 
 TAKE_THE_KEY = """
 
@@ -37,7 +37,7 @@ def test_a_taken_key_falls_back_to_the_python_recorder(planted_conftest: pytest.
         import torch
 
         from pytest_backends import _native
-        from pytest_backends.determinism.native_recorder import native_module
+        from pytest_backends.determinism.record_native import native_module
 
 
         def test_the_native_recorder_steps_aside():

@@ -17,8 +17,10 @@ import pytest
 import torch
 
 from pytest_backends.determinism.api import RngState
-from pytest_backends.determinism.native_recorder import NativeRecorder, native_module
-from pytest_backends.determinism.recorder import RunLog, compare_runs, locate
+from pytest_backends.determinism.compare import compare_runs
+from pytest_backends.determinism.locate import locate
+from pytest_backends.determinism.record import RunLog
+from pytest_backends.determinism.record_native import NativeRecorder, native_module
 from pytest_backends.flags import override_flags
 
 
@@ -384,20 +386,3 @@ def test_a_recorder_stopped_on_another_thread_stops_recording(native: Any) -> No
     after.start()
     after.stop()
     assert "DeferredInit" not in _hook_keys()[0]
-
-
-def test_the_native_recorder_uses_the_one_op_table(native: Any) -> None:
-    """Both recorders' op tables come from ``op_tables.py``: what the extension holds is it."""
-    from pytest_backends.determinism import op_tables, recorder
-
-    uninitialized, overwrites, rebinds, workspaces = native.op_tables()
-    assert set(uninitialized) == op_tables.UNINITIALIZED == recorder._UNINITIALIZED
-    assert set(overwrites) == op_tables.OVERWRITES == recorder._OVERWRITES
-    assert set(rebinds) == op_tables.REBINDS == recorder._REBINDS
-    assert {k: frozenset(v) for k, v in workspaces.items()} == op_tables.WORKSPACES
-    # Set once: the same tables again change nothing, other tables are refused.
-    native.set_op_tables(uninitialized, overwrites, rebinds, workspaces)
-    if native.op_tables() != (uninitialized, overwrites, rebinds, workspaces):
-        raise AssertionError("setting the same tables changed them")
-    with pytest.raises(RuntimeError, match="set once"):
-        native.set_op_tables([], overwrites, rebinds, workspaces)

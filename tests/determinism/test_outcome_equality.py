@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_backends.determinism.native_recorder import native_module
+from pytest_backends.determinism.record_native import native_module
 
 CORPUS = Path(__file__).with_name("user_corpus.py")
 CHECK = ("--backends-determinism-all", "--backends-determinism=3")

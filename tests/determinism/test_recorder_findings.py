@@ -14,15 +14,11 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from pytest_backends.determinism.api import RngState
-from pytest_backends.determinism.plugin import MAX_RUNS, parse_runs
-from pytest_backends.determinism.recorder import (
-    Comparison,
-    Digest,
-    OpRecorder,
-    RunLog,
-    compare_runs,
-    locate,
-)
+from pytest_backends.determinism.compare import Comparison, compare_runs
+from pytest_backends.determinism.feature import MAX_RUNS, parse_runs
+from pytest_backends.determinism.locate import locate
+from pytest_backends.determinism.record import Digest, RunLog
+from pytest_backends.determinism.record_python import BoundaryRecorder
 
 
 def _record(fn: Callable[[int], object], runs: int = 3) -> tuple[list[RunLog], Comparison]:
@@ -32,7 +28,7 @@ def _record(fn: Callable[[int], object], runs: int = 3) -> tuple[list[RunLog], C
     recorder = None
     for run in range(runs):
         start.restore()
-        recorder = OpRecorder(previous=recorder)
+        recorder = BoundaryRecorder(previous=recorder)
         with recorder:
             fn(run)
         logs.append(recorder.finish())

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from pytest_backends.determinism.native_recorder import native_module
+from pytest_backends.determinism.record_native import native_module
 
 RECORDERS = ["native", "python"]
 
@@ -358,7 +358,7 @@ def test_overlapping_views_are_keyed_by_the_memory_they_cover() -> None:
     """Expanded views with different strides or contents get different keys; no copy is made."""
     import torch
 
-    from pytest_backends.determinism.recorder import covered_memory
+    from pytest_backends.determinism.keys import covered_memory
 
     big = torch.zeros(1).expand(10**9)
     covered = covered_memory(big)
@@ -444,7 +444,8 @@ def test_testcase_outcomes_under_the_check(
 
 def test_unproven_inputs_are_never_blamed() -> None:
     """The proof rule in the comparison: an equal-looking opaque input blames nothing."""
-    from pytest_backends.determinism.recorder import Digest, OpCall, RunLog, compare_runs
+    from pytest_backends.determinism.compare import compare_runs
+    from pytest_backends.determinism.record import Digest, OpCall, RunLog
 
     def digest(value: int) -> Digest:
         d = Digest()

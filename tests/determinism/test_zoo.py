@@ -113,7 +113,7 @@ def test_zoo_suite_wide_under_xdist_has_no_false_verdicts_under_both_recorders(
 ) -> None:
     pytester = planted_conftest
     pytester.makepyfile(zoo_entries=ZOO_PATH.read_text(encoding="utf-8"), test_zoo_suite=SUITE)
-    from pytest_backends.determinism.native_recorder import native_module
+    from pytest_backends.determinism.record_native import native_module
 
     recorders = ["native", "python"] if native_module() is not None else ["python"]
     verdicts_by_recorder: dict[str, dict[tuple[str, str], str]] = {}

@@ -11,7 +11,7 @@ from pytest_backends.matrix.availability import (
     probe,
     unavailable_reason,
 )
-from pytest_backends.matrix.configs import builtin_registry
+from pytest_backends.matrix.axes import builtin_registry
 
 REG = builtin_registry()
 CPU_ONLY = machine()

@@ -5,14 +5,8 @@ from __future__ import annotations
 import pytest
 from matrix_helpers import LEGACY_FLAGS, NEW_API_FLAGS
 
-from pytest_backends.matrix.configs import (
-    Axis,
-    AxisRegistry,
-    AxisValue,
-    BackendConfig,
-    ConfigError,
-    builtin_registry,
-)
+from pytest_backends.matrix.axes import builtin_registry
+from pytest_backends.matrix.configs import Axis, AxisRegistry, AxisValue, BackendConfig, ConfigError
 
 REG = builtin_registry()
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_backends.matrix.configs import builtin_registry
+from pytest_backends.matrix.axes import builtin_registry
 from pytest_backends.matrix.verify import PROMISES
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference"

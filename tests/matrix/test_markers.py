@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from pytest_backends.matrix.configs import builtin_registry
+from pytest_backends.matrix.axes import builtin_registry
 from pytest_backends.matrix.markers import MarkerError, backends, bind, marker_line, resolve
 
 REG = builtin_registry()

@@ -12,7 +12,7 @@ import pytest
 # Imported before any pytester snapshot (see test_matrix_e2e.py).
 import torch  # noqa: F401
 
-from pytest_backends import _selected, nothing_selected
+from pytest_backends import _selected, _shared, nothing_selected
 from pytest_backends.determinism import subtests
 from pytest_backends.matrix import testcase, verify_cost
 
@@ -376,7 +376,7 @@ def test_verify_timer_counts_the_wrapper_not_the_test(clock: _Clock) -> None:
         return "result"
 
     assert _drive(item, clock, log, body) == "wrapped result"
-    assert item.stash[verify_cost._SECONDS_KEY] == 5.0
+    assert item.stash[verify_cost.SECONDS_KEY] == 5.0
 
     def failing() -> str:
         clock.now += 50.0
@@ -385,7 +385,7 @@ def test_verify_timer_counts_the_wrapper_not_the_test(clock: _Clock) -> None:
     item = _Item()
     assert _drive(item, clock, log, failing) == "raised"
     assert log == ["saw the error"]
-    assert item.stash[verify_cost._SECONDS_KEY] == 3.0
+    assert item.stash[verify_cost.SECONDS_KEY] == 3.0
 
 
 def test_cost_summary_lines() -> None:
@@ -395,7 +395,7 @@ def test_cost_summary_lines() -> None:
         report = pytest.TestReport(
             nodeid, ("t.py", 1, nodeid), {}, "passed", None, "call", duration=2.0
         )
-        setattr(report, verify_cost.SECONDS_ATTR, seconds)
+        _shared.add_property(report, verify_cost.SECONDS_PROPERTY, seconds)
         summary.pytest_runtest_logreport(report)
     assert summary.lines()[0] == (
         "verified 2 test(s): the verifier's own time 2.00 s (mean 1000.0 ms per test, "
@@ -413,7 +413,7 @@ def test_cost_summary_ignores_reruns_other_phases_and_unverified_reports() -> No
     ):
         report = pytest.TestReport("t.py::a", ("t.py", 1, "a"), {}, outcome, None, when)
         if tagged:
-            setattr(report, verify_cost.SECONDS_ATTR, 1.0)
+            _shared.add_property(report, verify_cost.SECONDS_PROPERTY, 1.0)
         summary.pytest_runtest_logreport(report)
     assert summary.tests == 0 and summary.lines() == []
 
@@ -432,7 +432,7 @@ def _subreport(
     report = pytest.TestReport(nodeid, ("t.py", 1, nodeid), {}, outcome, None, "call")
     report.context = _Context(msg, **kwargs)  # type: ignore[attr-defined]
     if run is not None:
-        setattr(report, subtests.RUN_ATTR, run)
+        subtests.tag(report, run)
     return report
 
 
@@ -453,13 +453,13 @@ def test_subtest_counter_hides_repeats_of_the_first_run_only() -> None:
     assert status(_subreport("t.py::b", 1, "passed", i=1)) is None  # another test
     assert status(_subreport("t.py::a", None, "passed", i=1)) is None  # not a determinism run
     plain = pytest.TestReport("t.py::a", ("t.py", 1, "a"), {}, "passed", None, "call")
-    setattr(plain, subtests.RUN_ATTR, 1)
+    subtests.tag(plain, 1)
     assert status(plain) is None  # the test's own report is never hidden
     counter.pytest_runtest_logfinish("t.py::a", None)
     assert status(_subreport("t.py::a", 1, "passed", i=1)) is None  # forgotten at the end
 
 
-# --- helpers of the matrix plugin ---------------------------------------------------------------
+# --- helpers of the matrix hooks ---------------------------------------------------------------
 
 
 class _Unequal:
@@ -481,20 +481,18 @@ class _Fake:
 
 
 def test_same_params_matches_by_id_never_by_value() -> None:
-    from pytest_backends.matrix import plugin
     from pytest_backends.matrix.configs import BackendConfig
+    from pytest_backends.matrix.items import same_params
 
     config = BackendConfig((("mkldnn", "off"),), tokens=("mkldnn-off",))
     odd = _Unequal()
     old = _Fake("1-v1", n=1, t=odd)
-    assert plugin._same_params(old, _Fake("1-v1-mkldnn-off", n=1, t=odd, backend_config=config))  # type: ignore[arg-type]
-    assert plugin._same_params(
-        old, _Fake("mkldnn-off-1-v1", n=1, t=_Unequal(), backend_config=config)
-    )  # type: ignore[arg-type]
+    assert same_params(old, _Fake("1-v1-mkldnn-off", n=1, t=odd, backend_config=config))  # type: ignore[arg-type]
+    assert same_params(old, _Fake("mkldnn-off-1-v1", n=1, t=_Unequal(), backend_config=config))  # type: ignore[arg-type]
     # Equal values under another id are another test.
-    assert not plugin._same_params(old, _Fake("1-v2-mkldnn-off", n=1, t=odd, backend_config=config))  # type: ignore[arg-type]
-    assert not plugin._same_params(old, _Fake("2-v1", n=2, t=odd))  # type: ignore[arg-type]
-    assert plugin._same_params(object(), _Fake("mkldnn-off", backend_config=config))  # type: ignore[arg-type]
+    assert not same_params(old, _Fake("1-v2-mkldnn-off", n=1, t=odd, backend_config=config))  # type: ignore[arg-type]
+    assert not same_params(old, _Fake("2-v1", n=2, t=odd))  # type: ignore[arg-type]
+    assert same_params(object(), _Fake("mkldnn-off", backend_config=config))  # type: ignore[arg-type]
 
 
 class _Odd(unittest.TestCase):

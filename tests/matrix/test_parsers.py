@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_backends.matrix.configs import builtin_registry
-from pytest_backends.matrix.plugin import (
+from pytest_backends.matrix.axes import builtin_registry
+from pytest_backends.matrix.settings import (
     check_axes,
     check_config_ids,
     parse_config_ids,

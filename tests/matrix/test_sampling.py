@@ -7,8 +7,8 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_backends.matrix.configs import builtin_registry
-from pytest_backends.matrix.plugin import sample_configs
+from pytest_backends.matrix.axes import builtin_registry
+from pytest_backends.matrix.expand import sample_configs
 
 REG = builtin_registry()
 BIG = REG.product(

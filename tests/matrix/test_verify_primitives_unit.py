@@ -19,8 +19,10 @@ from pytest_backends.kernels import (
     observe,
     parse_primitive,
 )
-from pytest_backends.matrix.configs import BackendConfig, builtin_registry
-from pytest_backends.matrix.verify import KernelTrace, ProfilerOpRecorder, coverage, evaluate
+from pytest_backends.matrix.axes import builtin_registry
+from pytest_backends.matrix.configs import BackendConfig
+from pytest_backends.matrix.op_recorder import ProfilerOpRecorder
+from pytest_backends.matrix.verify import KernelTrace, coverage, evaluate
 
 REG = builtin_registry()
 

@@ -8,8 +8,10 @@ import torch.nn.functional as F
 from matrix_helpers import NEW_API_FLAGS
 
 from pytest_backends.flags import override_flags
-from pytest_backends.matrix.configs import BackendConfig, builtin_registry
-from pytest_backends.matrix.verify import PROMISES, ProfilerOpRecorder, evaluate, promises_for
+from pytest_backends.matrix.axes import builtin_registry
+from pytest_backends.matrix.configs import BackendConfig
+from pytest_backends.matrix.op_recorder import ProfilerOpRecorder
+from pytest_backends.matrix.verify import PROMISES, evaluate, promises_for
 
 REG = builtin_registry()
 

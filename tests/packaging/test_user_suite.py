@@ -44,7 +44,7 @@ def test_reproducible():
 
 def test_which_recorder():
     from pytest_backends.determinism import digest
-    from pytest_backends.determinism.native_recorder import native_module
+    from pytest_backends.determinism.record_native import native_module
 
     print("DIGEST", digest.backend(), "RECORDER", "native" if native_module() else "python")
 """

@@ -11,8 +11,9 @@ import pytest
 
 from pytest_backends import _options, isolation
 from pytest_backends.capability import feature as capability
-from pytest_backends.determinism import plugin as determinism
-from pytest_backends.matrix import plugin as matrix
+from pytest_backends.determinism import feature as determinism
+from pytest_backends.determinism.api import DEFAULT_RUNS
+from pytest_backends.matrix import feature as matrix
 
 SUITE = """
 import pytest
@@ -193,15 +194,15 @@ def test_every_option_that_can_be_off_takes_each_off_word_from_the_ini(
     ini = "".join(f"backends_{key} = {word}\n" for key in keys)
     pytester.makeini(f"[pytest]\n{ini}backends_census = census.json\n")
     config = pytester.parseconfig()
-    settings = matrix.resolve_settings(config)
+    settings = matrix.Settings.from_config(config)
     assert (settings.enabled, settings.verify) == (False, "off")
     assert isolation.Settings.from_config(config).mode == "off"
     assert capability.Settings.from_config(config).levels is None
     # A census still turns the check on: only the command line's off overrides it.
-    checked = determinism.resolve_settings(config)
-    assert checked is not None and checked.runs == determinism.DEFAULT_RUNS
+    checked = determinism.Settings.from_config(config)
+    assert checked.enabled and checked.runs == DEFAULT_RUNS
     cli_off = pytester.parseconfig(f"--backends-determinism={word}")
-    assert determinism.resolve_settings(cli_off) is None
+    assert determinism.Settings.from_config(cli_off).enabled is False
 
 
 def test_every_switch_takes_none_as_off_in_the_ini(pytester: pytest.Pytester) -> None:

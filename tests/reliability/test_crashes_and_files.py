@@ -222,7 +222,7 @@ def test_crash_under_determinism_mode_keeps_results_and_census(pytester: pytest.
 
 def test_crash_reports_are_recognised_and_their_config_found_in_the_id() -> None:
     from pytest_backends.matrix import report as matrix_report
-    from pytest_backends.matrix.configs import builtin_registry
+    from pytest_backends.matrix.axes import builtin_registry
 
     parse = builtin_registry().parse_id
     find = matrix_report.config_in_nodeid

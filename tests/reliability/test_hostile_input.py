@@ -18,9 +18,11 @@ from hypothesis import strategies as st
 
 from pytest_backends import isolation
 from pytest_backends.capability import levels as capability
+from pytest_backends.matrix import expand as matrix_expand
 from pytest_backends.matrix import markers
-from pytest_backends.matrix import plugin as matrix
-from pytest_backends.matrix.configs import ConfigError, builtin_registry
+from pytest_backends.matrix import settings as matrix
+from pytest_backends.matrix.axes import builtin_registry
+from pytest_backends.matrix.configs import ConfigError
 
 pytest_plugins = ["pytester"]
 
@@ -67,7 +69,7 @@ def _expand(
 ) -> list[str]:
     """What collection does with these markers: config ids, or a MarkerError/ConfigError."""
     selection = markers.resolve(marks, REGISTRY)
-    combos = matrix.expand(selection, REGISTRY, settings, "test_x.py::test_fuzz")
+    combos = matrix_expand.expand(selection, REGISTRY, settings, "test_x.py::test_fuzz")
     configs = [REGISTRY.make(c, available_flags=frozenset(), cuda_available=False) for c in combos]
     return [c.id for c in configs]
 
@@ -90,13 +92,13 @@ def test_marker_arguments_never_crash(
     for config_id in ids:
         for token in config_id.split(","):
             REGISTRY.parse_token(token)
-    assert len(ids) <= matrix.MAX_CONFIGS or MATRIX_SETTINGS[which].sample is not None
+    assert len(ids) <= matrix_expand.MAX_CONFIGS or MATRIX_SETTINGS[which].sample is not None
 
 
 def test_huge_products_are_refused_with_advice() -> None:
     everything = [((), {axis: list(REGISTRY.axis(axis).value_names) for axis in AXES})]
     size = math.prod(len(REGISTRY.axis(axis).value_names) for axis in AXES)
-    assert size > matrix.MAX_CONFIGS
+    assert size > matrix_expand.MAX_CONFIGS
     with pytest.raises(ConfigError, match=r"expands to \d+ configurations.*--backends-sample"):
         _expand(everything, matrix.MatrixSettings(enabled=True))
     sampled = _expand(everything, matrix.MatrixSettings(enabled=True, sample=5, seed=1))

@@ -133,12 +133,12 @@ def test_the_walker_sees_function_level_imports_and_skips_type_checking(tmp_path
     source.write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from pytest_backends import flags\n"
-        "def f():\n    from pytest_backends.matrix import plugin as m\n"
+        "def f():\n    from pytest_backends.matrix import hooks as m\n"
         "    import pytest_backends.tolerance\n"
     )
-    known = {"pytest_backends.flags", "pytest_backends.matrix.plugin", "pytest_backends.tolerance"}
+    known = {"pytest_backends.flags", "pytest_backends.matrix.hooks", "pytest_backends.tolerance"}
     got = imports_of("pytest_backends.x", source, known)
-    assert got == {"pytest_backends.matrix.plugin", "pytest_backends.tolerance"}
+    assert got == {"pytest_backends.matrix.hooks", "pytest_backends.tolerance"}
 
 
 def test_the_package_has_no_import_circle() -> None:
@@ -223,7 +223,7 @@ def test_every_feature_root_exists_and_the_hook_layer_is_found() -> None:
     modules = _modules()
     assert all(root in modules for root in FEATURE_ROOTS.values())
     layer = hook_layer()
-    assert f"{NAME}.nothing_selected" in layer and f"{NAME}.matrix.report" in layer
+    assert f"{NAME}.nothing_selected" in layer and f"{NAME}.matrix.report_plugin" in layer
 
 
 def test_no_module_imports_another_features_hook_layer() -> None:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_backends import _keys, _options, isolation, plugin
+from pytest_backends import _options, isolation, plugin
 from pytest_backends.capability import feature as capability
-from pytest_backends.determinism import plugin as determinism
-from pytest_backends.matrix import plugin as matrix
+from pytest_backends.determinism import feature as determinism
+from pytest_backends.matrix import feature as matrix
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "reference" / "options.rst"
 
@@ -74,9 +74,9 @@ def test_one_off_vocabulary_for_every_option_that_can_be_off(
         f"--backends-leaks={word}",
         f"--backends-cpu-capability={word}",
     )
-    assert matrix.resolve_settings(config).enabled is False
-    assert matrix.resolve_settings(config).verify == "off"
-    assert determinism.resolve_settings(config) is None
+    assert matrix.Settings.from_config(config).enabled is False
+    assert matrix.Settings.from_config(config).verify == "off"
+    assert determinism.Settings.from_config(config).enabled is False
     assert isolation.Settings.from_config(config).mode == "off"
     assert capability.Settings.from_config(config).levels is None
 
@@ -84,13 +84,13 @@ def test_one_off_vocabulary_for_every_option_that_can_be_off(
 @pytest.mark.parametrize("word", [*_options.ON_WORDS])
 def test_on_words_turn_switchable_options_on(pytester: pytest.Pytester, word: str) -> None:
     config = pytester.parseconfig(f"--backends-matrix={word}", f"--backends-verify={word}")
-    settings = matrix.resolve_settings(config)
+    settings = matrix.Settings.from_config(config)
     assert (settings.enabled, settings.axes, settings.verify) == (True, None, "on")
     if word.isdigit():
         return  # --backends-determinism=N counts runs
     config = pytester.parseconfig(f"--backends-determinism={word}")
-    determinism_settings = determinism.resolve_settings(config)
-    assert determinism_settings is not None and determinism_settings.runs == 5
+    determinism_settings = determinism.Settings.from_config(config)
+    assert determinism_settings.enabled and determinism_settings.runs == 5
 
 
 def test_is_off_and_is_on_ignore_case_and_spaces() -> None:
@@ -122,7 +122,7 @@ def test_settings_are_resolved_once_into_frozen_objects(pytester: pytest.Pyteste
     config = pytester.parseconfig("--backends-cpu-capability=default", "--backends-matrix=mkldnn")
     plugin.resolve(config)
     levels = config.stash[capability.SETTINGS_KEY]
-    settings = config.stash[_keys.MATRIX_KEY]
+    settings = config.stash[matrix.SETTINGS_KEY]
     assert levels.levels == ("default",)
     # The levels require the cpu_capability axis: it joins the restricted list.
     assert settings.axes == ("mkldnn", "cpu_capability")
@@ -130,4 +130,4 @@ def test_settings_are_resolved_once_into_frozen_objects(pytester: pytest.Pyteste
         settings.enabled = False  # type: ignore[misc]
     assert config.stash[isolation.SETTINGS_KEY].mode == "fail"
     plugin.resolve(config)
-    assert config.stash[_keys.MATRIX_KEY] is settings, "resolved twice"
+    assert config.stash[matrix.SETTINGS_KEY] is settings, "resolved twice"

@@ -1,453 +1,64 @@
-"""The backend matrix: options, expansion of marked tests, and per-item configs.
+"""The matrix's collection hooks: expand marked tests, attach configs to items.
 
 Data flows one way (DESIGN B):
 
-1. :func:`resolve_settings` turns options and ini keys into a frozen
-   :class:`MatrixSettings` (pure parsers, each raising ``pytest.UsageError``).
-2. :meth:`MatrixPlugin.pytest_generate_tests` binds each test's
+1. :meth:`MatrixPlugin.pytest_generate_tests` binds each test's
    ``@pytest.mark.backends`` markers and, with ``--backends-matrix``,
-   parametrizes the test over the (optionally sampled) product of its axes.
-   The list depends only on markers and options, never on the machine, so
-   collection is identical everywhere, xdist workers included.
-   ``unittest.TestCase`` classes, which pytest never parametrizes, get one
-   test method per config instead (:mod:`pytest_backends.matrix.testcase`).
-3. :meth:`MatrixPlugin.pytest_collection_modifyitems` runs after every other
+   parametrizes the test over the (optionally sampled) product of its axes
+   (:mod:`pytest_backends.matrix.expand`).  ``unittest.TestCase`` classes,
+   which pytest never parametrizes, get one test method per config instead
+   (:mod:`pytest_backends.matrix.testcase`).
+2. :meth:`MatrixPlugin.pytest_collection_modifyitems` runs after every other
    implementation of the hook: items that a conftest or plugin gave a
    ``backends`` marker there are collected again with it (one item per
    config); markers that cannot be honoured are a ``BackendsMarkerWarning``
-   naming the test. It then stores each item's
-   :class:`~pytest_backends.matrix.configs.BackendConfig` under :data:`CONFIG_KEY`, hands
-   its flags to the leak guard (``isolation.ITEM_FLAGS_KEY``), and turns a
-   config this machine cannot run into a skip with a precise reason.
+   naming the test.  It then stores each item's
+   :class:`~pytest_backends.matrix.configs.BackendConfig` under
+   :data:`pytest_backends._shared.CONFIG_KEY`, hands its flags to the leak
+   guard (:data:`pytest_backends._shared.ITEM_FLAGS_KEY`), and turns a config
+   this machine cannot run into a skip with a precise reason.
 
-Torch is imported only when a marked test is expanded or a feature needs it.
+The check for markers added late reads each item's markers once per pass,
+and those of the parents items share once per pass
+(:class:`pytest_backends.matrix.items.MarkReader`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import inspect
-import math
-import random
-import re
-from collections.abc import Generator, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Generator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_backends import _keys, _options, _selected, _shared
-from pytest_backends.matrix import availability, markers, testcase
-from pytest_backends.matrix import xdist as _xdist
-from pytest_backends.matrix.configs import (
-    DEFAULT_CONFIG,
-    Axis,
-    AxisRegistry,
-    BackendConfig,
-    ConfigError,
-    builtin_registry,
+from pytest_backends import _selected, _shared, _xdist
+from pytest_backends.matrix import availability, coverage, markers, testcase
+from pytest_backends.matrix.configs import DEFAULT_CONFIG, AxisRegistry, BackendConfig, ConfigError
+from pytest_backends.matrix.expand import expand
+from pytest_backends.matrix.items import (
+    PARAM,
+    Mark,
+    MarkReader,
+    definition_id,
+    read_marks,
+    same,
+    same_params,
 )
+from pytest_backends.matrix.registry import axis_registry
 from pytest_backends.matrix.report import config_in_nodeid
+from pytest_backends.matrix.settings import MatrixSettings, check_axes, check_config_ids
 
 if TYPE_CHECKING:
     from pytest_backends.matrix.availability import Availability
 
-__all__ = [
-    "CONFIG_KEY",
-    "SETTINGS_KEY",
-    "MatrixPlugin",
-    "MatrixSettings",
-    "configure",
-    "parse_config_ids",
-    "parse_matrix",
-    "parse_sample",
-    "parse_seed",
-    "parse_verify",
-    "sample_configs",
-    "use_config",
-]
+__all__ = ["INVALID_MARKER_ID", "MARKER_ERROR_KEY", "MatrixPlugin"]
 
-CONFIG_KEY = _keys.CONFIG_KEY
-SETTINGS_KEY = _keys.MATRIX_KEY
-
-_MARKER_ERROR_KEY = _keys.MARKER_ERROR_KEY
 #: The matrix report's row for tests whose marker is invalid (they fail at setup).
 INVALID_MARKER_ID = "invalid-marker"
-
-#: The test-id parameter and fixture that carry the config.
-PARAM = "backend_config"
-#: The JUnit XML property (``record_property`` style) naming an item's config.
-PROPERTY = _keys.PROPERTY_CONFIG
-
-VERIFY_MODES = ("off", "on", "strict")
-_ON = ("all", *_options.ON_WORDS)
-_OFF = (*_options.OFF_WORDS, "")
-_AXIS_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
-_TOKEN = re.compile(r"[a-z][a-z0-9_]*-[a-z0-9][a-z0-9_.]*\Z")
-
-C = TypeVar("C", bound="tuple[Hashable, ...]")
-
-
-# --- options (declared in pytest_backends._options) ------------------------------------
-
-
-def _path_hint(value: str) -> str:
-    looks_like_path = "/" in value or "\\" in value or "::" in value or value.endswith(".py")
-    if looks_like_path or Path(value).exists():
-        return (
-            f" ({value!r} looks like a path: write the option as --OPTION=VALUE, or put "
-            "it after the paths)"
-        )
-    return ""
-
-
-def parse_matrix(value: str, source: str) -> tuple[bool, tuple[str, ...] | None]:
-    """``all``/``on`` -> all marked axes; ``off`` -> disabled; ``a,b`` -> only those axes.
-
-    Returns ``(enabled, axes)``; ``axes`` is ``None`` for "every axis a marker names".
-    Names are only checked for syntax here; :func:`check_axes` checks them
-    against the registry.
-    """
-    text = value.strip().lower()
-    if text in _OFF:
-        return False, None
-    if text in _ON:
-        return True, None
-    names = [part.strip() for part in text.split(",")]
-    bad = [n for n in names if not _AXIS_NAME.match(n)]
-    if bad:
-        raise pytest.UsageError(
-            f"{source}: {bad[0]!r} is not an axis name; expected 'all', 'off' or a "
-            f"comma-separated list of axes{_path_hint(value).replace('OPTION', 'backends-matrix')}"
-        )
-    return True, tuple(dict.fromkeys(names))
-
-
-def check_axes(axes: Sequence[str], registry: AxisRegistry, source: str) -> None:
-    """Raise ``UsageError`` naming the valid axes if ``axes`` has an unknown one."""
-    for name in axes:
-        if name not in registry:
-            raise pytest.UsageError(
-                f"{source}: unknown axis {name!r}; valid axes: {', '.join(registry.names)}"
-            )
-
-
-def parse_sample(value: str, source: str) -> int | None:
-    """A positive number of configurations per test, or ``None`` (empty: no sampling)."""
-    text = value.strip()
-    if not text:
-        return None
-    try:
-        number = int(text)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise pytest.UsageError(f"{source}: expected a positive integer, got {value!r}")
-    return number
-
-
-def parse_seed(value: str, source: str) -> int | None:
-    """A non-negative integer seed, or ``None`` (empty: pick one at random)."""
-    text = value.strip()
-    if not text:
-        return None
-    try:
-        seed = int(text, 0)
-    except ValueError:
-        seed = -1
-    if seed < 0:
-        raise pytest.UsageError(f"{source}: expected a non-negative integer, got {value!r}")
-    return seed
-
-
-def parse_config_ids(values: Sequence[str], source: str) -> tuple[tuple[str, ...], ...]:
-    """Split configuration ids into tokens; each id selects items whose config has all of them."""
-    groups: list[tuple[str, ...]] = []
-    for value in values:
-        tokens = tuple(t.strip() for t in value.strip().split(","))
-        bad = [t for t in tokens if not _TOKEN.match(t)]
-        if bad:
-            raise pytest.UsageError(
-                f"{source}: {bad[0]!r} is not a configuration token like 'mkldnn-off'; "
-                f"expected ids such as 'mkldnn-off' or 'cudnn-on,sdpa-math'"
-            )
-        groups.append(tokens)
-    return tuple(groups)
-
-
-def check_config_ids(
-    groups: Sequence[Sequence[str]], registry: AxisRegistry, source: str
-) -> tuple[frozenset[tuple[str, str]], ...]:
-    """Resolve token groups against the registry; ``UsageError`` lists the valid tokens."""
-    resolved = []
-    for tokens in groups:
-        pairs = []
-        for token in tokens:
-            try:
-                pairs.append(registry.parse_token(token))
-            except ConfigError:
-                raise pytest.UsageError(
-                    f"{source}: unknown configuration token {token!r}; valid tokens: "
-                    f"{', '.join(registry.all_tokens())}"
-                ) from None
-        axes = [axis for axis, _ in pairs]
-        twice = sorted({axis for axis in axes if axes.count(axis) > 1})
-        if twice:
-            raise pytest.UsageError(
-                f"{source}: {','.join(tokens)!r} names axis {twice[0]!r} twice, but a "
-                "configuration has one value per axis; to select several configurations "
-                "give several groups (repeat the option, or separate groups with spaces in "
-                "the ini file)"
-            )
-        resolved.append(frozenset(pairs))
-    return tuple(resolved)
-
-
-def parse_verify(value: str, source: str) -> str:
-    """``on``, ``strict`` or ``off``."""
-    text = value.strip().lower()
-    if text == "":
-        return "off"
-    if _options.is_on(text):
-        return "on"
-    if _options.is_off(text):
-        return "off"
-    if text == "strict":
-        return "strict"
-    raise pytest.UsageError(
-        f"{source}: expected one of {', '.join(VERIFY_MODES)}, got {value!r}"
-        + _path_hint(value).replace("OPTION", "backends-verify")
-    )
-
-
-@dataclass(frozen=True)
-class MatrixSettings:
-    """Options and ini keys of the matrix, resolved once (command line wins over ini)."""
-
-    enabled: bool = False
-    axes: tuple[str, ...] | None = None
-    axes_source: str = "--backends-matrix"
-    sample: int | None = None
-    seed: int | None = None
-    seed_given: bool = False
-    select: tuple[tuple[str, ...], ...] = ()
-    select_source: str = "--backends-config"
-    verify: str = "off"
-    report_json: Path | None = None
-    report_html: Path | None = None
-
-    def describe(self) -> str:
-        """One header line summarising the matrix settings."""
-        parts = ["axes: " + (", ".join(self.axes) if self.axes else "all marked axes")]
-        if self.sample:
-            parts.append(
-                f"sample {self.sample} per test, seed {self.seed}"
-                + ("" if self.seed_given else f" (--backends-seed={self.seed} reproduces it)")
-            )
-        if self.select:
-            parts.append("only " + " | ".join(",".join(g) for g in self.select))
-        if self.verify != "off":
-            parts.append(f"verify: {self.verify}")
-        return "backends matrix: " + "; ".join(parts)
-
-
-def _option(config: pytest.Config, name: str) -> tuple[Any, str, bool]:
-    """(value, source name, from the command line?) for option ``name``."""
-    raw = _options.lookup(config, name)
-    return raw.value, raw.source, raw.from_cli
-
-
-def _path(config: pytest.Config, name: str) -> Path | None:
-    value, _source, from_cli = _option(config, name)
-    text = str(value or "").strip()
-    if not text:
-        return None
-    base = config.invocation_params.dir if from_cli else config.rootpath
-    return base / text
-
-
-def require_axes(
-    enabled: bool, axes: tuple[str, ...] | None, required: Sequence[str]
-) -> tuple[bool, tuple[str, ...] | None]:
-    """``(enabled, axes)`` once another feature requires ``required`` axes.
-
-    Required axes turn the matrix on for themselves alone when it is off, and
-    join a restricted ``--backends-matrix=a,b`` list.
-    """
-    if not required:
-        return enabled, axes
-    if not enabled:
-        return True, tuple(required)
-    if axes is not None:
-        return True, tuple(dict.fromkeys((*axes, *required)))
-    return enabled, axes
-
-
-def resolve_settings(config: pytest.Config, required: Sequence[str] = ()) -> MatrixSettings:
-    """Resolve every matrix option once (raises ``pytest.UsageError`` on bad input).
-
-    ``required`` are axes another feature needs (``cpu_capability`` for
-    ``--backends-cpu-capability``).
-    """
-    value, axes_source, _ = _option(config, "backends_matrix")
-    enabled, axes = parse_matrix(str(value), axes_source)
-    raw_ids, select_source, _ = _option(config, "backends_config")
-    select = parse_config_ids(list(raw_ids or ()), select_source)
-    if select and not enabled and config.getoption("backends_matrix", None) is None:
-        # Selecting a config implies the whole matrix (every marked axis), unless the
-        # command line turned it off; before required axes, which would narrow it
-        # to theirs alone.
-        enabled, axes = True, None
-    enabled, axes = require_axes(enabled, axes, required)
-    if not enabled:
-        select = ()
-    value, source, _ = _option(config, "backends_sample")
-    sample = parse_sample(str(value), source)
-    value, source, _ = _option(config, "backends_seed")
-    seed = parse_seed(str(value), source)
-    seed_given = seed is not None
-    workerinput = getattr(config, "workerinput", None)
-    if seed is None and workerinput is not None and _xdist.WORKERINPUT_SEED in workerinput:
-        seed = int(workerinput[_xdist.WORKERINPUT_SEED])
-    if seed is None and sample is not None:
-        seed = random.Random().randrange(2**31)
-    value, source, _ = _option(config, "backends_verify")
-    verify = parse_verify(str(value), source)
-    return MatrixSettings(
-        enabled=enabled,
-        axes=axes,
-        axes_source=axes_source,
-        sample=sample,
-        seed=seed,
-        seed_given=seed_given,
-        select=select,
-        select_source=select_source,
-        verify=verify,
-        report_json=_path(config, "backends_report"),
-        report_html=_path(config, "backends_html"),
-    )
-
-
-# --- expansion ----------------------------------------------------------------------------
-
-
-#: The most configurations one marked test may expand to without ``--backends-sample``.
-MAX_CONFIGS = 4096
-
-
-def expand(
-    selection: Mapping[str, Sequence[str]],
-    registry: AxisRegistry,
-    settings: MatrixSettings,
-    key: str,
-) -> list[tuple[tuple[str, str], ...]]:
-    """The value combinations a marked test runs over (empty: it runs once, unparametrized).
-
-    ``selection`` is a resolved marker (:func:`markers.resolve`); the command
-    line's axes restrict it and ``--backends-sample`` samples it. Raises
-    ``ConfigError`` when the product is too large to be meant.
-    """
-    if settings.axes is not None:
-        selection = {a: v for a, v in selection.items() if a in settings.axes}
-    if not selection:
-        return []
-    size = math.prod(len(values) for values in selection.values())
-    if size > MAX_CONFIGS and settings.sample is None:
-        raise ConfigError(
-            f"the marker expands to {size} configurations (more than {MAX_CONFIGS}); "
-            "name fewer axes or values, restrict axes with --backends-matrix=AXES, "
-            "or sample with --backends-sample=N"
-        )
-    combos = registry.product(selection)
-    if settings.sample is not None and settings.seed is not None:
-        combos = sample_configs(combos, settings.sample, settings.seed, key)
-    return combos
-
-
-def sample_configs(combos: Sequence[C], n: int, seed: int, key: str) -> list[C]:
-    """A reproducible sample of ``n`` of ``combos`` (each a tuple of hashable choices).
-
-    The same ``(seed, key)`` always picks the same items, in their original
-    order.  Picks are greedy for coverage first: each pick adds as many
-    not-yet-seen values as possible (ties broken by a seeded shuffle), so with
-    ``n`` at least the size of the largest axis every value runs at least once.
-    """
-    if n >= len(combos):
-        return list(combos)
-    rng = random.Random(f"{seed}:{key}")
-    order = list(range(len(combos)))
-    rng.shuffle(order)
-    chosen: list[int] = []
-    covered: set[object] = set()
-    remaining = order[:]
-    while len(chosen) < n:
-        best = max(remaining, key=lambda i: len(set(combos[i]) - covered))
-        if not set(combos[best]) - covered:
-            break
-        chosen.append(best)
-        covered |= set(combos[best])
-        remaining.remove(best)
-    for i in remaining:
-        if len(chosen) >= n:
-            break
-        chosen.append(i)
-    return [combos[i] for i in sorted(chosen)]
-
-
-def _definition_id(item: pytest.Item) -> str:
-    """The node id of the function an item was generated from (without ``[params]``)."""
-    name = item.name
-    original = getattr(item, "originalname", name)
-    return item.nodeid[: len(item.nodeid) - len(name) + len(original)]
-
-
-#: One marker's arguments: ``(args, kwargs)``.
-Mark = tuple[Sequence[object], Mapping[str, object]]
-
-
-def _marks(node: Any) -> list[Mark]:
-    return [(m.args, m.kwargs) for m in node.iter_markers(markers.MARKER)]
-
-
-def _same(a: object, b: object) -> bool:
-    try:
-        return a is b or bool(a == b)
-    except Exception:  # an object whose == raises or is ambiguous (a tensor)
-        return False
-
-
-def _same_params(old: pytest.Item, new: pytest.Item) -> bool:
-    """Whether ``new`` is ``old`` collected again with a config: the same parameter set.
-
-    Parameter sets are matched by identity (their parameter id, which pytest
-    makes unique within each parametrization), never by value: two sets whose
-    values compare equal (``[[2.0], [2.0]]``) are still two tests.
-    """
-    old_spec = getattr(old, "callspec", None)
-    new_spec = getattr(new, "callspec", None)
-    if old_spec is None or new_spec is None:
-        return old_spec is None and (new_spec is None or set(new_spec.params) <= {PARAM})
-    config = new_spec.params.get(PARAM)
-    config_id = config.id if isinstance(config, BackendConfig) else ""
-    return _without_config_id(str(new_spec.id), config_id) == str(old_spec.id)
-
-
-def _without_config_id(param_id: str, config_id: str) -> str:
-    """A parameter id without the config's part (``3-mkldnn-off`` -> ``3``)."""
-    if not config_id:
-        return param_id
-    if param_id == config_id:
-        return ""
-    for candidate in (
-        param_id.removesuffix("-" + config_id),
-        param_id.removeprefix(config_id + "-"),
-        param_id.replace(f"-{config_id}-", "-", 1),
-    ):
-        if candidate != param_id:
-            return candidate
-    return param_id
+#: Why an item's ``@pytest.mark.backends`` marker is invalid (the item fails at setup).
+MARKER_ERROR_KEY: pytest.StashKey[str] = pytest.StashKey()
 
 
 class MatrixPlugin:
@@ -456,7 +67,6 @@ class MatrixPlugin:
     def __init__(self, config: pytest.Config, settings: MatrixSettings) -> None:
         self.config = config
         self.settings = settings
-        self._registry: AxisRegistry | None = None
         self._availability: Availability | None = None
         self._configs: dict[tuple[tuple[str, str], ...], BackendConfig] = {}
         self._reasons: dict[BackendConfig, str | None] = {}
@@ -483,25 +93,13 @@ class MatrixPlugin:
         self.late: list[str] = []
         #: Every item collected in this process, deselected ones included: node id ->
         #: config id (empty: no config). ``pytest-backends merge`` checks coverage with it.
-        self.collected: dict[str, str] = {}
+        self.collected = coverage.collected(config)
 
     # registry and machine ------------------------------------------------------------------
 
     def registry(self) -> AxisRegistry:
-        """Built-in axes plus those from ``pytest_backends_configurations`` (built once)."""
-        if self._registry is None:
-            registry = builtin_registry()
-            results = self.config.hook.pytest_backends_configurations(config=self.config)
-            try:
-                for result in results:
-                    if isinstance(result, Axis):
-                        result = [result]
-                    if result:
-                        registry = registry.extended(result)
-            except ConfigError as exc:
-                raise pytest.UsageError(f"pytest_backends_configurations: {exc}") from None
-            self._registry = registry
-        return self._registry
+        """The run's axes (:func:`~pytest_backends.matrix.registry.axis_registry`)."""
+        return axis_registry(self.config)
 
     def availability(self) -> Availability:
         """What this machine can run (imports torch on first use)."""
@@ -579,7 +177,7 @@ class MatrixPlugin:
         defid = metafunc.definition.nodeid
         yield
         before = self._definition_marks.pop(defid, [])
-        if _marks(metafunc.definition) != before:
+        if read_marks(metafunc.definition) != before:
             metafunc.definition.warn(
                 markers.BackendsMarkerWarning(
                     f"@pytest.mark.backends on {defid} is not expanded: a pytest_generate_tests "
@@ -592,7 +190,7 @@ class MatrixPlugin:
     @pytest.hookimpl(specname="pytest_generate_tests")
     def pytest_generate_tests_matrix(self, metafunc: pytest.Metafunc) -> None:
         defid = metafunc.definition.nodeid
-        self._definition_marks[defid] = _marks(metafunc.definition)
+        self._definition_marks[defid] = read_marks(metafunc.definition)
         marks = self._pending.pop(defid, None) or self._definition_marks[defid]
         if not marks:
             return
@@ -680,21 +278,22 @@ class MatrixPlugin:
 
     def _defid(self, item: pytest.Item) -> str:
         named = self._named.get(item.nodeid)
-        return named[0] if named is not None else _definition_id(item)
+        return named[0] if named is not None else definition_id(item)
 
     def _expand_late(self, items: list[pytest.Item]) -> list[pytest.Item]:
         """The items, with those whose ``backends`` markers a hook added expanded now."""
         late: dict[str, tuple[str, list[Mark]]] = {}
         groups: dict[tuple[str, str], dict[str, list[Mark]]] = {}
         expanded = dict(self._seen)  # as they were before this hook resolves late markers
+        read = MarkReader()
         for item in items:
-            marks = _marks(item)
+            marks = read(item)
             defid = self._defid(item)
             seen = expanded.get(defid)
             if not marks or marks == seen or defid in self._errors:
                 continue
             if seen:
-                if all(any(_same(m, s) for s in seen) for m in marks):
+                if all(any(same(m, s) for s in seen) for m in marks):
                     # Fewer markers than at expansion (a plugin added one to the
                     # definition only): nothing was added after the matrix ran.
                     continue
@@ -743,7 +342,7 @@ class MatrixPlugin:
             defid, marks = late[item.nodeid]
             key = self._group(item, defid, marks)
             fresh = [
-                new for new in made[key] if self._defid(new) == defid and _same_params(item, new)
+                new for new in made[key] if self._defid(new) == defid and same_params(item, new)
             ]
             if not fresh:
                 self._late_warning(item, "collecting the test again gave no item for it")
@@ -862,12 +461,12 @@ class MatrixPlugin:
         dropped: list[pytest.Item] = []
         for item in items:
             named = self._named.get(item.nodeid)
-            defid = named[0] if named is not None else _definition_id(item)
+            defid = named[0] if named is not None else definition_id(item)
             error = self._errors.get(defid)
             if error is not None:
-                item.stash[_MARKER_ERROR_KEY] = error
+                item.stash[MARKER_ERROR_KEY] = error
                 # In the matrix report too, so a failed run never reads as all green there.
-                item.user_properties.append((PROPERTY, INVALID_MARKER_ID))
+                item.user_properties.append((_shared.PROPERTY_CONFIG, INVALID_MARKER_ID))
                 kept.append(item)
                 continue
             if defid not in self._selections:
@@ -889,19 +488,19 @@ class MatrixPlugin:
                         continue
                     self._matched += 1
             kept.append(item)
-            item.stash[CONFIG_KEY] = backend
-            item.user_properties.append((PROPERTY, backend.id))
+            item.stash[_shared.CONFIG_KEY] = backend
+            item.user_properties.append((_shared.PROPERTY_CONFIG, backend.id))
             why = self.reason(backend)
             if why is not None:
                 item.add_marker(pytest.mark.skip(reason=why))
             elif backend.flags:
-                item.stash[_keys.ITEM_FLAGS_KEY] = backend.flags
+                item.stash[_shared.ITEM_FLAGS_KEY] = backend.flags
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = kept
 
     def _config_id(self, item: pytest.Item) -> str:
-        backend = item.stash.get(CONFIG_KEY, None)
+        backend: object = item.stash.get(_shared.CONFIG_KEY, None)
         if backend is None:
             named = self._named.get(item.nodeid)
             callspec = getattr(item, "callspec", None)
@@ -920,7 +519,7 @@ class MatrixPlugin:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
             return
-        if session.config.get_verbosity() < 0:
+        if session.config.option.verbose < 0:
             # Quiet runs (``--co -q``) still say which markers are wrong.
             for message in self._errors.values():
                 reporter.write_line(f"ERROR {message}", red=True)
@@ -940,11 +539,20 @@ class MatrixPlugin:
     def _record_selection(self, session: pytest.Session) -> None:
         """How many items the matrix and the verifier act on (for the empty-selection check)."""
         configs = [
-            c for item in session.items if (c := item.stash.get(CONFIG_KEY, DEFAULT_CONFIG)).choices
+            c
+            for item in session.items
+            if isinstance(c := item.stash.get(_shared.CONFIG_KEY, DEFAULT_CONFIG), BackendConfig)
+            and c.choices
         ]
         if self.settings.enabled and self.settings.select:
             _selected.record(
-                self.config, self.settings.select_source, self._matched, self._select_hint()
+                self.config,
+                self.settings.select_source,
+                self._matched,
+                self.settings.select_hint(
+                    {axis for sel in self._selections.values() for axis in sel},
+                    self._select_axes,
+                ),
             )
         elif self.settings.enabled:
             axes = f"axes {', '.join(self.settings.axes)}" if self.settings.axes else "any axis"
@@ -955,30 +563,6 @@ class MatrixPlugin:
                 f"no collected test is marked @pytest.mark.backends with {axes}",
             )
         self._record_verify(configs)
-
-    def _select_hint(self) -> str:
-        """Why ``--backends-config`` selected no item: the first cause that applies."""
-        marked = {axis for sel in self._selections.values() for axis in sel}
-        wanted = sorted(self._select_axes)
-        if self.settings.axes is not None:
-            off = [axis for axis in wanted if axis not in self.settings.axes]
-            if off:
-                return (
-                    f"it names the {', '.join(off)} axis, which the matrix does not expand "
-                    f"here ({self.settings.axes_source} expands "
-                    f"{', '.join(self.settings.axes)}); add the axis there"
-                )
-        if not marked & self._select_axes:
-            return (
-                f"no collected test is marked @pytest.mark.backends with the "
-                f"{', '.join(wanted)} axis (--backends-config narrows only the tests marked "
-                "with the axes it names; the others ran as without it)"
-            )
-        return (
-            "no configuration of a test marked with the "
-            f"{', '.join(sorted(marked & self._select_axes))} axis contains every token of "
-            "a group; check the ids against the test ids of --backends-matrix --collect-only"
-        )
 
     def _record_verify(self, configs: list[BackendConfig]) -> None:
         if self.settings.verify != "off":
@@ -997,9 +581,7 @@ class MatrixPlugin:
             )
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        workeroutput = getattr(self.config, "workeroutput", None)
-        if workeroutput is not None:
-            workeroutput[_xdist.WORKEROUTPUT_COLLECTED] = dict(self.collected)
+        _xdist.put(self.config, coverage.COLLECTED_CHANNEL, dict(self.collected))
         # ``--collect-only`` runs no setup, where invalid markers fail their tests: the
         # session fails as for a collection error instead.
         if (
@@ -1011,111 +593,6 @@ class MatrixPlugin:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        error = item.stash.get(_MARKER_ERROR_KEY, None)
+        error = item.stash.get(MARKER_ERROR_KEY, None)
         if error is not None:
             pytest.fail(error, pytrace=False)
-
-
-# --- fixtures and helpers -----------------------------------------------------------------
-
-
-def config_for(node: pytest.Item) -> BackendConfig:
-    """The config of an item: its matrix config, or ``default`` (torch's defaults)."""
-    return node.stash.get(CONFIG_KEY, DEFAULT_CONFIG)
-
-
-def device_for(config: BackendConfig) -> Any:
-    """A ``torch.device`` for the config's device."""
-    import torch
-
-    return torch.device(config.device)
-
-
-@contextlib.contextmanager
-def use_config(
-    config: BackendConfig, *, registry: AxisRegistry | None = None
-) -> Iterator[BackendConfig]:
-    """Apply a config's flags for the ``with`` block, then restore every flag.
-
-    For hypothesis tests that draw a config per example
-    (:func:`pytest_backends.strategies.backend_configs`): function-scoped
-    fixtures such as ``backend_config`` wrap the whole test, not each example,
-    so apply the drawn config inside the test body.  A config this machine
-    cannot run calls ``pytest.skip`` with the reason.  ``registry`` is needed
-    only for configs with axes that are not built in.
-    """
-    from pytest_backends.flags import override_flags
-
-    registry = registry or builtin_registry()
-    unknown = [axis for axis, _ in config.choices if axis not in registry]
-    if unknown:
-        raise ValueError(
-            f"config {config.id!r} uses axes {unknown} that the registry does not know; "
-            "pass registry= the registry that defines them"
-        )
-    if config.choices:
-        why = availability.unavailable_reason(config, registry, availability.probe())
-        if why is not None:
-            pytest.skip(why)
-    with override_flags(config.flags):
-        yield config
-
-
-# --- registration -------------------------------------------------------------------------
-
-
-def _check_outputs(settings: MatrixSettings) -> None:
-    """Refuse, before any test runs, report paths that would be refused at the end."""
-    from pytest_backends import _files
-
-    for flag, path, kind in (
-        ("--backends-report", settings.report_json, _files.JSON_REPORT),
-        ("--backends-html", settings.report_html, _files.HTML_REPORT),
-    ):
-        if path is not None:
-            try:
-                _files.check_output(path, kind)
-            except _files.OutputFileError as exc:
-                raise pytest.UsageError(f"{flag}: {exc}") from None
-
-
-def _check_ignored(config: pytest.Config, settings: MatrixSettings) -> None:
-    """Say when an option does nothing in this run (an error under ``--backends-strict``)."""
-    if settings.sample is None or settings.enabled:
-        return
-    _, source, _ = _option(config, "backends_sample")
-    message = (
-        f"{source} does nothing without the matrix: sampling picks configurations of the "
-        "matrix, which is off; add --backends-matrix (or --backends-config)"
-    )
-    if _shared.strict(config):
-        raise pytest.UsageError(message + " (--backends-strict)")
-    config.issue_config_time_warning(pytest.PytestConfigWarning(message), stacklevel=2)
-
-
-def configure(config: pytest.Config, settings: MatrixSettings) -> list[tuple[object, str]]:
-    """The matrix, verification, report and xdist plugins ``settings`` need (not registered)."""
-    plugins: list[tuple[object, str]] = []
-    if not hasattr(config, "workerinput"):
-        _check_outputs(settings)
-        _check_ignored(config, settings)
-    plugin = MatrixPlugin(config, settings)
-    plugins.append((plugin, "backends-matrix"))
-    is_worker = hasattr(config, "workerinput")
-    if settings.verify != "off":
-        from pytest_backends.matrix.verify_cost import CostSummary, TimedVerifyPlugin
-
-        plugins.append((TimedVerifyPlugin(strict=settings.verify == "strict"), "backends-verify"))
-        if not is_worker:
-            plugins.append((CostSummary(), "backends-verify-cost"))
-    if not is_worker and (settings.enabled or settings.report_json or settings.report_html):
-        from pytest_backends.matrix.report import ReportPlugin
-
-        plugins.append((ReportPlugin(config, settings, plugin), "backends-report"))
-    if is_worker:
-        from pytest_backends.matrix.environment import WorkerEnvironment
-
-        plugins.append((WorkerEnvironment(config), "backends-environment"))
-    if not is_worker and config.pluginmanager.hasplugin("xdist"):
-        plugins.append((_xdist.XdistHooks(settings), "backends-xdist"))
-    return plugins

@@ -1,14 +1,14 @@
-"""The native op recorder: the per-op path of ``--backends-determinism`` in C++.
+"""Stage 1, the native way: the per-op path of ``--backends-determinism`` in C++.
 
 ``native/recorder.cpp`` registers a boxed dispatcher fallback on a dispatch key
 no torch op uses, puts that key in the recording thread's included set (torch
 carries the set into autograd's worker threads) and records, per op, what
-:class:`~pytest_backends.determinism.recorder.OpRecorder` records: the op, a
+:class:`~pytest_backends.determinism.record_python.BoundaryRecorder` records: the op, a
 key per input, a key per output, alerts and reads of uninitialised memory.
 It looks through the same ops a Python dispatch mode looks through
 (``CompositeImplicitAutograd`` ops and ops on wrapper tensors), so both give
 the same op sequence, and its rows feed the same
-:func:`~pytest_backends.determinism.recorder.compare_runs`. Per op it costs
+:func:`~pytest_backends.determinism.compare.compare_runs`. Per op it costs
 no Python at all; the rows are built once, when the run finishes.
 
 The Python recorder stays the fallback where the extension is not built
@@ -22,13 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_backends.determinism.api import ALERT_TEXT
-from pytest_backends.determinism.recorder import (
-    OpCall,
-    RunLog,
-    _dtype_name,
-    caller_suffix,
-    unseen_reason,
-)
+from pytest_backends.determinism.locate import caller_suffix
+from pytest_backends.determinism.record import OpCall, RunLog, dtype_name
+from pytest_backends.determinism.verdict import unseen_reason
 
 __all__ = ["NativeRecorder", "native_module", "recorder_choice"]
 
@@ -117,7 +113,7 @@ class NativeRecorder:
         return RunLog(
             fingerprint=fingerprint,
             keys=[
-                (name, device, None if dtype is None else _dtype_name(dtype), alerted)
+                (name, device, None if dtype is None else dtype_name(dtype), alerted)
                 for name, device, dtype, alerted in keys
             ],
             load=self._calls,
@@ -128,7 +124,7 @@ class NativeRecorder:
             OpCall(
                 name,
                 device,
-                None if dtype is None else _dtype_name(dtype),
+                None if dtype is None else dtype_name(dtype),
                 inputs,
                 outputs,
                 alerted,

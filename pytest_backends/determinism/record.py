@@ -1,0 +1,142 @@
+"""Stage 1 of the determinism pipeline, the record: what one run of a test leaves behind.
+
+Both recorders (the Python :class:`~pytest_backends.determinism.record_python.BoundaryRecorder`
+and the C++ one behind :mod:`~pytest_backends.determinism.record_native`) turn a run into
+the same :class:`RunLog`: per op call, its name, where it ran and a key per input and per
+output. Keys are :class:`Digest` objects (a tensor's contents), tagged tuples
+(``("uninitialized", dtype, shape)``, ``("opaque", ...)``, ``("generator", ...)``, ...)
+or plain values. :class:`RunRecord` adds what the harness needs besides the log: the
+tensors that entered the record from outside, and whether the run compiled. The next
+stage, :mod:`~pytest_backends.determinism.compare`, reads only these types.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["UNPROVEN_TAGS", "Digest", "OpCall", "RunLog", "RunRecord", "Slot", "dtype_name"]
+
+#: Key tags of inputs that cannot be proven equal between runs: an op whose
+#: inputs hold one is never blamed (see :func:`~pytest_backends.determinism.compare.compare_runs`).
+UNPROVEN_TAGS = frozenset({"opaque", "object"})
+
+#: A key: a Digest, a tagged tuple, a plain value, or a tuple of keys.
+Slot = Any
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def dtype_name(dtype: Any) -> str:
+    """``"float32"`` for ``torch.float32`` (cached: this runs for every recorded op)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "", 1)
+    return name
+
+
+class Digest:
+    """The digest of one tensor: on the device while recording, host values after ``finish``.
+
+    One object per digested tensor, shared by every op that uses the tensor;
+    keys compare equal when their host values are equal.
+    """
+
+    __slots__ = ("external", "extra", "storage", "value")
+
+    def __init__(self, external: bool = False, extra: tuple[Any, ...] = ()) -> None:
+        # Host values; ``("empty", dtype, shape)`` for a tensor without elements.
+        self.value: tuple[Any, ...] | None = None
+        self.external = external
+        self.storage = 0
+        # Shape and strides of an overlapping view, digested by the memory it covers.
+        self.extra = extra
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Digest and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __repr__(self) -> str:
+        return f"Digest{self.value!r}"
+
+
+@dataclass
+class OpCall:
+    """One op call: name (``"aten::index_add_"``), where it ran, and keys of its data.
+
+    ``inputs`` and ``outputs`` hold one key per argument and per output tensor.
+    ``alerted`` is True when the op raised or warned that it has no
+    deterministic implementation. ``tainted`` names the op that created
+    uninitialised memory this op read (``"aten::empty (test_x.py:12)"``).
+    """
+
+    name: str
+    device: str | None
+    dtype: str | None
+    inputs: tuple[Slot, ...]
+    outputs: tuple[Slot, ...]
+    alerted: bool = False
+    tainted: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str | None, str | None]:
+        """``(op, device, dtype)``: the census key."""
+        return (self.name, self.device, self.dtype)
+
+
+@dataclass
+class RunLog:
+    """The op calls of one run, in order, with host-side keys.
+
+    A native record arrives summarised: ``fingerprint`` (equal for two runs
+    exactly when their calls compare equal), ``keys`` (its census keys, each
+    with whether an op under it alerted) and ``load``, which fills ``calls``
+    when a comparison needs them (see :meth:`loaded`).
+    """
+
+    calls: list[OpCall] = field(default_factory=list)
+    fingerprint: int | None = None
+    keys: list[tuple[str, str | None, str | None, bool]] | None = None
+    load: Callable[[], list[OpCall]] | None = None
+
+    def loaded(self) -> RunLog:
+        """This log with ``calls`` filled in (a no-op unless the record was summarised)."""
+        if self.load is not None:
+            self.calls = self.load()
+            self.load = None
+        return self
+
+
+@dataclass
+class RunRecord:
+    """One run: its log, the tensors that entered it, and whether it compiled.
+
+    ``first_uses`` holds ``(op index, tensor)`` pairs, the tensor as a weak
+    reference (Python recorder) or as an identity that the native recorder
+    keeps from being reused (``keep`` holds that recorder).
+    """
+
+    log: RunLog
+    first_uses: list[tuple[int, Any]] = field(default_factory=list)
+    compiled: bool = False
+    keep: Any = None
+    #: Why some of the run's ops ran where the recorder cannot see, or None.
+    blind: str | None = None
+
+    def entered_at(self, index: int) -> set[int]:
+        """Identities of the live tensors that entered the record at op ``index``."""
+        found = set()
+        for i, ref in self.first_uses:
+            if i == index:
+                if type(ref) is int:
+                    found.add(ref)
+                    continue
+                t = ref()
+                if t is not None:
+                    found.add(id(t))
+        return found

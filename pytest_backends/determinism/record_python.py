@@ -1,0 +1,575 @@
+"""Stage 1, the Python way: :class:`BoundaryRecorder`, a ``TorchDispatchMode``.
+
+The fallback where the native recorder (:mod:`~pytest_backends.determinism.record_native`)
+is not built; both fill the same :class:`~pytest_backends.determinism.record.RunLog`
+from the same op tables and give the same verdicts. Every aten (or custom) op the
+test calls passes through the mode, which records the op, a key of its inputs and the
+digests of its outputs. The per-op path is kept short because it runs for every op of
+a suite:
+
+* A tensor's key is computed once: an op's output is digested when the op
+  returns, and later uses reuse that key as long as the tensor's version
+  counter has not moved. Outputs of pure view ops (``view``, ``t``,
+  ``select``, ...) are keyed by the view op and its inputs' keys, never
+  digested.
+* Tensors that come from outside the run (parameters, fixture values) are
+  digested on their first use, in every run: a key is never carried from one
+  run to the next, so a storage swapped between runs
+  (``layer.weight.data = other``), a write that bypasses the version counter
+  (``p.data.add_()``) or memory written outside torch ops is seen by content.
+  Overlapping views (``expand``) are digested by the memory they cover, and a
+  view whose storage is too small for it (freed with ``resize_(0)``) is not
+  read at all: it is "opaque", an input that cannot be proven equal.
+* Generators passed to ops are keyed by their state at call time; storages
+  and other Python objects cannot be proven equal. ``set_`` points a tensor at
+  other memory, which is keyed where an op first reads it.
+* Digests stay on the device until :meth:`BoundaryRecorder.finish`, which
+  copies them to the host with one transfer per device.
+
+Some outputs are not results and are compared by dtype and shape only:
+uninitialised memory (``empty``, ``new_empty``, ...) and the workspace or
+reserve buffers of fused kernels (the op tables of
+:mod:`~pytest_backends.determinism.op_tables`). Reading uninitialised memory
+is tracked: an op whose differing output comes from reading such memory
+(directly, through a view, or after a partial in-place write) is reported as
+an uninitialised read, never as a nondeterministic kernel.
+
+Where the mode cannot see, it steps aside. Dynamo refuses to compile under an
+ordinary dispatch mode; this one's ``ignore_compile_internals()`` is true, so
+it is off while Dynamo, AOTAutograd and Inductor compile and on while the
+compiled code runs: ops compiled code calls through the dispatcher are
+recorded, fused kernels are checked where a recorded op first uses their
+results. Dispatch modes are per thread, so a tensor made on another thread,
+like one made from Python data, enters the record where a recorded op first
+uses it. And an exception of the recorder's own machinery is never the
+test's: the recorder stops recording for the rest of the run and says why
+(``failure``); the test keeps its outcome and is "not checked".
+
+Importing this module imports torch: load it only when the harness runs.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from pytest_backends.determinism.api import ALERT_TEXT
+from pytest_backends.determinism.keys import (
+    CAST_ERROR,
+    INFOS,
+    PLAIN,
+    OpInfo,
+    covered_memory,
+    digest_function,
+    digest_module,
+    dispatches_in_python,
+    op_info,
+    opaque,
+    rewrap_numbers,
+    run_op,
+    storage_ptr,
+    tensors_in,
+    value_key,
+)
+from pytest_backends.determinism.locate import caller_suffix
+from pytest_backends.determinism.record import Digest, OpCall, RunLog, Slot, dtype_name
+from pytest_backends.determinism.verdict import unseen_reason
+
+__all__ = ["BoundaryRecorder"]
+
+_Tensor = torch.Tensor
+
+
+class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Records every op dispatched while the mode is active; steps aside where it cannot see.
+
+    Use one recorder per run: ``with BoundaryRecorder() as rec: ...`` then
+    ``rec.finish()``. ``previous`` (the previous run's recorder) is accepted for
+    the native recorder's interface; no key is carried from it. ``failure`` is
+    None, or the recorder's own exception (one line) after which it stopped
+    recording. ``first_uses`` lists, per op index, the tensors that entered the
+    record there (made before the run or outside the recorded ops).
+    """
+
+    def __init__(self, previous: BoundaryRecorder | None = None) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        # Per call: (info, inputs, outputs, (device type, dtype) or None, alerted, tainted)
+        self._calls: list[tuple[Any, ...]] = []
+        self._pending: list[torch.Tensor] = []
+        self._pending_keys: list[Digest] = []
+        # id(tensor) -> (weak reference, version counter, key); the reference guards
+        # against a dead tensor's id being reused within the run.
+        self._known: dict[int, tuple[Any, int, Slot]] = {}
+        # Keys are never carried from the previous run: an outside tensor is keyed by
+        # its contents at its first use in every run, so a storage swapped between runs
+        # (``layer.weight.data = other``) or memory written outside torch ops is seen.
+        #: Why ops of this run ran where the recorder cannot see (None: nowhere).
+        self.blind: str | None = None
+        # Storage pointer -> (weak reference to a tensor keeping it alive, origin).
+        self._tainted: dict[int, tuple[Any, str]] = {}
+        self._finished = False
+        self._digest_fn = digest_function()
+        self._prune_at = 4096
+        #: The recorder's own exception (one line), after which it stopped recording.
+        self.failure: str | None = None
+        #: ``(op index, weak reference)`` of every tensor that entered the record.
+        self.first_uses: list[tuple[int, weakref.ref[torch.Tensor]]] = []
+        self._index = 0
+        # The current op: whether it ran, its result and its own exception.
+        self._op_ran = False
+        self._op_result: Any = None
+        self._op_error: BaseException | None = None
+
+    # --- the per-op path --------------------------------------------------------
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Let Dynamo compile under the recorder; compiled code's dispatcher calls are recorded."""
+        return True
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        if self.failure is not None:
+            return run_op(func, func, args, kwargs)
+        self._op_ran = False
+        self._op_error = None
+        try:
+            return self._record(func, args, kwargs)
+        except Exception as exc:
+            error = self._op_error
+            if error is not None:
+                # The op's own exception (or the recorder failed while noting it).
+                raise error from None
+            self._fail(exc)
+            return self._op_result if self._op_ran else run_op(func, func, args, kwargs)
+        finally:
+            self._op_result = None  # the mode must not keep the op's outputs alive
+            self._index += 1
+
+    def _call(self, info: OpInfo, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """Run the op, noting whether it ran, what it returned and what it raised."""
+        self._op_error = None
+        try:
+            try:
+                result = info.call(*args, **kwargs)
+            except RuntimeError as exc:
+                rewrapped = rewrap_numbers(info.op, args) if CAST_ERROR in str(exc) else None
+                if rewrapped is None:
+                    raise
+                result = info.call(*rewrapped, **kwargs)
+        except BaseException as exc:
+            self._op_error = exc
+            raise
+        self._op_ran = True
+        self._op_result = result
+        return result
+
+    def _record(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        # The recording itself; ``__torch_dispatch__`` around it tells the op's own
+        # exceptions from the recorder's and steps aside after the recorder's.
+        info = INFOS.get(id(func)) or op_info(func)
+        key = self._key
+        tainted = None
+        # The origin of uninitialised memory that an overwrite copies on (circular padding
+        # copies slices of a partly written buffer into the buffer).
+        passes: str | None = None
+        if info.overwrites or (self._tainted and info.pure_view):
+            # Views and overwrites do not read the data they write: a partly written buffer
+            # (``out[i] = row`` in a loop) is keyed by shape until an op reads it.
+            inputs, passes = self._unread_keys(info, args)
+            tainted = passes
+        else:
+            # ``_key`` inlined for its two common cases: a tensor whose key is known
+            # and a plain value.
+            keys: list[Slot] = []
+            known = self._known
+            for a in args:
+                cls = type(a)
+                if cls is _Tensor:
+                    hit = known.get(id(a))
+                    # A known entry means ``_version`` worked for this very tensor.
+                    if hit is not None and hit[0]() is a and hit[1] == a._version:
+                        keys.append(hit[2])
+                    else:
+                        keys.append(self._input(a))
+                    continue
+                elif cls in PLAIN:
+                    keys.append(a)
+                    continue
+                elif cls is list:  # sizes, strides, padding: ints are their own keys
+                    keys.append(tuple([x if type(x) is int else key(x) for x in a]))
+                    continue
+                keys.append(key(a))
+            inputs = tuple(keys)
+            if self._tainted:
+                tainted = self._reads_tainted(info, args, kwargs)
+        if kwargs:
+            inputs += tuple([(k, key(v)) for k, v in sorted(kwargs.items())])
+        try:
+            if torch.are_deterministic_algorithms_enabled() and (
+                torch.is_deterministic_algorithms_warn_only_enabled()
+            ):
+                out, alerted = self._call_watching(info, args, kwargs)
+            else:
+                out = self._call(info, args, kwargs)
+                alerted = False
+        except RuntimeError as exc:
+            ref = next(tensors_in([*args, *kwargs.values()]), None)
+            where = (ref.device.type, ref.dtype) if ref is not None else None
+            raised = (("raised", type(exc).__name__),)
+            self._calls.append((info, inputs, raised, where, ALERT_TEXT in str(exc), None))
+            raise
+        if type(out) is _Tensor and not (
+            info.uninitialized or info.pure_view or info.workspaces or info.rebinds or passes
+        ):
+            # The common case: one plain tensor out.
+            key_out = self._output(out)
+            self._calls.append(
+                (
+                    info,
+                    inputs,
+                    (key_out,),
+                    ("cpu" if out.is_cpu else out.device.type, out.dtype),
+                    alerted,
+                    tainted,
+                )
+            )
+            if info.overwrites and self._tainted:
+                self._clear_taint(info, args, kwargs)
+            return out
+        if isinstance(out, torch.Tensor):
+            tensors: list[torch.Tensor] = [out]
+        elif isinstance(out, (list, tuple)):
+            tensors = list(tensors_in(out))
+        else:
+            tensors = []
+        if info.uninitialized:
+            outputs = tuple([self._uninitialized(t, info.name) for t in tensors])
+        elif passes is not None:
+            # The written part holds bytes no op wrote: compared not at all.
+            outputs = tuple([self._pass_taint(t, passes) for t in tensors])
+        elif info.rebinds:
+            outputs = tuple([self._rebound(t) for t in tensors])
+        elif info.pure_view:
+            # A view's contents follow from its inputs, so its key is derived from
+            # theirs instead of digesting (and first copying) the viewed data.
+            outputs = tuple(
+                [self._remember(t, ("view", info.name, j, inputs)) for j, t in enumerate(tensors)]
+            )
+        elif info.workspaces:
+            outputs = tuple(
+                [
+                    self._remember(t, ("workspace", dtype_name(t.dtype), tuple(t.shape)))
+                    if j in info.workspaces
+                    else self._output(t)
+                    for j, t in enumerate(tensors)
+                ]
+            )
+        else:
+            outputs = tuple([self._output(t) for t in tensors])
+        if not tensors:
+            mutated = [args[i] for i in info.written if i < len(args)]
+            if mutated:
+                # In-place ops that return nothing (``_foreach_add_``): their results
+                # are the arguments they wrote to.
+                tensors = list(tensors_in(mutated))
+                outputs = tuple([self._output(t) for t in tensors])
+            elif out is not None:
+                outputs = (value_key(out),)
+        if info.overwrites and self._tainted and passes is None:
+            self._clear_taint(info, args, kwargs)
+        # Only the device and dtype: holding the tensor would keep it alive (and make
+        # torch wrap the returned tensor anew with an extra ``detach``).
+        ref = tensors[0] if tensors else next(tensors_in([*args, *kwargs.values()]), None)
+        # ``is_cpu`` is far cheaper than building ``ref.device``.
+        where = None if ref is None else ("cpu" if ref.is_cpu else ref.device.type, ref.dtype)
+        self._calls.append((info, inputs, outputs, where, alerted, tainted))
+        return out
+
+    def _key(self, a: object) -> Slot:
+        if isinstance(a, torch.Tensor):
+            if type(a) is not _Tensor and self._unseen(a):
+                return opaque(a)
+            hit = self._known.get(id(a))
+            if hit is not None and hit[0]() is a:
+                try:
+                    if hit[1] == a._version:
+                        return hit[2]
+                except (RuntimeError, TypeError):
+                    return self._digest(a, external=True)
+            return self._input(a)
+        cls = type(a)
+        if cls in PLAIN:
+            return a
+        if cls is float:
+            return a.hex()  # type: ignore[attr-defined]
+        if isinstance(a, torch.Generator):
+            return self._generator_key(a)
+        if cls is list or cls is tuple:
+            # Sizes and strides: ints are their own keys.
+            return tuple([x if type(x) is int else self._key(x) for x in a])  # type: ignore[attr-defined]
+        if isinstance(a, (list, tuple)):
+            return tuple([self._key(x) for x in a])
+        return value_key(a)
+
+    def _unread_keys(
+        self, info: OpInfo, args: Sequence[Any]
+    ) -> tuple[tuple[Slot, ...], str | None]:
+        """Keys of a view's or an overwrite's inputs, and the taint an overwrite copies on.
+
+        The tensors an overwrite writes are not read: they are keyed by shape. A
+        source on uninitialised memory is keyed by shape too, and its taint passes
+        to what the overwrite writes.
+        """
+        keys: list[Slot] = []
+        passes = None
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                written = info.overwrites and i in info.written
+                origin = self._taint_of(a) if self._tainted else None
+                if origin is not None:
+                    if not written and info.overwrites and passes is None:
+                        passes = origin
+                    keys.append(("uninitialized", dtype_name(a.dtype), tuple(a.shape)))
+                    continue
+                if written:
+                    keys.append(("unread", dtype_name(a.dtype), tuple(a.shape)))
+                    continue
+            keys.append(self._key(a))
+        return tuple(keys), passes
+
+    def _pass_taint(self, t: torch.Tensor, origin: str) -> Slot:
+        """Key an overwrite's output that holds bytes copied from uninitialised memory."""
+        ptr = storage_ptr(t)
+        if ptr:
+            entry = self._tainted.get(ptr)
+            if entry is None or entry[0]() is None:
+                self._tainted[ptr] = (weakref.ref(t), origin)
+        return self._remember(t, ("uninitialized", dtype_name(t.dtype), tuple(t.shape)))
+
+    def _rebound(self, t: torch.Tensor) -> Slot:
+        """Key ``set_``'s output by shape: its new memory is keyed where an op first reads it."""
+        self._known.pop(id(t), None)
+        return ("rebound", dtype_name(t.dtype), tuple(t.shape))
+
+    def _unseen(self, t: torch.Tensor) -> bool:
+        """Whether ops on ``t`` run inside a ``__torch_dispatch__`` that no recorder sees."""
+        python = dispatches_in_python(t)
+        if python and self.blind is None:
+            self.blind = unseen_reason(type(t).__name__)
+        return python
+
+    def _generator_key(self, gen: torch.Generator) -> Slot:
+        """A generator is keyed by its state at call time: equal states draw equal numbers."""
+        try:
+            state = gen.get_state()
+        except (RuntimeError, TypeError, NotImplementedError):
+            return ("object", "Generator")
+        return ("generator", gen.device.type, self._digest(state))
+
+    def _input(self, t: torch.Tensor) -> Slot:
+        """The key of a tensor no op of this run produced (or that changed since)."""
+        self._first_use(t)
+        return self._remember(t, self._digest(t, external=True))
+
+    def _output(self, t: torch.Tensor) -> Slot:
+        # ``_remember(t, _digest(t))`` inlined for the common case: this runs for
+        # nearly every output of every op.
+        if t.is_meta or type(t) is not _Tensor or not t.is_contiguous():
+            return self._remember(t, self._digest(t))
+        key = Digest()
+        if t.numel():
+            try:
+                d = self._digest_fn(t)
+            except (NotImplementedError, TypeError, RuntimeError):
+                return self._remember(t, self._digest(t))
+            self._pending.append(d)
+            self._pending_keys.append(key)
+        else:
+            # Nothing to read: the dtype and shape are the whole digest.
+            key.value = ("empty", dtype_name(t.dtype), tuple(t.shape))
+        return self._remember(t, key)
+
+    def _digest(self, t: torch.Tensor, external: bool = False) -> Slot:
+        if t.is_meta:
+            return ("opaque", dtype_name(t.dtype), tuple(t.shape), "meta")
+        if type(t) is not _Tensor and self._unseen(t):
+            return opaque(t)
+        covered = covered_memory(t)
+        if covered is None:
+            return ("opaque", dtype_name(t.dtype), tuple(t.shape), "unreadable")
+        view, extra = covered
+        try:
+            d = self._digest_fn(view)
+        except NotImplementedError:  # a device without a native kernel: same values
+            try:
+                d = digest_module().digest(view, backend="python")
+            except (TypeError, RuntimeError, NotImplementedError):
+                return opaque(t)
+        except (TypeError, RuntimeError):  # sparse, quantized, ...: not digestible
+            return opaque(t)
+        key = Digest(external, extra)
+        if external:
+            key.storage = storage_ptr(t)
+        self._pending.append(d)
+        self._pending_keys.append(key)
+        return key
+
+    def _remember(self, t: torch.Tensor, key: Slot) -> Slot:
+        # Inference tensors have no version counter: they are digested at every use.
+        # (A plain try: contextlib.suppress costs a microsecond on this per-op path.)
+        known = self._known
+        try:  # noqa: SIM105
+            known[id(t)] = (weakref.ref(t), t._version, key)
+        except (RuntimeError, TypeError):
+            pass
+        if len(known) > self._prune_at:
+            self._prune()
+        return key
+
+    def _prune(self) -> None:
+        # Entries of dead tensors only cost memory and GC time: drop them now and then.
+        self._known = {k: v for k, v in self._known.items() if v[0]() is not None}
+        self._prune_at = max(2 * len(self._known), 4096)
+
+    def _uninitialized(self, t: torch.Tensor, name: str) -> Slot:
+        if t.numel():
+            origin = name + caller_suffix()
+            ptr = storage_ptr(t)
+            if ptr:
+                self._tainted[ptr] = (weakref.ref(t), origin)
+        return self._remember(t, ("uninitialized", dtype_name(t.dtype), tuple(t.shape)))
+
+    def _read_tensors(
+        self, info: OpInfo, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> Iterator[torch.Tensor]:
+        skip = set(info.out_positions)
+        if info.overwrites:
+            skip.update(info.written)
+        for i, a in enumerate(args):
+            if i not in skip:
+                yield from tensors_in(a)
+        for name, v in kwargs.items():
+            if name not in info.out_names:
+                yield from tensors_in(v)
+
+    def _reads_tainted(
+        self, info: OpInfo, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> str | None:
+        for t in self._read_tensors(info, args, kwargs):
+            origin = self._taint_of(t)
+            if origin is not None:
+                return origin
+        return None
+
+    def _taint_of(self, t: torch.Tensor) -> str | None:
+        """The origin of the uninitialised memory ``t`` is on, if any.
+
+        An entry counts only while the tensor that created it is alive: after
+        that, its address may belong to a new storage.
+        """
+        if not t.numel():
+            return None
+        ptr = storage_ptr(t)
+        entry = self._tainted.get(ptr)
+        if entry is None:
+            return None
+        if entry[0]() is None:
+            del self._tainted[ptr]
+            return None
+        return entry[1]
+
+    def _clear_taint(self, info: OpInfo, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        """A write that covers a whole storage makes its memory initialised."""
+        written = [args[i] for i in info.written if i < len(args)]
+        for t in tensors_in(written):
+            try:
+                storage = t.untyped_storage()
+                whole = t.is_contiguous() and t.numel() * t.element_size() == storage.nbytes()
+            except (RuntimeError, NotImplementedError):
+                continue
+            if whole:
+                self._tainted.pop(int(storage.data_ptr()), None)
+
+    def _call_watching(
+        self, info: OpInfo, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> tuple[Any, bool]:
+        """Call ``func`` under ``warn_only`` and tell whether it alerted.
+
+        torch buffers the alert warning until the outermost torch call returns
+        to Python, so it cannot be caught per op here. Instead the op first runs
+        with errors instead of warnings; if it raises the alert, it runs again
+        under ``warn_only`` to give the user the warning. Kernels alert before
+        they compute (PyTorch's Note [Writing Nondeterministic Operations]), so
+        the failed attempt changed nothing.
+        """
+        torch.use_deterministic_algorithms(True, warn_only=False)
+        try:
+            return self._call(info, args, kwargs), False
+        except RuntimeError as exc:
+            if ALERT_TEXT not in str(exc):
+                raise
+        finally:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        return self._call(info, args, kwargs), True
+
+    # --- after the run ----------------------------------------------------------
+
+    def _log(self) -> RunLog:
+        """The run's log, with every digest copied to the host."""
+        by_device: dict[torch.device, list[int]] = {}
+        for i, d in enumerate(self._pending):
+            by_device.setdefault(d.device, []).append(i)
+        for indices in by_device.values():
+            rows = torch.stack([self._pending[i] for i in indices]).cpu().tolist()
+            for i, row in zip(indices, rows):
+                key = self._pending_keys[i]
+                key.value = tuple(row) + key.extra
+        calls = []
+        for info, inputs, outputs, where, alerted, tainted in self._calls:
+            if where is None:
+                device = dtype = None
+            else:
+                device, dtype = where[0], dtype_name(where[1])
+            calls.append(OpCall(info.name, device, dtype, inputs, outputs, alerted, tainted))
+        self._calls, self._pending, self._pending_keys = [], [], []
+        self._finished = True
+        return RunLog(calls)
+
+    def _first_use(self, t: torch.Tensor) -> None:
+        # A plain try: ``contextlib.suppress`` costs a microsecond per first use.
+        try:  # noqa: SIM105
+            self.first_uses.append((self._index, weakref.ref(t)))
+        except TypeError:
+            pass
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.failure is None:
+            text = str(exc).strip().splitlines()
+            self.failure = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+    def keep(self) -> None:
+        """Nothing to keep alive: ``first_uses`` holds weak references."""
+
+    def finish(self, raised: BaseException | None = None) -> RunLog:
+        """The run's log; empty (and ``failure`` set) when the recorder's own machinery broke.
+
+        ``raised`` (the run's exception) is not needed here: this recorder sees
+        each op's own exception.
+        """
+        try:
+            return self._log()
+        except Exception as exc:
+            self._fail(exc)
+            return RunLog([])

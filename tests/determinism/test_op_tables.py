@@ -1,0 +1,120 @@
+"""One op table for both recorders: ``op_tables.py`` is the source, nothing else holds a copy.
+
+The Python recorder reads the tables when it first meets an op
+(:func:`pytest_backends.determinism.keys.op_info`); the C++ recorder receives
+them from :func:`pytest_backends.determinism.record_native.native_module`
+before it records anything. These tests fail when the two recorders disagree
+with the source, or when a native source file starts keeping a table of its own.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_backends.determinism import op_tables
+from pytest_backends.determinism.keys import op_info
+from pytest_backends.determinism.record_native import NativeRecorder, native_module
+
+NATIVE = Path(__file__).resolve().parents[2] / "native"
+TABLE_OPS = sorted(
+    op_tables.UNINITIALIZED | op_tables.OVERWRITES | op_tables.REBINDS | set(op_tables.WORKSPACES)
+)
+
+
+def _overloads(name: str) -> list[Any]:
+    """Every overload of ``aten::name`` in the running torch (none: the op is not in it)."""
+    packet = getattr(torch.ops.aten, name.split("::", 1)[1], None)
+    if packet is None:
+        return []
+    return [getattr(packet, overload) for overload in packet.overloads()]
+
+
+def _flags(info: Any) -> tuple[bool, bool, bool, frozenset[int]]:
+    return (info.uninitialized, info.overwrites, info.rebinds, info.workspaces)
+
+
+def _expected(name: str) -> tuple[bool, bool, bool, frozenset[int]]:
+    return (
+        name in op_tables.UNINITIALIZED,
+        name in op_tables.OVERWRITES,
+        name in op_tables.REBINDS,
+        op_tables.WORKSPACES.get(name, frozenset()),
+    )
+
+
+@pytest.mark.parametrize("name", TABLE_OPS)
+def test_the_python_recorder_reads_the_one_op_table(name: str) -> None:
+    overloads = _overloads(name)
+    if not overloads:
+        pytest.skip(f"{name} is not in torch {torch.__version__}")
+    for overload in overloads:
+        assert _flags(op_info(overload)) == _expected(name), overload
+
+
+def test_ops_outside_the_tables_get_no_table_flag() -> None:
+    for overload in (torch.ops.aten.add.Tensor, torch.ops.aten.mm.default):
+        assert _flags(op_info(overload)) == (False, False, False, frozenset())
+
+
+def test_the_native_recorder_holds_the_one_op_table() -> None:
+    native = native_module()
+    if native is None:
+        pytest.skip(
+            "the native extension is not built here (python -m pytest_backends build-native)"
+        )
+    uninitialized, overwrites, rebinds, workspaces = native.op_tables()
+    assert set(uninitialized) == op_tables.UNINITIALIZED
+    assert set(overwrites) == op_tables.OVERWRITES
+    assert set(rebinds) == op_tables.REBINDS
+    assert {k: frozenset(v) for k, v in workspaces.items()} == op_tables.WORKSPACES
+    # Set once: the same tables again change nothing; once an op has been recorded
+    # (its flags taken from the tables), other tables are refused.
+    with NativeRecorder(native) as recorder:
+        torch.ones(2).add(1)
+    recorder.finish()
+    native.set_op_tables(uninitialized, overwrites, rebinds, workspaces)
+    if native.op_tables() != (uninitialized, overwrites, rebinds, workspaces):
+        raise AssertionError("setting the same tables changed them")
+    try:
+        with pytest.raises(RuntimeError, match="set once"):
+            native.set_op_tables([], overwrites, rebinds, workspaces)
+    finally:
+        if native.op_tables() != (uninitialized, overwrites, rebinds, workspaces):
+            native.set_op_tables(uninitialized, overwrites, rebinds, workspaces)
+
+
+def _op_literals(source: str) -> list[str]:
+    """String literals of C++ ``source`` (comments left out) that name an op (``aten::...``).
+
+    The dispatcher names ops ``aten::name``, so a table kept in C++ would hold such names.
+    """
+    code = re.sub(r"/\*.*?\*/", "", source, flags=re.S)
+    code = re.sub(r"//[^\n]*", "", code)
+    return re.findall(r'"(aten::[A-Za-z0-9_.]*)"', code)
+
+
+def test_no_native_source_keeps_a_copy_of_the_op_tables() -> None:
+    sources = [p for p in NATIVE.rglob("*") if p.suffix in (".cpp", ".h", ".cu", ".cuh")]
+    assert sources, f"no native sources under {NATIVE}"
+    copies = [
+        f"{path.name}: {literal!r}"
+        for path in sources
+        for literal in _op_literals(path.read_text(encoding="utf-8"))
+    ]
+    assert copies == [], "op names written in native code (op_tables.py is the one source)"
+
+
+def test_a_native_copy_would_be_found() -> None:
+    """The scan above can fail: a table written in C++ is caught (comments and other
+    strings are not)."""
+    code = (
+        '// "aten::add" in a comment\n'
+        'TORCH_CHECK(ok, "no tables");\n'
+        'static const char* kOps[] = {"aten::empty", "aten::zero_", "empty"};\n'
+    )
+    assert _op_literals(code) == ["aten::empty", "aten::zero_"]
