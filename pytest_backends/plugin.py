@@ -46,6 +46,7 @@ FEATURES: tuple[Feature, ...] = (
     capability,
     native_build,
     matrix,
+    isolation_feature,
 )
 
 
@@ -74,7 +75,6 @@ def resolve(config: pytest.Config) -> None:
         config.stash[feature.SETTINGS_KEY] = settings
         required += [a for a in getattr(settings, "required_axes", ()) if a not in required]
     config.stash[_shared.REQUIRED_AXES_KEY] = tuple(required)
-    config.stash[isolation_feature.SETTINGS_KEY] = isolation_feature.Settings.from_config(config)
 
 
 def pytest_cmdline_main(config: pytest.Config) -> None:
@@ -109,13 +109,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", batch_marker.marker_line())
     resolve(config)
     _register_watch(config)
+    # The leak guard registers first and the matrix right after it, where they always
+    # have: hooks of the same priority run in reverse registration order, which orders
+    # the header lines, the summary sections and which setup failure speaks first.
     plugins = isolation_feature.plugins(config, config.stash[isolation_feature.SETTINGS_KEY])
-    # The matrix registers where it always has, right after the leak guard: hooks of the
-    # same priority run in reverse registration order, which orders the header lines,
-    # the summary sections and which setup failure speaks first.
     plugins += matrix.plugins(config, config.stash[matrix.SETTINGS_KEY])
     for feature in FEATURES:
-        if feature is not matrix:
+        if feature is not matrix and feature is not isolation_feature:
             plugins += feature.plugins(config, config.stash[feature.SETTINGS_KEY])
     for plugin, name in plugins:
         config.pluginmanager.register(plugin, name)
