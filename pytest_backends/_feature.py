@@ -11,6 +11,10 @@ A feature is a module with three names:
 * ``plugins(config, settings)``: the ``(plugin, name)`` pairs this process
   needs (none when the feature is off); the registrar registers them.
 
+Optional: ``prepare(config, settings)`` runs in ``pytest_cmdline_main``,
+before pytest-xdist starts workers; ``READS_REQUIRED_AXES = True`` makes the
+feature resolve after those whose settings declare ``required_axes``.
+
 Nothing but :mod:`pytest_backends.plugin` resolves settings or registers.
 """
 

@@ -36,18 +36,25 @@ from pytest_backends.matrix import api as matrix_api
 from pytest_backends.matrix import feature as matrix
 from pytest_backends.matrix import markers
 
-#: The features, in resolution order: a feature's settings may require matrix
-#: axes (``required_axes``), so those come before the matrix.
+#: The features, in registration order.  Hooks of the same priority run in reverse
+#: registration order, which orders the header lines, the summary sections and which
+#: setup failure speaks first: the leak guard comes first and the matrix right after it.
 FEATURES: tuple[Feature, ...] = (
+    isolation_feature,
+    matrix,
+    capability,
     determinism,
     batch,
     nothing_selected,
     label,
-    capability,
     native_build,
-    matrix,
-    isolation_feature,
 )
+
+
+def resolution_order() -> list[Feature]:
+    """:data:`FEATURES`, those that read the required axes (``READS_REQUIRED_AXES``) last."""
+    reads = [f for f in FEATURES if getattr(f, "READS_REQUIRED_AXES", False)]
+    return [f for f in FEATURES if f not in reads] + reads
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -61,15 +68,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def resolve(config: pytest.Config) -> None:
-    """Resolve every feature's settings once, in :data:`FEATURES` order, into ``config.stash``.
+    """Resolve every feature's settings once into ``config.stash``.
 
     Axes a feature requires of the matrix (``required_axes``) are gathered in
-    :data:`pytest_backends._shared.REQUIRED_AXES_KEY` before the next resolves.
+    :data:`pytest_backends._shared.REQUIRED_AXES_KEY` before the features that
+    read them resolve (:func:`resolution_order`).
     """
     if _shared.REQUIRED_AXES_KEY in config.stash:
         return
     required: list[str] = []
-    for feature in FEATURES:
+    for feature in resolution_order():
         config.stash[_shared.REQUIRED_AXES_KEY] = tuple(required)
         settings = feature.Settings.from_config(config)
         config.stash[feature.SETTINGS_KEY] = settings
@@ -109,14 +117,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", batch_marker.marker_line())
     resolve(config)
     _register_watch(config)
-    # The leak guard registers first and the matrix right after it, where they always
-    # have: hooks of the same priority run in reverse registration order, which orders
-    # the header lines, the summary sections and which setup failure speaks first.
-    plugins = isolation_feature.plugins(config, config.stash[isolation_feature.SETTINGS_KEY])
-    plugins += matrix.plugins(config, config.stash[matrix.SETTINGS_KEY])
+    plugins: list[tuple[object, str]] = []
     for feature in FEATURES:
-        if feature is not matrix and feature is not isolation_feature:
-            plugins += feature.plugins(config, config.stash[feature.SETTINGS_KEY])
+        plugins += feature.plugins(config, config.stash[feature.SETTINGS_KEY])
     for plugin, name in plugins:
         config.pluginmanager.register(plugin, name)
 

@@ -15,7 +15,10 @@ from pytest_backends import _shared, _xdist
 from pytest_backends.matrix.settings import SETTINGS_KEY
 from pytest_backends.matrix.settings import MatrixSettings as Settings
 
-__all__ = ["SETTINGS_KEY", "Settings", "plugins"]
+__all__ = ["READS_REQUIRED_AXES", "SETTINGS_KEY", "Settings", "plugins"]
+
+#: The settings read the axes other features require: they resolve after those.
+READS_REQUIRED_AXES = True
 
 
 def _check_outputs(settings: Settings) -> None:
