@@ -32,7 +32,6 @@ from pytest_backends.capability import feature as capability
 from pytest_backends.determinism import feature as determinism
 from pytest_backends.isolation import feature as isolation_feature
 from pytest_backends.isolation import markers as isolation_markers
-from pytest_backends.matrix import api as matrix_api
 from pytest_backends.matrix import feature as matrix
 from pytest_backends.matrix import markers
 
@@ -160,13 +159,17 @@ def backend_config(request: pytest.FixtureRequest) -> Any:
     this is its config; otherwise it is the ``default`` config (torch's
     defaults, on the CPU).
     """
-    return matrix_api.config_for(request.node)
+    from pytest_backends.matrix.api import config_for
+
+    return config_for(request.node)
 
 
 @pytest.fixture
 def backend_device(backend_config: Any) -> Any:
     """A ``torch.device`` for the config's device axis (``cpu`` unless the config says)."""
-    return matrix_api.device_for(backend_config)
+    from pytest_backends.matrix.api import device_for
+
+    return device_for(backend_config)
 
 
 @pytest.fixture

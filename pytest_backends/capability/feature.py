@@ -17,9 +17,6 @@ import pytest
 
 from pytest_backends import _options, _xdist
 from pytest_backends.capability import levels
-from pytest_backends.capability.controller import ControllerPlugin
-from pytest_backends.capability.plan import INPUT_NOTES, WORKER_PLAN_KEY, plan_distribution
-from pytest_backends.capability.worker import LevelAxisPlugin, WorkerPlugin
 
 __all__ = ["SETTINGS_KEY", "Settings", "parse_settings", "plugins", "prepare"]
 
@@ -55,6 +52,8 @@ def parse_settings(value: str | None, source: str) -> Settings:
 
 def prepare(config: pytest.Config, settings: Settings) -> None:
     """Plan the level workers before pytest-xdist starts any (it has read ``-n`` by now)."""
+    from pytest_backends.capability.plan import plan_distribution
+
     plan_distribution(config, settings.levels)
 
 
@@ -63,6 +62,11 @@ def plugins(config: pytest.Config, settings: Settings) -> list[tuple[object, str
     found: list[tuple[object, str]] = []
     if settings.levels is None:
         return found
+    # The controller and worker plugins are imported only when levels are asked for.
+    from pytest_backends.capability.controller import ControllerPlugin
+    from pytest_backends.capability.plan import INPUT_NOTES, WORKER_PLAN_KEY
+    from pytest_backends.capability.worker import LevelAxisPlugin, WorkerPlugin
+
     found.append((LevelAxisPlugin(settings.levels), "backends-capability-axis"))
     if _xdist.is_worker(config):
         if _xdist.received(config, INPUT_NOTES) is not None:

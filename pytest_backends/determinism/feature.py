@@ -23,7 +23,6 @@ import pytest
 
 from pytest_backends import _options, _xdist
 from pytest_backends.determinism.api import DEFAULT_RUNS
-from pytest_backends.determinism.census import Baseline, BaselineVersionWarning, CensusFileError
 
 __all__ = ["MAX_RUNS", "SETTINGS_KEY", "Settings", "parse_runs", "plugins"]
 
@@ -146,7 +145,12 @@ def plugins(config: pytest.Config, settings: Settings) -> list[tuple[object, str
     if not settings.enabled:
         return []
     from pytest_backends.determinism import subtests
-    from pytest_backends.determinism.census import Versions
+    from pytest_backends.determinism.census import (
+        Baseline,
+        BaselineVersionWarning,
+        CensusFileError,
+        Versions,
+    )
     from pytest_backends.determinism.plugin import DeterminismPlugin
 
     baseline = Baseline()
