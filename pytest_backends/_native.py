@@ -527,10 +527,3 @@ def load() -> ModuleType | None:
 def unavailable_reason() -> str | None:
     """Why :func:`load` returned None (None if it was not tried or succeeded)."""
     return _state.reason
-
-
-def _reset_for_tests() -> None:
-    """Forget this process's decision (tests only)."""
-    _state.tried = False
-    _state.module = None
-    _state.reason = None

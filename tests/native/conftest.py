@@ -24,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from native_state import forget_decision
 
 from pytest_backends import _native
 
@@ -113,7 +114,7 @@ def native_build() -> Iterator[NativeBuild]:
             module = _native._state.module
         else:
             os.environ["PYTEST_BACKENDS_CACHE_DIR"] = str(cache_root)
-            _native._reset_for_tests()
+            forget_decision()
             module = _native.load()
             if module is None:
                 errors.append(_native.unavailable_reason() or "load() returned None")

@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from native_state import forget_decision
 
 from pytest_backends import _native
 
@@ -155,7 +156,7 @@ def test_broken_libraries_never_raise_from_load(
     monkeypatch.setattr(_native, "build", broken)
     saved = (_native._state.tried, _native._state.module, _native._state.reason)
     try:
-        _native._reset_for_tests()
+        forget_decision()
         assert _native.load() is None
         assert "invalid ELF header" in str(_native.unavailable_reason())
     finally:
@@ -246,7 +247,7 @@ def test_an_inline_session_gives_the_build_listener_back(pytester: pytest.Pytest
 def fresh_state() -> Any:
     """Let this test decide afresh (the suite's own process already loaded the extension)."""
     saved = (_native._state.tried, _native._state.module, _native._state.reason)
-    _native._reset_for_tests()
+    forget_decision()
     yield
     _native._state.tried, _native._state.module, _native._state.reason = saved
 
@@ -332,7 +333,7 @@ def test_only_implicit_builds_are_announced(
             _native.build(force=True)
         assert heard == []
         (_native.cache_dir() / _native._FAILED_MARKER).unlink()
-        _native._reset_for_tests()
+        forget_decision()
         assert _native.load() is None
         assert len(heard) == 1, heard
     finally:
