@@ -10,17 +10,18 @@ with the source, or when a native source file starts keeping a table of its own.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from pytest_backends import _native
 from pytest_backends.determinism import op_tables
 from pytest_backends.determinism.keys import op_info
 from pytest_backends.determinism.record_native import NativeRecorder, native_module
 
-NATIVE = Path(__file__).resolve().parents[2] / "native"
+#: The native sources of the package under test (the wheel ships them as pytest_backends/native).
+NATIVE = _native.source_dir()
 TABLE_OPS = sorted(
     op_tables.UNINITIALIZED | op_tables.OVERWRITES | op_tables.REBINDS | set(op_tables.WORKSPACES)
 )
