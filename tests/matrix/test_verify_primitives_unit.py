@@ -407,7 +407,7 @@ def test_cuda_promises_without_any_kernel_of_the_kind() -> None:
 def test_user_asked_log_lines_are_passed_on(
     capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_backends import kernels
+    from pytest_backends.kernels import log as kernels
 
     monkeypatch.setenv("ONEDNN_VERBOSE", "1")
     try:
@@ -425,7 +425,7 @@ def test_user_asked_log_lines_are_passed_on(
 
 
 def test_a_log_that_cannot_start_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_backends import kernels
+    from pytest_backends.kernels import log as kernels
 
     monkeypatch.setattr(kernels, "_mkldnn_available", lambda: False)
     log = PrimitiveLog()

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from pytest_backends import assert_close, override_flags, tolerance_for
-from pytest_backends import kernels as kernels_module
 from pytest_backends.kernels import PrimitiveLog, computed_precision
+from pytest_backends.kernels import log as kernels_module
 from pytest_backends.tolerance import kernel_precision
 
 NO_AMX = (

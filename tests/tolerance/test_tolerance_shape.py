@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from pytest_backends import assert_close, override_flags, reference, tolerance_for
-from pytest_backends import kernels as kernels_module
 from pytest_backends.kernels import PrimitiveLog, computes_shape, observe, parse_primitive
+from pytest_backends.kernels import log as kernels_module
 
 BF16 = {"mkldnn.matmul.fp32_precision": "bf16", "mkldnn.conv.fp32_precision": "bf16"}
 
