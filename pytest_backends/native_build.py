@@ -17,6 +17,7 @@ for a digest, so:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator
 from dataclasses import dataclass
 
@@ -46,14 +47,34 @@ class Settings:
 SETTINGS_KEY: pytest.StashKey[Settings] = pytest.StashKey()
 
 
+def _running_test(inherited: str | None) -> str | None:
+    """The node id of the test whose phase is running (pytest's ``PYTEST_CURRENT_TEST``).
+
+    ``inherited`` is the value the session started with: a pytest run inside a
+    test of another one inherits the outer test's, which names no test of its own.
+    """
+    current = os.environ.get("PYTEST_CURRENT_TEST")
+    if not current or current == inherited:
+        return None
+    return current.rsplit(" ", 1)[0]
+
+
 class NativeBuildPlugin:
-    """Builds at session start when asked to, and announces builds that tests trigger."""
+    """Builds at session start when asked to, and announces builds that tests trigger.
+
+    It has no per-test hook: the running test is read from ``PYTEST_CURRENT_TEST``
+    when a build starts, a worker registers :class:`_NoticeCarrier` only once a
+    test has triggered a build, and a controller registers :class:`_WorkerNotices`
+    only when an xdist worker starts.
+    """
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.worker = _xdist.is_worker(config)
-        self._item: pytest.Item | None = None
         self._notices: list[str] = []
+        self._carrier: _NoticeCarrier | None = None
+        self._relay: _WorkerNotices | None = None
+        self._inherited = os.environ.get("PYTEST_CURRENT_TEST")
         # An in-process pytester run configures a second session: give the
         # listener back to the outer one when this one ends.
         self.previous_listener = _native.build_listener()
@@ -74,29 +95,32 @@ class NativeBuildPlugin:
         if reporter is not None:
             reporter.write_line(_PREFIX + line)
 
-    # -- a test triggers the build ---------------------------------------------------------
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: object) -> None:
+        """xdist controller: relay the notices that workers attach to their reports."""
+        if self._relay is None:
+            self._relay = _WorkerNotices(self.config)
+            self.config.pluginmanager.register(self._relay, "backends-native-relay")
 
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, object, object]:
-        self._item = item
-        try:
-            return (yield)
-        finally:
-            self._item = None
+    # -- a test triggers the build ---------------------------------------------------------
 
     def notice(self, why: str) -> None:
         """Build listener: the extension is about to be compiled in this process."""
-        item = self._item
-        if item is None:
+        nodeid = _running_test(self._inherited)
+        if nodeid is None:
             return  # a build at session start has its own progress lines
         line = (
-            f"{item.nodeid} triggered a build of the native determinism harness "
+            f"{nodeid} triggered a build of the native determinism harness "
             f"({why}); it can take minutes and counts in this test's duration. Run "
             "`python -m pytest_backends build-native` before the tests (e.g. in CI)"
         )
-        self._notices.append(line)
         if not self.worker:
             self._write_now(line)
+            return
+        if self._carrier is None:
+            self._carrier = _NoticeCarrier()
+            self.config.pluginmanager.register(self._carrier, "backends-native-carrier")
+        self._carrier.notices.append(line)
 
     def _write_now(self, line: str) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -111,19 +135,36 @@ class NativeBuildPlugin:
             reporter.ensure_newline()
             reporter.write_line(_PREFIX + line)
 
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        _native.set_build_listener(self.previous_listener)
+
+
+class _NoticeCarrier:
+    """Worker: attaches the build notices to the report of the test that triggered them."""
+
+    def __init__(self) -> None:
+        self.notices: list[str] = []
+
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
-        if self._notices and self.worker:
-            _shared.add_property(report, PROPERTY, list(self._notices))
-        self._notices.clear()
+        if self.notices:
+            _shared.add_property(report, PROPERTY, list(self.notices))
+            self.notices.clear()
         return report
+
+
+class _WorkerNotices:
+    """xdist controller: prints the build notices carried by workers' reports."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         notices = _shared.report_data(report, PROPERTY)
-        if self.worker or not isinstance(notices, list):
+        if not isinstance(notices, list):
             return
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
@@ -134,9 +175,6 @@ class NativeBuildPlugin:
         for line in notices:
             reporter.ensure_newline()
             reporter.write_line(f"{_PREFIX}{where}{line}")
-
-    def pytest_unconfigure(self, config: pytest.Config) -> None:
-        _native.set_build_listener(self.previous_listener)
 
 
 def plugins(config: pytest.Config, settings: Settings) -> list[tuple[object, str]]:
