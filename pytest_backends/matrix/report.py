@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import json
+import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -183,7 +184,9 @@ def build_rows(results: Iterable[Result], order: Sequence[str]) -> list[ConfigRo
     """One row per config, in ``order`` (config ids); counts and notable tests filled in."""
     rows = {config: ConfigRow(config) for config in order}
     for result in sorted(results, key=lambda r: r.nodeid):
-        row = rows.setdefault(result.config, ConfigRow(result.config))
+        row = rows.get(result.config)
+        if row is None:  # a config missing from ``order``
+            row = rows[result.config] = ConfigRow(result.config)
         row.counts[result.outcome] = row.counts.get(result.outcome, 0) + 1
         if result.outcome in FAILING:
             row.failures.append((result.nodeid, result.message))
@@ -291,13 +294,52 @@ def render_json(
 
 
 _RESULT_FIELDS = tuple(f.name for f in fields(Result))
+_result_values = operator.attrgetter(*_RESULT_FIELDS)
 
 
 def _result_data(result: Result) -> dict[str, Any]:
     """``asdict(result)`` without its deep copy: every field is a scalar or a list of str."""
-    data = {name: getattr(result, name) for name in _RESULT_FIELDS}
+    data = dict(zip(_RESULT_FIELDS, _result_values(result)))
     data["sources"] = list(result.sources)
     return data
+
+
+def _line_encoder() -> Callable[[Any], str]:
+    """``json.dumps`` for many small values: the C encoder built once, not once per call.
+
+    Falls back to ``json.dumps`` itself where the interpreter's private C
+    encoder is missing or does not produce exactly the same text.
+    """
+    try:
+        from json import encoder as json_encoder
+
+        make = getattr(json_encoder, "c_make_encoder", None)
+        if make is None:
+            return json.dumps
+        c_encode = make(
+            None,  # no circular-reference check: reports are trees
+            json.JSONEncoder().default,
+            json_encoder.encode_basestring_ascii,
+            None,
+            ": ",
+            ", ",
+            False,
+            False,
+            True,
+        )
+
+        def encode(value: Any) -> str:
+            return "".join(c_encode(value, 0))
+
+        probe = {"a": [1, -2.5, None, '\u00e9\n"', 1e300], "b": {"c": True, "d": []}, "e": ""}
+        if encode(probe) == json.dumps(probe):
+            return encode
+    except Exception:  # any surprise in a private API: the public one
+        pass
+    return json.dumps
+
+
+_encode_line = _line_encoder()
 
 
 def dumps_report(data: Mapping[str, Any]) -> str:
@@ -309,16 +351,17 @@ def dumps_report(data: Mapping[str, Any]) -> str:
     diffable line by line. ``"format"`` stays the first member, which is how
     an earlier report is recognised from its first bytes.
     """
+    dumps = _encode_line
     lines = ["{"]
     last = len(data) - 1
     for i, (key, value) in enumerate(data.items()):
         comma = "," if i < last else ""
         if isinstance(value, list) and value:
-            lines.append(f"  {json.dumps(key)}: [")
-            lines.append(",\n".join(["    " + json.dumps(item) for item in value]))
+            lines.append(f"  {dumps(key)}: [")
+            lines.append(",\n".join(["    " + dumps(item) for item in value]))
             lines.append(f"  ]{comma}")
         else:
-            lines.append(f"  {json.dumps(key)}: {json.dumps(value)}{comma}")
+            lines.append(f"  {dumps(key)}: {dumps(value)}{comma}")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
