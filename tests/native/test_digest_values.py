@@ -14,6 +14,8 @@ from types import ModuleType
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pytest_backends.determinism import digest as digest_mod
 from pytest_backends.determinism.digest import digest_bytes, digest_many
@@ -95,7 +97,9 @@ def isa_paths(native_module: ModuleType) -> Iterator[list[str]]:
         native_module.set_digest_isa(before)
 
 
-def _digests_by_path(native_module: ModuleType, paths: list[str], cases: list[torch.Tensor]):
+def _digests_by_path(
+    native_module: ModuleType, paths: list[str], cases: list[torch.Tensor]
+) -> dict[str, list[bytes]]:
     out = {}
     for path in paths:
         assert native_module.set_digest_isa(path) == path
@@ -179,3 +183,27 @@ def test_a_permutation_of_elements_changes_the_digest(backend: str, dtype: torch
     swapped_words[4], swapped_words[6] = y[6], y[4]
     digests = {digest_bytes(t, backend=backend) for t in (y, swapped_in_word, swapped_words)}
     assert len(digests) == 3
+
+
+@settings(max_examples=40, derandomize=True, deadline=None)
+@given(
+    data=st.binary(min_size=0, max_size=700),
+    offset=st.integers(0, 15),
+    itemsize=st.sampled_from([1, 2, 4, 8]),
+)
+def test_hypothesis_every_path_equals_the_oracle(
+    native_module: ModuleType, data: bytes, offset: int, itemsize: int
+) -> None:
+    dtype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[itemsize]
+    raw = torch.tensor(list(bytes(offset) + data), dtype=torch.uint8)[offset:]
+    usable = len(data) // itemsize * itemsize
+    t = raw[:usable].clone().view(dtype) if itemsize > 1 else raw
+    expected = oracle(t)
+    before = native_module.digest_isa()
+    try:
+        for path in PATHS:
+            taken = native_module.set_digest_isa(path)
+            assert digest_bytes(t, backend="native") == expected, taken
+    finally:
+        native_module.set_digest_isa(before)
+    assert digest_bytes(t, backend="python") == expected
