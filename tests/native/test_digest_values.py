@@ -9,6 +9,9 @@ with the digest's format version.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -207,3 +210,21 @@ def test_hypothesis_every_path_equals_the_oracle(
     finally:
         native_module.set_digest_isa(before)
     assert digest_bytes(t, backend="python") == expected
+
+
+def test_environment_variable_caps_the_path_for_the_process(
+    native_module: ModuleType, isa_paths: list[str]
+) -> None:
+    # One child process per setting: the variable is read once, at first use.
+    code = (
+        "import sys, torch; from pytest_backends import _native; "
+        "from pytest_backends.determinism.digest import digest_bytes; "
+        "m = _native.load(); d = digest_bytes(torch.arange(1000)); "
+        "print(m.digest_isa(), d.hex())"
+    )
+    expected = digest_bytes(torch.arange(1000), backend="native").hex()
+    env = {**os.environ, "PYTEST_BACKENDS_DIGEST_ISA": "avx2"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == ["avx2" if "avx2" in isa_paths else "scalar", expected]
