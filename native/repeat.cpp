@@ -9,6 +9,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
+#include "digest_op.h"
 #include "recorder.h"
 
 #if __has_include(<torch/headeronly/version.h>)
@@ -136,5 +137,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Call an op `runs` times through the dispatcher; digests of every output, flat.");
   m.def("torch_version", &pytest_backends::torch_version,
         "The torch version the extension was built against.");
+  m.def("digest_isa", &pytest_backends::digest_isa,
+        "The CPU digest kernel's instruction-set path: avx512, avx2 or scalar.");
+  m.def("set_digest_isa", &pytest_backends::set_digest_isa, py::arg("wanted"),
+        "Use the best CPU digest path at or below `wanted` (auto, avx512, avx2, scalar) "
+        "that this CPU supports; returns the path taken.");
   pytest_backends::register_recorder(m);
 }

@@ -9,8 +9,9 @@ goes through :func:`write_output`, and every JSON file it reads through
 * only a regular file is ever replaced: a symlink, FIFO, device node or
   directory at the path is refused;
 * an existing non-empty file is replaced only when it is the plugin's own
-  output of the same kind, recognised by its content (the ``format`` name in
-  JSON, the generator ``<meta>`` tag in HTML);
+  output of the same kind, recognised by its header (``"format"`` as the first
+  member of a JSON file, the generator ``<meta>`` tag in HTML) whatever its
+  size, or else by its parsed content when it is small enough to read whole;
 * a new file gets the mode the umask gives (``0666 & ~umask``); a rewritten
   file keeps the mode it had;
 * reading refuses what is not a regular file, and turns every way JSON can
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable
@@ -58,8 +60,14 @@ _LEGACY_REPORT_KEYS = frozenset(
     {"version", "environment", "settings", "configs", "tests", "totals"}
 )
 _LEGACY_HTML_TITLE = "<title>pytest-backends matrix</title>"
-#: How much of an existing file is read to recognise it.
+#: The first bytes of an existing file, read to recognise it by its header.
+_HEAD_BYTES = 64 << 10
+#: Files up to this size are parsed whole when their header alone does not tell
+#: (reports written before the ``format`` name, keys reordered by an editor).
 _RECOGNISE_LIMIT = 64 << 20
+# `{ "format": "<name>"` as the first member of a JSON object, the way the
+# plugin writes every JSON file.
+_JSON_FORMAT_HEAD = re.compile(r'\A\ufeff?\s*\{\s*"format"\s*:\s*("(?:[^"\\]|\\.)*")')
 
 
 class FileFormatError(ValueError):
@@ -72,10 +80,29 @@ class OutputFileError(OSError):
 
 @dataclass(frozen=True)
 class OutputKind:
-    """What a written file is, and how to recognise an earlier one of the same kind."""
+    """What a written file is, and how to recognise an earlier one of the same kind.
+
+    ``header`` looks at the file's first bytes only (any size of file);
+    ``recognise`` at the whole text of a file small enough to read whole, and
+    only when the header did not already tell.
+    """
 
     label: str
     recognise: Callable[[str], bool]
+    header: Callable[[str], bool] = lambda head: False
+
+
+def _json_header_is(*formats: str) -> Callable[[str], bool]:
+    def header(head: str) -> bool:
+        match = _JSON_FORMAT_HEAD.match(head)
+        if match is None:
+            return False
+        try:
+            return json.loads(match.group(1)) in formats
+        except ValueError:
+            return False
+
+    return header
 
 
 def _json_format_is(
@@ -101,11 +128,21 @@ def _is_own_html(text: str) -> bool:
 
 
 JSON_REPORT = OutputKind(
-    "matrix report", _json_format_is(REPORT_FORMAT, legacy_keys=_LEGACY_REPORT_KEYS)
+    "matrix report",
+    _json_format_is(REPORT_FORMAT, legacy_keys=_LEGACY_REPORT_KEYS),
+    _json_header_is(REPORT_FORMAT),
 )
-HTML_REPORT = OutputKind("HTML report", _is_own_html)
-CENSUS = OutputKind("census", _json_format_is("pytest-backends-census"))
-BASELINE = OutputKind("baseline", _json_format_is("pytest-backends-baseline"))
+HTML_REPORT = OutputKind("HTML report", _is_own_html, _is_own_html)
+CENSUS = OutputKind(
+    "census",
+    _json_format_is("pytest-backends-census"),
+    _json_header_is("pytest-backends-census"),
+)
+BASELINE = OutputKind(
+    "baseline",
+    _json_format_is("pytest-backends-baseline"),
+    _json_header_is("pytest-backends-baseline"),
+)
 
 
 # --- reading ------------------------------------------------------------------------------
@@ -202,10 +239,14 @@ def check_output(path: Path, kind: OutputKind) -> os.stat_result | None:
         return st
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            head = f.read(_RECOGNISE_LIMIT)
+            head = f.read(_HEAD_BYTES)
+            # Never parse a truncated body: the whole file, or the header alone.
+            known = kind.header(head) or (
+                st.st_size <= _RECOGNISE_LIMIT and kind.recognise(head + f.read())
+            )
     except OSError as exc:
         raise OutputFileError(f"cannot write {path}: {exc.strerror or exc}") from None
-    if not kind.recognise(head):
+    if not known:
         raise OutputFileError(
             f"refusing to overwrite {path}: it exists and is not a {kind.label} written by "
             "pytest-backends (did the option take a test file as its value?); "

@@ -78,8 +78,8 @@ __device__ __forceinline__ void thread_sums(const uint8_t* p, int64_t nbytes, in
   uint64_t key1 = 2 * static_cast<uint64_t>(first) * kKey1 + kSeed1;
   for (int64_t i = first; i < pairs; i += stride) {
     const ulonglong2 v = __ldg(reinterpret_cast<const ulonglong2*>(p) + i);
-    s0 += mix0(v.x ^ key0) + mix0(v.y ^ (key0 + kKey0));
-    s1 += mix1(v.x ^ key1) + mix1(v.y ^ (key1 + kKey1));
+    s0 += lane_term0(v.x ^ key0) + lane_term0(v.y ^ (key0 + kKey0));
+    s1 += lane_term1(v.x ^ key1) + lane_term1(v.y ^ (key1 + kKey1));
     key0 += step0;
     key1 += step1;
   }

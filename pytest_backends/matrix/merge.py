@@ -325,6 +325,16 @@ class MergedReport:
 
     def to_json(self) -> str:
         """The merged report as JSON text (the same schema as a run's report)."""
+        # Like merging, rendering builds one small acyclic dict per row and test.
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return self._to_json()
+        finally:
+            if paused:
+                gc.enable()
+
+    def _to_json(self) -> str:
         header = {"label": "merged", "sources": self.sources}
         return render_json(
             self.rows(),

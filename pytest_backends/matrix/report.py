@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import html
 import json
+import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pytest
@@ -183,7 +184,9 @@ def build_rows(results: Iterable[Result], order: Sequence[str]) -> list[ConfigRo
     """One row per config, in ``order`` (config ids); counts and notable tests filled in."""
     rows = {config: ConfigRow(config) for config in order}
     for result in sorted(results, key=lambda r: r.nodeid):
-        row = rows.setdefault(result.config, ConfigRow(result.config))
+        row = rows.get(result.config)
+        if row is None:  # a config missing from ``order``
+            row = rows[result.config] = ConfigRow(result.config)
         row.counts[result.outcome] = row.counts.get(result.outcome, 0) + 1
         if result.outcome in FAILING:
             row.failures.append((result.nodeid, result.message))
@@ -282,12 +285,85 @@ def render_json(
             }
             for row in rows
         ],
-        "tests": [asdict(r) for r in sorted(results, key=lambda r: r.nodeid)],
+        "tests": [_result_data(r) for r in sorted(results, key=lambda r: r.nodeid)],
         "totals": {o: sum(r.counts.get(o, 0) for r in rows) for o in OUTCOMES}
         | {"not_exercised": sum(r.not_exercised for r in rows)},
         **(extra or {}),
     }
-    return json.dumps(data, indent=2, sort_keys=False) + "\n"
+    return dumps_report(data)
+
+
+_RESULT_FIELDS = tuple(f.name for f in fields(Result))
+_result_values = operator.attrgetter(*_RESULT_FIELDS)
+
+
+def _result_data(result: Result) -> dict[str, Any]:
+    """``asdict(result)`` without its deep copy: every field is a scalar or a list of str."""
+    data = dict(zip(_RESULT_FIELDS, _result_values(result)))
+    data["sources"] = list(result.sources)
+    return data
+
+
+def _line_encoder() -> Callable[[Any], str]:
+    """``json.dumps`` for many small values: the C encoder built once, not once per call.
+
+    Falls back to ``json.dumps`` itself where the interpreter's private C
+    encoder is missing or does not produce exactly the same text.
+    """
+    try:
+        from json import encoder as json_encoder
+
+        make = getattr(json_encoder, "c_make_encoder", None)
+        if make is None:
+            return json.dumps
+        c_encode = make(
+            None,  # no circular-reference check: reports are trees
+            json.JSONEncoder().default,
+            json_encoder.encode_basestring_ascii,
+            None,
+            ": ",
+            ", ",
+            False,
+            False,
+            True,
+        )
+
+        def encode(value: Any) -> str:
+            return "".join(c_encode(value, 0))
+
+        probe = {"a": [1, -2.5, None, '\u00e9\n"', 1e300], "b": {"c": True, "d": []}, "e": ""}
+        if encode(probe) == json.dumps(probe):
+            return encode
+    except Exception:  # any surprise in a private API: the public one
+        pass
+    return json.dumps
+
+
+_encode_line = _line_encoder()
+
+
+def dumps_report(data: Mapping[str, Any]) -> str:
+    """JSON text of a report: one line per member, and one per element of a list member.
+
+    Each line is encoded by the C encoder (``json.dumps`` without ``indent``
+    falls back to the pure-Python one), so a report with 10^5 configurations is
+    written about as fast as a plain ``json.dump``, and stays readable and
+    diffable line by line. ``"format"`` stays the first member, which is how
+    an earlier report is recognised from its first bytes.
+    """
+    dumps = _encode_line
+    lines = ["{"]
+    last = len(data) - 1
+    for i, (key, value) in enumerate(data.items()):
+        comma = "," if i < last else ""
+        if isinstance(value, list) and value:
+            lines.append(f"  {dumps(key)}: [")
+            lines.append(",\n".join(["    " + dumps(item) for item in value]))
+            lines.append(f"  ]{comma}")
+        else:
+            lines.append(f"  {dumps(key)}: {dumps(value)}{comma}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
 
 
 _CSS = """
