@@ -18,19 +18,17 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "EVERY_ROW_UP_TO",
     "Case",
+    "Inputs",
     "Plan",
     "Run",
+    "State",
     "arguments",
     "call",
     "differences",
     "rows_differ",
     "sub_batches",
 ]
-
-#: Batches up to this size are checked with every row alone; larger ones at three offsets.
-EVERY_ROW_UP_TO = 32
 
 
 @dataclass(frozen=True)
@@ -49,17 +47,17 @@ class Case:
 def sub_batches(
     n: int, sizes: Sequence[int], offsets: Sequence[int] | None, permute: bool, seed: int
 ) -> list[Case]:
-    """The sub-batches of a batch of ``n`` rows (see ``assert_batch_invariant``)."""
-    import torch
+    """The sub-batches of a batch of ``n`` rows (see ``assert_batch_invariant``).
 
+    Each size below ``n`` is taken at offsets 0, the middle and the end (or
+    at ``offsets``); with ``permute``, the whole batch in a seeded order.
+    """
     cases: list[Case] = []
     for size in sizes:
         if size >= n:
             continue
         if offsets is not None:
             starts = sorted({o for o in offsets if 0 <= o <= n - size})
-        elif size == 1 and n <= EVERY_ROW_UP_TO:
-            starts = list(range(n))
         else:
             starts = sorted({0, (n - size) // 2, n - size})
         for start in starts:
@@ -67,6 +65,8 @@ def sub_batches(
             label = f"row {start} alone" if size == 1 else f"rows {start}..{start + size - 1}"
             cases.append(Case(label, rows))
     if permute and n > 1:
+        import torch
+
         gen = torch.Generator()
         gen.manual_seed(seed)
         order = tuple(int(i) for i in torch.randperm(n, generator=gen))
@@ -77,70 +77,314 @@ def sub_batches(
 
 
 class Run:
-    """One call of ``fn`` on (a selection of) the batch: its outputs and input gradients."""
+    """One call of ``fn`` on (a selection of) the batch: its outputs and input gradients.
 
-    def __init__(self, parts: list[tuple[str, torch.Tensor, int]]) -> None:
+    ``structure`` maps every output leaf's path to ``None`` (an absent
+    output) or ``(dtype, shape without the batch dimension)``.
+    """
+
+    def __init__(
+        self,
+        parts: list[tuple[str, torch.Tensor, int]],
+        structure: dict[str, object] | None = None,
+    ) -> None:
         self.parts = parts  # (label, tensor, batch dim)
+        self.structure = structure if structure is not None else {}
+
+
+def _span(rows: Sequence[int]) -> int | None:
+    """The first row when ``rows`` are consecutive and ascending, else None."""
+    first = rows[0]
+    if all(r == first + i for i, r in enumerate(rows)):
+        return first
+    return None
+
+
+def _blank_like(x: torch.Tensor) -> torch.Tensor:
+    """A new tensor with ``x``'s sizes, strides and storage offset (so its alignment too)."""
+    import torch
+
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    extent = 1 + sum((s - 1) * st for s, st in zip(x.shape, x.stride()))
+    buf = torch.empty(x.storage_offset() + extent, dtype=x.dtype, device=x.device)
+    return buf.as_strided(x.shape, x.stride(), x.storage_offset())
+
+
+def _copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` where ``dst`` may repeat elements along stride-0 dimensions."""
+    for k in range(dst.dim()):
+        if dst.stride(k) == 0 and dst.shape[k] > 1:
+            dst, src = dst.narrow(k, 0, 1), src.narrow(k, 0, 1)
+    dst.copy_(src)
+
+
+def same_layout(x: torch.Tensor, like: torch.Tensor | None = None) -> torch.Tensor:
+    """A copy of ``x`` laid out as ``like`` (default ``x``): sizes, strides, storage offset."""
+    dst = _blank_like(like if like is not None else x)
+    _copy_into(dst, x.detach())
+    return dst
+
+
+def _check_layout(x: object, what: str) -> None:
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        return
+    if x.is_nested:
+        raise TypeError(f"assert_batch_invariant: not supported: nested {what}")
+    if x.layout != torch.strided:
+        kind = "sparse" if x.is_sparse or "sparse" in str(x.layout) else str(x.layout)
+        raise TypeError(f"assert_batch_invariant: not supported: {kind} {what}")
+
+
+class Inputs:
+    """Private copies of the batched inputs, in the inputs' own memory layout.
+
+    A sub-batch of consecutive rows is a view of the copy: the same strides,
+    memory format and addresses as those rows have in the full batch, as a
+    user slicing ``x[i:i + 1]`` gets. Other selections (the batch permuted)
+    are gathered into a tensor with the input's strides. A copy that ``fn``
+    wrote in place is refreshed before the next run.
+    """
+
+    def __init__(self, inputs: Sequence[object], dims: Sequence[int | None]) -> None:
+        import torch
+
+        self.inputs = list(inputs)
+        self.dims = list(dims)
+        self.copies: list[torch.Tensor | None] = []
+        self.versions: list[int] = []
+        for i, (x, d) in enumerate(zip(inputs, dims)):
+            if d is None or not isinstance(x, torch.Tensor):
+                self.copies.append(None)
+                self.versions.append(0)
+                continue
+            _check_layout(x, f"input {i}")
+            try:
+                copy = same_layout(x)
+            except RuntimeError:  # a layout with overlaps that strides alone cannot rebuild
+                copy = x.detach().clone()
+            self.copies.append(copy)
+            self.versions.append(copy._version)
+
+    def refresh(self) -> None:
+        """Rewrite every copy that a run wrote in place."""
+        for i, copy in enumerate(self.copies):
+            if copy is not None and copy._version != self.versions[i]:
+                x = self.inputs[i]
+                _copy_into(copy, x.detach())  # type: ignore[union-attr]
+                self.versions[i] = copy._version
+
+    def select(self, rows: Sequence[int] | None) -> list[object]:
+        """The arguments of one run: batched inputs selected as detached leaves."""
+        args: list[object] = []
+        for x, d, copy in zip(self.inputs, self.dims, self.copies):
+            if copy is None or d is None:
+                args.append(x)
+                continue
+            y = take_rows(copy, d, rows)
+            if y is copy:
+                y = copy.detach()
+            if x.requires_grad:  # type: ignore[attr-defined]
+                y.requires_grad_(True)
+            args.append(y)
+        return args
+
+
+def take_rows(x: torch.Tensor, d: int, rows: Sequence[int] | None) -> torch.Tensor:
+    """``rows`` of ``x`` along ``d`` in ``x``'s own layout (a view for consecutive rows)."""
+    import torch
+
+    x = x.detach()
+    if rows is None:
+        return x
+    first = _span(rows)
+    if first is not None:
+        return x.narrow(d, first, len(rows))
+    index = torch.tensor(list(rows), dtype=torch.long, device=x.device)
+    gathered = x.index_select(d, index)
+    try:
+        return same_layout(gathered, x.narrow(d, 0, len(rows)))
+    except RuntimeError:
+        return gathered
 
 
 def select_rows(x: torch.Tensor, d: int, rows: Sequence[int]) -> torch.Tensor:
-    """A detached copy of ``rows`` of ``x`` along ``d``, in that order."""
-    import torch
-
-    index = torch.tensor(list(rows), dtype=torch.long, device=x.device)
-    return x.detach().index_select(d, index)
+    """``rows`` of ``x`` along ``d``, in that order (a view for consecutive rows)."""
+    return take_rows(x, d, rows)
 
 
 def prepare(
     inputs: Sequence[object], dims: Sequence[int | None], rows: Sequence[int] | None
 ) -> list[object]:
-    """The inputs of one run: batched ones selected (detached leaves), others as given."""
+    """The inputs of one run: batched ones selected in their own layout (detached leaves)."""
+    return Inputs(inputs, dims).select(rows)
+
+
+def _modules(fn: object) -> list[Any]:
+    """The ``nn.Module`` objects ``fn`` can reach directly: itself, its closure, its globals."""
     import torch
 
-    prepared: list[object] = []
-    for x, d in zip(inputs, dims):
-        if d is None:
-            prepared.append(x)
-            continue
-        assert isinstance(x, torch.Tensor)
-        y = x.detach().clone() if rows is None else select_rows(x, d, rows)
-        if x.requires_grad:
-            y.requires_grad_(True)
-        prepared.append(y)
-    return prepared
+    found: dict[int, Any] = {}
+    seen: set[int] = set()
+
+    def visit(obj: object, depth: int) -> None:
+        if id(obj) in seen or depth > 3:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, torch.nn.Module):
+            found[id(obj)] = obj
+            return
+        inner = getattr(obj, "__self__", None)
+        if inner is not None:
+            visit(inner, depth + 1)
+        func = getattr(obj, "func", None)  # functools.partial
+        if func is not None:
+            visit(func, depth + 1)
+            for a in (*getattr(obj, "args", ()), *getattr(obj, "keywords", {}).values()):
+                visit(a, depth + 1)
+        for cell in getattr(obj, "__closure__", None) or ():
+            try:
+                visit(cell.cell_contents, depth + 1)
+            except ValueError:  # an empty cell
+                pass
+        code = getattr(obj, "__code__", None)
+        glob = getattr(obj, "__globals__", None)
+        if code is not None and isinstance(glob, dict):
+            for name in code.co_names:
+                value = glob.get(name)
+                if isinstance(value, torch.nn.Module):
+                    found[id(value)] = value
+        for default in getattr(obj, "__defaults__", None) or ():
+            visit(default, depth + 1)
+
+    visit(fn, 0)
+    return list(found.values())
 
 
-def outputs_of(result: object, out_dim: int, n: int) -> list[tuple[str, torch.Tensor]]:
-    """The output tensors of one call with their paths; None leaves are skipped."""
+class State:
+    """What every run starts from: the global RNGs, the modules' buffers and modes, the inputs.
+
+    :meth:`restore` puts back what the previous run changed: the RNGs
+    always (cheaply), a buffer (BatchNorm's running statistics and
+    ``num_batches_tracked``) only when its version moved, a module's
+    ``training`` flag when it was switched.
+    """
+
+    def __init__(self, fn: object, inputs: Inputs | None = None) -> None:
+        import random
+        import sys
+
+        import torch
+
+        self.inputs = inputs
+        self._torch = torch.default_generator.get_state()
+        self._cuda = (
+            torch.cuda.get_rng_state_all()
+            if torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+            else None
+        )
+        self._python = random.getstate()
+        np = sys.modules.get("numpy")
+        self._numpy = np.random.get_state() if np is not None else None
+        self._buffers: list[tuple[Any, str, torch.Tensor, int, torch.Tensor]] = []
+        self._modes: list[tuple[Any, bool]] = []
+        for module in _modules(fn):
+            for sub in module.modules():
+                self._modes.append((sub, sub.training))
+                for name, buf in sub._buffers.items():
+                    if buf is not None:
+                        self._buffers.append((sub, name, buf, buf._version, buf.detach().clone()))
+
+    def restore(self) -> None:
+        """Put the RNGs, the modules' buffers and modes and the inputs back."""
+        import random
+        import sys
+
+        import torch
+
+        torch.default_generator.set_state(self._torch)
+        if self._cuda is not None:
+            torch.cuda.set_rng_state_all(self._cuda)
+        random.setstate(self._python)
+        if self._numpy is not None:
+            sys.modules["numpy"].random.set_state(self._numpy)
+        for i, (module, name, buf, version, saved) in enumerate(self._buffers):
+            if module._buffers.get(name) is not buf:
+                module._buffers[name] = buf
+            if buf._version != version:
+                with torch.no_grad():
+                    buf.copy_(saved)
+                self._buffers[i] = (module, name, buf, buf._version, saved)
+        for module, training in self._modes:
+            if module.training != training:
+                module.train(training)
+        if self.inputs is not None:
+            self.inputs.refresh()
+
+
+def _signature(leaf: torch.Tensor, out_dim: int, n: int) -> tuple[str, tuple[int, ...]]:
+    shape = list(leaf.shape)
+    if leaf.dim() > out_dim and shape[out_dim] == n:
+        shape[out_dim] = -1  # the batch
+    return (str(leaf.dtype), tuple(shape))
+
+
+def outputs_of(
+    result: object, out_dim: int, n: int, structure: dict[str, object] | None = None
+) -> list[tuple[str, torch.Tensor]]:
+    """The output tensors of one call with their paths; None leaves are skipped.
+
+    Without ``structure`` (the full batch), an output that is not a tensor
+    batched along ``out_dim`` is an error. With it (a sub-batch), every
+    leaf's signature is written there and the leaves without ``n`` rows are
+    left out: their difference from the full batch's is a failure, not an error.
+    """
     import torch
 
     found: list[tuple[str, torch.Tensor]] = []
     for path, leaf in _tree.leaves(result, "output"):
         if leaf is None:
+            if structure is not None:
+                structure[path] = None
             continue  # an absent optional output (attention weights not asked for)
         if not isinstance(leaf, torch.Tensor):
             raise TypeError(
                 f"assert_batch_invariant: {path} is a {type(leaf).__name__}, not a tensor: fn "
                 "must return tensors (or containers of them) batched along out_dim"
             )
-        if leaf.dim() <= out_dim or leaf.shape[out_dim] != n:
+        _check_layout(leaf, f"output `{path}`")
+        batched = leaf.dim() > out_dim and leaf.shape[out_dim] == n
+        if structure is not None:
+            structure[path] = _signature(leaf, out_dim, n)
+            if batched:
+                found.append((path, leaf))
+            continue
+        if not batched:
             raise ValueError(
                 f"assert_batch_invariant: {path} has shape {list(leaf.shape)}, which has no "
                 f"batch dimension {out_dim} of size {n}; return per-row results (a loss "
                 "reduced over the batch cannot be compared row by row)"
             )
         found.append((path, leaf))
-    if not found:
+    if not found and structure is None:
         raise ValueError("assert_batch_invariant: fn returned no tensor")
     return found
 
 
-def upstream_grads(outputs: Sequence[torch.Tensor], seed: int) -> list[torch.Tensor]:
-    """Seeded random upstream gradients, one per output (``seed + i`` for output ``i``)."""
+def upstream_grads(outputs: Sequence[torch.Tensor], seed: int) -> list[torch.Tensor | None]:
+    """Seeded random upstream gradients, one per output (``seed + i`` for output ``i``).
+
+    Integer and bool outputs take no part in backward: their entry is None.
+    """
     import torch
 
-    grads = []
+    grads: list[torch.Tensor | None] = []
     for i, out in enumerate(outputs):
+        if not (out.is_floating_point() or out.is_complex()):
+            grads.append(None)
+            continue
         gen = torch.Generator(device=out.device)
         gen.manual_seed(seed + i)
         grads.append(torch.randn(out.shape, dtype=out.dtype, device=out.device, generator=gen))
@@ -163,33 +407,48 @@ class Plan:
     out_dim: int
     backward: bool
     seed: int
+    copies: Inputs | None = None
+
+    def batched(self) -> Inputs:
+        """The private copies of the batched inputs (made on first use)."""
+        if self.copies is None:
+            self.copies = Inputs(self.inputs, self.dims)
+        return self.copies
+
+
+Grads = list["torch.Tensor | None"]
 
 
 def arguments(
-    plan: Plan, rows: Sequence[int] | None, grads: list[torch.Tensor] | None
-) -> tuple[list[object], list[torch.Tensor] | None]:
+    plan: Plan, rows: Sequence[int] | None, grads: Grads | None
+) -> tuple[list[object], Grads | None]:
     """The arguments of one run and its upstream gradients (rows of the full batch's)."""
-    args = prepare(plan.inputs, plan.dims, rows)
+    args = plan.batched().select(rows)
     upstream = None
     if plan.backward and grads is not None:
-        upstream = grads if rows is None else [select_rows(g, plan.out_dim, rows) for g in grads]
+        upstream = (
+            grads
+            if rows is None
+            else [None if g is None else take_rows(g, plan.out_dim, rows) for g in grads]
+        )
     return args, upstream
 
 
 def call(
     plan: Plan,
     rows: Sequence[int] | None,
-    grads: list[torch.Tensor] | None,
+    grads: Grads | None,
     watch: Any = None,
-    prepared: tuple[list[object], list[torch.Tensor] | None] | None = None,
-) -> tuple[Run, list[torch.Tensor] | None]:
+    prepared: tuple[list[object], Grads | None] | None = None,
+) -> tuple[Run, Grads | None]:
     """Run ``fn`` on ``rows`` of the batch (None: the whole batch) and collect its parts.
 
     ``grads`` are the full batch's upstream gradients; a sub-batch uses their rows.
     The whole batch draws them (seeded) when the plan asks for a backward check
     and none are given. Returns the run and the upstream gradients used (None:
     no backward). Only ``fn`` and its backward run inside ``watch`` (a context
-    manager such as an op recorder); selecting the rows happens outside it,
+    manager such as an op recorder; its ``backward_starts()`` is called, where
+    it has one, between the two); selecting the rows happens outside it,
     or before, in :func:`arguments` (``prepared``).
     """
     import contextlib
@@ -198,22 +457,30 @@ def call(
 
     args, upstream = prepared if prepared is not None else arguments(plan, rows, grads)
     n = plan.n if rows is None else len(rows)
+    structure: dict[str, object] = {}
     with watch if watch is not None else contextlib.nullcontext():
         result = plan.fn(*args)
-        outs = outputs_of(result, plan.out_dim, n)
+        outs = outputs_of(result, plan.out_dim, n, structure)
+        if rows is None:
+            outputs_of(result, plan.out_dim, n)  # the full batch's outputs must be batched
         parts = [(label, t.detach(), plan.out_dim) for label, t in outs]
         if plan.backward and grads is None and rows is None:
             with torch.utils._python_dispatch._disable_current_modes():
                 grads = upstream = upstream_grads([t for _, t in outs], plan.seed)
         used = None
-        if upstream is not None:
+        if upstream is not None and len(upstream) == len(outs):
             wrt = [
                 (i, a, d)
                 for i, (a, d) in enumerate(zip(args, plan.dims))
                 if d is not None and isinstance(a, torch.Tensor) and a.requires_grad
             ]
-            diff = [(t, g) for (_, t), g in zip(outs, upstream) if differentiable(t)]
+            diff = [
+                (t, g) for (_, t), g in zip(outs, upstream) if g is not None and differentiable(t)
+            ]
             if wrt and diff:
+                mark = getattr(watch, "backward_starts", None)
+                if mark is not None:
+                    mark()
                 got = torch.autograd.grad(
                     [t for t, _ in diff],
                     [a for _, a, _ in wrt],
@@ -224,7 +491,7 @@ def call(
                 for (i, _, d), g in zip(wrt, got):
                     if g is not None:
                         parts.append((f"grad of input {i}", g, d))
-    return Run(parts), used
+    return Run(parts, structure), used
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
