@@ -458,16 +458,17 @@ def call(
     args, upstream = prepared if prepared is not None else arguments(plan, rows, grads)
     n = plan.n if rows is None else len(rows)
     structure: dict[str, object] = {}
+    got: Sequence[torch.Tensor | None] = ()
+    wrt: list[tuple[int, torch.Tensor, int]] = []
+    used = None
     with watch if watch is not None else contextlib.nullcontext():
         result = plan.fn(*args)
-        outs = outputs_of(result, plan.out_dim, n, structure)
         if rows is None:
             outputs_of(result, plan.out_dim, n)  # the full batch's outputs must be batched
-        parts = [(label, t.detach(), plan.out_dim) for label, t in outs]
+        outs = outputs_of(result, plan.out_dim, n, structure)
         if plan.backward and grads is None and rows is None:
             with torch.utils._python_dispatch._disable_current_modes():
                 grads = upstream = upstream_grads([t for _, t in outs], plan.seed)
-        used = None
         if upstream is not None and len(upstream) == len(outs):
             wrt = [
                 (i, a, d)
@@ -488,9 +489,11 @@ def call(
                     allow_unused=True,
                 )
                 used = grads
-                for (i, _, d), g in zip(wrt, got):
-                    if g is not None:
-                        parts.append((f"grad of input {i}", g, d))
+    # Detached outside ``watch``: the check's own ops are not the function's.
+    parts = [(label, t.detach(), plan.out_dim) for label, t in outs]
+    for (i, _, d), g in zip(wrt, got):
+        if g is not None:
+            parts.append((f"grad of input {i}", g, d))
     return Run(parts, structure), used
 
 
