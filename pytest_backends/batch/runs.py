@@ -266,10 +266,10 @@ def _modules(fn: object) -> list[Any]:
 class State:
     """What every run starts from: the global RNGs, the modules' buffers and modes, the inputs.
 
-    :meth:`restore` puts back what the previous run changed: the RNGs
-    always (cheaply), a buffer (BatchNorm's running statistics and
-    ``num_batches_tracked``) only when its version moved, a module's
-    ``training`` flag when it was switched.
+    :meth:`restore` puts back what the previous run changed: the RNGs, the
+    buffers (BatchNorm's running statistics and ``num_batches_tracked``), a
+    module's ``training`` flag when it was switched, an input copy that a
+    run wrote in place.
     """
 
     def __init__(self, fn: object, inputs: Inputs | None = None) -> None:
@@ -310,13 +310,14 @@ class State:
         random.setstate(self._python)
         if self._numpy is not None:
             sys.modules["numpy"].random.set_state(self._numpy)
-        for i, (module, name, buf, version, saved) in enumerate(self._buffers):
-            if module._buffers.get(name) is not buf:
-                module._buffers[name] = buf
-            if buf._version != version:
-                with torch.no_grad():
+        if self._buffers:
+            # Always copied back: kernels such as native_batch_norm update running
+            # statistics in place without moving the tensor's version.
+            with torch.no_grad():
+                for module, name, buf, _, saved in self._buffers:
+                    if module._buffers.get(name) is not buf:
+                        module._buffers[name] = buf
                     buf.copy_(saved)
-                self._buffers[i] = (module, name, buf, buf._version, saved)
         for module, training in self._modes:
             if module.training != training:
                 module.train(training)
@@ -490,11 +491,24 @@ def call(
                 )
                 used = grads
     # Detached outside ``watch``: the check's own ops are not the function's.
-    parts = [(label, t.detach(), plan.out_dim) for label, t in outs]
+    # An output that is an input's memory (fn wrote it in place) is copied: the input
+    # copy is rewritten before the next run.
+    held = {_storage(a) for a in args if isinstance(a, torch.Tensor)}
+    parts = [
+        (label, t.detach().clone() if _storage(t) in held else t.detach(), plan.out_dim)
+        for label, t in outs
+    ]
     for (i, _, d), g in zip(wrt, got):
         if g is not None:
             parts.append((f"grad of input {i}", g, d))
     return Run(parts, structure), used
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # no storage (a tensor subclass)
+        return -1
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
