@@ -127,7 +127,9 @@ def _check(model: torch.nn.Module, x: torch.Tensor, **kwargs: object) -> Callabl
     return run
 
 
-def _rounds(variants: dict[str, Callable[[], None]], rounds: int, inner: int) -> dict[str, list[float]]:
+def _rounds(
+    variants: dict[str, Callable[[], None]], rounds: int, inner: int
+) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {name: [] for name in variants}
     for fn in variants.values():
         fn()
@@ -181,7 +183,9 @@ def cost(rounds: int) -> list[str]:
             )
         )
         for anchor in ("row-wise same calls", "row-wise full + every row"):
-            lines.append(f"  LayerNorm/tanh {width} {anchor:<26} {min(times[anchor]) * 1e3:7.3f} ms")
+            lines.append(
+                f"  LayerNorm/tanh {width} {anchor:<26} {min(times[anchor]) * 1e3:7.3f} ms"
+            )
         lines.append(
             _line(
                 f"LayerNorm/tanh {width} check (bitwise)",

@@ -231,7 +231,8 @@ def _structure(full: Run, sub: Run) -> str | None:
     def show(sig: object) -> str:
         if sig is None:
             return "None"
-        dtype, shape = sig  # type: ignore[misc]
+        assert isinstance(sig, tuple)
+        dtype, shape = str(sig[0]), tuple(sig[1])
         dims = ", ".join("batch" if s == -1 else str(s) for s in shape)
         return f"{dtype.replace('torch.', '')} [{dims}]"
 

@@ -204,10 +204,8 @@ class RowRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return kept
 
     def _remember(self, t: torch.Tensor, kept: torch.Tensor | _Ref) -> None:
-        try:
+        with contextlib.suppress(TypeError):  # not weakly referenceable
             self._seen[id(t)] = (weakref.ref(t), t._version, kept)
-        except TypeError:  # not weakly referenceable
-            pass
 
     def __torch_dispatch__(
         self,
@@ -457,8 +455,7 @@ def compare_ops(
         if not batched_input:
             continue  # no batch rows in: nothing to blame, no verdict
         scalars_equal = len(a.scalars) == len(b.scalars) and all(
-            na == nb and _equal_scalars(va, vb)
-            for (na, va), (nb, vb) in zip(a.scalars, b.scalars)
+            na == nb and _equal_scalars(va, vb) for (na, va), (nb, vb) in zip(a.scalars, b.scalars)
         )
         # An output that is not batched although an input is: a reduction over the batch.
         # With proven-equal inputs it mixes rows where its value differs; with inputs

@@ -7,6 +7,7 @@ module does not import torch; its functions do.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -171,10 +172,13 @@ class Inputs:
 
     def refresh(self) -> None:
         """Rewrite every copy that a run wrote in place."""
+        import torch
+
         for i, copy in enumerate(self.copies):
             if copy is not None and copy._version != self.versions[i]:
                 x = self.inputs[i]
-                _copy_into(copy, x.detach())  # type: ignore[union-attr]
+                assert isinstance(x, torch.Tensor)
+                _copy_into(copy, x.detach())
                 self.versions[i] = copy._version
 
     def select(self, rows: Sequence[int] | None) -> list[object]:
@@ -246,10 +250,8 @@ def _modules(fn: object) -> list[Any]:
             for a in (*getattr(obj, "args", ()), *getattr(obj, "keywords", {}).values()):
                 visit(a, depth + 1)
         for cell in getattr(obj, "__closure__", None) or ():
-            try:
+            with contextlib.suppress(ValueError):  # an empty cell
                 visit(cell.cell_contents, depth + 1)
-            except ValueError:  # an empty cell
-                pass
         code = getattr(obj, "__code__", None)
         glob = getattr(obj, "__globals__", None)
         if code is not None and isinstance(glob, dict):
@@ -476,8 +478,6 @@ def call(
     it has one, between the two); selecting the rows happens outside it,
     or before, in :func:`arguments` (``prepared``).
     """
-    import contextlib
-
     import torch
 
     args, upstream = prepared if prepared is not None else arguments(plan, rows, grads)

@@ -195,7 +195,7 @@ def _wrap(out: Any, kind: str) -> Any:
 
 
 @st.composite
-def cases(draw: Any) -> Case:  # noqa: C901 - one vocabulary, one place
+def cases(draw: Any) -> Case:
     """A generated function, its inputs and their batch dims."""
     n = draw(st.integers(2, 64), label="batch")
     seed = draw(st.integers(0, 2**16), label="seed")

@@ -322,7 +322,9 @@ def test_new_op_behind_an_accepted_one():
             }
         )
     )
-    behind = pytester.runpytest_subprocess(f"--backends-batch-baseline={baseline}", "test_behind.py")
+    behind = pytester.runpytest_subprocess(
+        f"--backends-batch-baseline={baseline}", "test_behind.py"
+    )
     behind.assert_outcomes(failed=1)
     behind.stdout.fnmatch_lines(
         [

@@ -173,7 +173,9 @@ def test_outputs_whose_structure_differs_between_batch_sizes_fail() -> None:
     ],
 )
 def test_sparse_outputs_are_refused_clearly(fn: Any, what: str) -> None:
-    with pytest.raises(TypeError, match=f"not supported: {what.replace('[', '.').replace(']', '.')}"):
+    with pytest.raises(
+        TypeError, match=f"not supported: {what.replace('[', '.').replace(']', '.')}"
+    ):
         assert_batch_invariant(fn, torch.randn(8, 4), backward=False)
 
 
