@@ -236,6 +236,8 @@ def _structure(full: Run, sub: Run) -> str | None:
         dims = ", ".join("batch" if s == -1 else str(s) for s in shape)
         return f"{dtype.replace('torch.', '')} [{dims}]"
 
+    if full.structure == sub.structure:
+        return None
     for path in [*full.structure, *(p for p in sub.structure if p not in full.structure)]:
         a, b = full.structure.get(path, "absent"), sub.structure.get(path, "absent")
         if a != b:

@@ -54,6 +54,22 @@ def sub_batches(
     Each size below ``n`` is taken at offsets 0, the middle and the end (or
     at ``offsets``); with ``permute``, the whole batch in a seeded order.
     """
+    key = (n, tuple(sizes), None if offsets is None else tuple(offsets), permute, seed)
+    cached = _CASES.get(key)
+    if cached is None:
+        cached = _sub_batches(n, sizes, offsets, permute, seed)
+        if len(_CASES) > 256:
+            _CASES.clear()
+        _CASES[key] = cached
+    return list(cached)
+
+
+_CASES: dict[tuple[Any, ...], list[Case]] = {}
+
+
+def _sub_batches(
+    n: int, sizes: Sequence[int], offsets: Sequence[int] | None, permute: bool, seed: int
+) -> list[Case]:
     cases: list[Case] = []
     for size in sizes:
         if size >= n:
@@ -488,9 +504,12 @@ def call(
     used = None
     with watch if watch is not None else contextlib.nullcontext():
         result = plan.fn(*args)
-        if rows is None:
-            outputs_of(result, plan.out_dim, n)  # the full batch's outputs must be batched
-        outs = outputs_of(result, plan.out_dim, n, structure)
+        if rows is None:  # the full batch's outputs must be batched tensors
+            outs = outputs_of(result, plan.out_dim, n)
+            for path, leaf in _tree.leaves(result, "output"):
+                structure[path] = None if leaf is None else _signature(leaf, plan.out_dim, n)
+        else:
+            outs = outputs_of(result, plan.out_dim, n, structure)
         if plan.backward and grads is None and rows is None:
             with torch.utils._python_dispatch._disable_current_modes():
                 grads = upstream = upstream_grads([t for _, t in outs], plan.seed)
