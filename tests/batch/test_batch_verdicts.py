@@ -288,3 +288,28 @@ def test_ops_without_batch_rows_are_never_blamed() -> None:
     finding = info.value.finding
     assert finding is not None and finding.kind == "scalar" and finding.key() is None
     assert "its argument `other` is 8 in the full batch and 1 in the sub-batch" in str(info.value)
+
+
+def test_the_op_recording_is_bounded_and_shares_copies() -> None:
+    from pytest_backends.batch.locate import RowRecorder, compare_ops, record
+    from pytest_backends.batch.runs import Plan
+
+    x = torch.randn(8, 256)
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(torch.tanh(torch.tanh(t)))
+
+    recorder = RowRecorder()
+    y = x.clone()
+    with recorder:
+        fn(y)
+    # Each intermediate is copied once: as one op's output and the next op's input.
+    assert recorder.kept == 4 * x.numel() * x.element_size()
+    small = RowRecorder(limit=x.numel() * x.element_size())
+    with small:
+        fn(y)
+    assert small.dropped_after is not None and small.ops[-1].dropped
+    plan = Plan(fn, (x,), [0], 8, 0, False, 0)
+    full, sub = record(plan, None, None), record(plan, (0,), None)
+    verdicts, _ = compare_ops(full, sub, 8, (0,), "row 0 alone")
+    assert verdicts[("aten::tanh", "cpu", "float32")] == "no_difference"
