@@ -268,11 +268,10 @@ def _compare(
                 False if isinstance(tol, tuple) else None,
             )
         ]
-    full_parts = {label: (t, d) for label, t, d in full.parts}
     for label, t, d in sub.parts:
-        if label not in full_parts:
+        ref = full.by_label.get(label)
+        if ref is None:
             continue
-        ref, _ = full_parts[label]
         ref_rows = take_rows(ref, d, case.rows)
         if ref_rows.shape != t.shape or ref_rows.dtype != t.dtype:
             raise AssertionError(

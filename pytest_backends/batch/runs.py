@@ -108,6 +108,7 @@ class Run:
     ) -> None:
         self.parts = parts  # (label, tensor, batch dim)
         self.structure = structure if structure is not None else {}
+        self.by_label = {label: t for label, t, _ in parts}
 
 
 def _span(rows: Sequence[int]) -> int | None:
@@ -217,9 +218,10 @@ def take_rows(x: torch.Tensor, d: int, rows: Sequence[int] | None) -> torch.Tens
     """``rows`` of ``x`` along ``d`` in ``x``'s own layout (a view for consecutive rows)."""
     import torch
 
-    x = x.detach()
+    if x.requires_grad:
+        x = x.detach()
     if rows is None:
-        return x
+        return x.detach()
     first = _span(rows)
     if first is not None:
         return x.narrow(d, first, len(rows))
@@ -387,7 +389,12 @@ def outputs_of(
     import torch
 
     found: list[tuple[str, torch.Tensor]] = []
-    for path, leaf in _tree.leaves(result, "output"):
+    leaves = (
+        [("output", result)]
+        if isinstance(result, torch.Tensor)  # the common case, without the tree walk
+        else _tree.leaves(result, "output")
+    )
+    for path, leaf in leaves:
         if leaf is None:
             if structure is not None:
                 structure[path] = None
@@ -506,8 +513,11 @@ def call(
         result = plan.fn(*args)
         if rows is None:  # the full batch's outputs must be batched tensors
             outs = outputs_of(result, plan.out_dim, n)
-            for path, leaf in _tree.leaves(result, "output"):
-                structure[path] = None if leaf is None else _signature(leaf, plan.out_dim, n)
+            if isinstance(result, torch.Tensor):
+                structure["output"] = _signature(result, plan.out_dim, n)
+            else:
+                for path, leaf in _tree.leaves(result, "output"):
+                    structure[path] = None if leaf is None else _signature(leaf, plan.out_dim, n)
         else:
             outs = outputs_of(result, plan.out_dim, n, structure)
         if plan.backward and grads is None and rows is None:
