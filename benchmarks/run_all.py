@@ -55,6 +55,16 @@ def benchmarks(quick: bool) -> list[tuple[str, list[str]]]:
             ],
         ),
         ("hook-floor", ["bench_hook_floor.py", "--out", str(RESULTS / "hook-floor-cpu.txt")]),
+        (
+            "batch-check",
+            [
+                "bench_batch_check.py",
+                "--corpus",
+                "100" if quick else "400",
+                "--out",
+                str(RESULTS / "batch-check-cpu.txt"),
+            ],
+        ),
         ("capability", ["bench_capability.py"]),
         (
             "calibration",

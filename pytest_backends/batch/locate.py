@@ -1,21 +1,30 @@
 """Find the op that breaks batch invariance.
 
 The full batch and one sub-batch are run once more under :class:`RowRecorder`,
-which keeps a copy of every op's tensor inputs and outputs. The two op
-sequences are then walked together. For each tensor the batch dimension is
-read from the shapes: the one dimension whose size is ``N * k`` in the full
-run and ``n * k`` in the sub-batch (``k > 1`` when the batch was flattened
-with another dimension, batch-major or batch-minor: both are tried); a
-tensor of the same shape in both runs is not batched. An op is blamed only
-when every tensor input it received is proven equal (its rows, for a batched
-input; its whole value otherwise) and an output row differs: its output rows
-differ for identical input rows. An op
-whose output is not batched although an input is (a reduction over the
-batch, a weight gradient) cannot be compared row by row and is not blamed;
-ops fed by it are not either. The op's source line and module path come
-from the determinism check's locator
-(:func:`pytest_backends.determinism.locate.locate`), which re-runs the
-sub-batch once more.
+which keeps a copy of every op's tensor inputs and outputs (a tensor that an
+earlier op produced and nothing wrote since is kept once) and its other
+arguments. The two op sequences are then walked together. For each tensor
+the batch dimension is read from the shapes: the one dimension whose size is
+``N * k`` in the full run and ``n * k`` in the sub-batch (``k > 1`` when the
+batch was flattened with another dimension, batch-major or batch-minor: both
+are tried); a tensor of the same shape in both runs is not batched.
+
+An op gets a verdict only when it has a batched input (its *batch rows*):
+an op without one (``torch.arange(t.shape[0])``, a weight transposed) can
+make nothing differ between rows it did not receive, so it is never blamed
+and never listed. An op is blamed only when every tensor input it received
+is proven equal (its rows, for a batched input; its whole value otherwise),
+its other arguments are equal (shape arguments excepted: they follow the
+batch size) and an output row differs: its output rows differ for
+identical input rows. An op with a batched input and an output that is not
+batched (a reduction over the batch: BatchNorm's batch statistics, a mean
+over dim 0) mixes rows by design: where that output differs and flows back
+into rows, the finding says so (kind ``"mixed"``) instead of blaming a
+later kernel. An op whose tensor inputs are equal but whose other argument
+differs (``x / x.shape[0]``) is named too (kind ``"scalar"``), unblamed.
+The op's source line and module path come from the determinism check's
+locator (:func:`pytest_backends.determinism.locate.locate`), which re-runs
+the sub-batch once more.
 
 Importing this module imports torch.
 """
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -64,13 +74,31 @@ class _Op:
     dtype: str | None
     inputs: list[torch.Tensor | _Ref]
     outputs: list[torch.Tensor | _Ref]
+    #: Non-tensor arguments compared between runs: (name, value).
+    scalars: tuple[tuple[str, object], ...] = ()
+    #: Storage addresses of the tensor inputs and outputs (to follow data between ops).
+    in_ptrs: tuple[int, ...] = ()
+    out_ptrs: tuple[int, ...] = ()
+    #: Not recorded (the recording reached its memory limit): proves nothing.
+    dropped: bool = False
 
 
 @dataclass
 class OpLog:
-    """The ops of one run, in order, with copies of their tensor inputs and outputs."""
+    """The ops of one run, in order, with copies of their tensor inputs and outputs.
+
+    ``backward_at`` is the index of the first op of the backward pass (None:
+    no backward); ``dropped_after`` the bytes kept when the recording stopped
+    keeping copies (None: it never did).
+    """
 
     ops: list[_Op]
+    backward_at: int | None = None
+    dropped_after: int | None = None
+
+
+#: The most bytes of tensor copies one recorded run keeps; ops past it prove nothing.
+RECORD_LIMIT_BYTES = 1 << 30
 
 
 def _tensors(value: object) -> list[torch.Tensor]:
@@ -92,13 +120,6 @@ class _Ref:
         self.version = tensor._version
 
 
-def _keep(t: torch.Tensor) -> torch.Tensor | _Ref:
-    base = t._base if t._base is not None else t
-    if isinstance(base, torch.nn.Parameter):
-        return _Ref(t)
-    return t.detach().clone()
-
-
 def _resolve(value: torch.Tensor | _Ref) -> torch.Tensor | None:
     """The recorded value, or None when a kept reference was written since."""
     if isinstance(value, _Ref):
@@ -106,12 +127,85 @@ def _resolve(value: torch.Tensor | _Ref) -> torch.Tensor | None:
     return value
 
 
-class RowRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Records every op with detached copies of its tensor inputs and outputs."""
+# Argument types whose values follow the batch size (shapes, sizes, indices, dims).
+_SHAPE_TYPES = frozenset({"int", "List[int]", "Optional[int]", "Optional[List[int]]"})
+_SCHEMAS: dict[Any, list[tuple[str, bool, bool]]] = {}
 
-    def __init__(self) -> None:
+
+def _schema(func: Any) -> list[tuple[str, bool, bool]]:
+    """(name, keyword-only, compared) per argument of ``func``'s schema, cached."""
+    got = _SCHEMAS.get(func)
+    if got is None:
+        try:
+            got = [
+                (a.name, a.kwarg_only, str(a.type) not in _SHAPE_TYPES)
+                for a in func._schema.arguments
+            ]
+        except AttributeError:
+            got = []
+        _SCHEMAS[func] = got
+    return got
+
+
+def _scalars(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    out = []
+    positional = [a for a in _schema(func) if not a[1]]
+    for (name, _, compared), value in zip(positional, args):
+        if compared and not _tensors(value if isinstance(value, (list, tuple)) else [value]):
+            out.append((name, value))
+    wanted = {name for name, _, compared in _schema(func) if compared}
+    for name, value in kwargs.items():
+        if name in wanted and not isinstance(value, torch.Tensor):
+            out.append((name, value))
+    return tuple(out)
+
+
+def _ptr(t: torch.Tensor) -> int:
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # a tensor without storage
+        return 0
+
+
+class RowRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Records every op with detached copies of its tensor inputs and outputs.
+
+    An input that an earlier op output (the same tensor, not written since)
+    reuses that copy. Past ``limit`` bytes of copies, ops are recorded
+    without them (they prove nothing).
+    """
+
+    def __init__(self, limit: int = RECORD_LIMIT_BYTES) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.ops: list[_Op] = []
+        self.backward_at: int | None = None
+        self.limit = limit
+        self.kept = 0
+        self.dropped_after: int | None = None
+        # id(tensor) -> (weak reference, version, copy) of the outputs seen so far
+        self._seen: dict[int, tuple[Any, int, torch.Tensor | _Ref]] = {}
+
+    def backward_starts(self) -> None:
+        """Mark the next op as the first of the backward pass."""
+        self.backward_at = len(self.ops)
+
+    def _keep(self, t: torch.Tensor) -> torch.Tensor | _Ref:
+        seen = self._seen.get(id(t))
+        if seen is not None and seen[0]() is t and seen[1] == t._version:
+            return seen[2]
+        base = t._base if t._base is not None else t
+        kept: torch.Tensor | _Ref
+        if isinstance(base, torch.nn.Parameter):
+            kept = _Ref(t)
+        else:
+            kept = t.detach().clone()
+            self.kept += kept.numel() * kept.element_size()
+        self._remember(t, kept)
+        return kept
+
+    def _remember(self, t: torch.Tensor, kept: torch.Tensor | _Ref) -> None:
+        with contextlib.suppress(TypeError):  # not weakly referenceable
+            self._seen[id(t)] = (weakref.ref(t), t._version, kept)
 
     def __torch_dispatch__(
         self,
@@ -121,10 +215,15 @@ class RowRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        ins = [_keep(t) for t in _tensors([list(args), kwargs])]
+        tensors_in = _tensors([list(args), kwargs])
+        dropped = self.dropped_after is not None or self.kept > self.limit
+        if dropped and self.dropped_after is None:
+            self.dropped_after = self.kept
+        ins = [] if dropped else [self._keep(t) for t in tensors_in]
         out = func(*args, **kwargs)
-        outs = [_keep(t) for t in _tensors(out)]
-        first = _tensors([list(args), kwargs]) or _tensors(out)
+        tensors_out = _tensors(out)
+        outs = [] if dropped else [self._keep(t) for t in tensors_out]
+        first = tensors_in or tensors_out
         ref = first[0] if first else None
         self.ops.append(
             _Op(
@@ -133,12 +232,18 @@ class RowRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 str(ref.dtype).replace("torch.", "", 1) if ref is not None else None,
                 ins,
                 outs,
+                _scalars(func, args, kwargs),
+                tuple(_ptr(t) for t in tensors_in),
+                tuple(_ptr(t) for t in tensors_out),
+                dropped,
             )
         )
         return out
 
 
-def record(plan: Plan, rows: Sequence[int] | None, grads: list[torch.Tensor] | None) -> OpLog:
+def record(
+    plan: Plan, rows: Sequence[int] | None, grads: list[torch.Tensor | None] | None
+) -> OpLog:
     """The ops of one run of the plan (forward, and backward where ``grads`` are given)."""
     from pytest_backends.batch.runs import call
 
@@ -147,7 +252,7 @@ def record(plan: Plan, rows: Sequence[int] | None, grads: list[torch.Tensor] | N
     # The ops recorded before fn raised are still compared.
     with contextlib.suppress(Exception):
         call(plan, rows, grads, recorder)
-    return OpLog(recorder.ops)
+    return OpLog(recorder.ops, recorder.backward_at, recorder.dropped_after)
 
 
 @dataclass(frozen=True)
@@ -155,9 +260,12 @@ class Finding:
     """What the op-by-op comparison found for one sub-batch.
 
     ``kind``: ``"op"`` (``op`` gave different output rows for identical input
-    rows), ``"sequence"`` (the runs called different ops from ``op_index``
-    on: control flow depends on the batch size) or ``"none"`` (no op could be
-    blamed; ``reason`` says why).
+    rows), ``"mixed"`` (``op`` reduces over the batch, so every row depends
+    on the others: the function's design, not a kernel), ``"scalar"``
+    (``op``'s tensor inputs were equal but a non-tensor argument, a value
+    computed from the batch size, was not), ``"sequence"`` (the runs called
+    different ops from ``op_index`` on: control flow depends on the batch
+    size) or ``"none"`` (no op could be blamed; ``reason`` says why).
     """
 
     kind: str
@@ -170,6 +278,12 @@ class Finding:
     location: Location | None = None
     reason: str = ""
 
+    def key(self) -> tuple[str, str | None, str | None] | None:
+        """``(op, device, dtype)`` of a blamed op (kind ``"op"``), else None."""
+        if self.kind != "op" or self.op is None:
+            return None
+        return (self.op, self.device, self.dtype)
+
     def describe(self) -> str:
         """A sentence for a failure message."""
         where = ", ".join(x for x in (self.device, self.dtype) if x)
@@ -180,6 +294,22 @@ class Finding:
                 f"first batch-variant op: {self.op}{where}{at}: its output rows differ between "
                 f"the full batch and {self.case} for identical input rows (op #{self.op_index} "
                 "of the run)"
+            )
+        if self.kind == "mixed":
+            module = ""
+            if self.location is not None and self.location.module:
+                module = f" in module `{self.location.module}` ({self.location.module_type})"
+            return (
+                f"rows are mixed by a reduction over the batch{module}: {self.op}{where}{at} "
+                f"computes a value over all the rows it is given (op #{self.op_index} of the "
+                "run; in BatchNorm, the batch statistics of train mode), so a row's result "
+                "depends on the other rows by the function's design; no kernel is blamed"
+            )
+        if self.kind == "scalar":
+            return (
+                f"{self.op}{where}{at} got equal tensor inputs but {self.reason} between the "
+                f"full batch and {self.case} (op #{self.op_index} of the run): a value "
+                "computed from the batch size; no kernel is blamed"
             )
         if self.kind == "sequence":
             return (
@@ -250,86 +380,154 @@ def _same(
     return False if k == 1 else None
 
 
+def _equal_scalars(a: object, b: object) -> bool:
+    try:
+        if bool(a == b):
+            return True
+    except Exception:  # a value without a plain truth value
+        pass
+    return repr(a) == repr(b)
+
+
 def compare_ops(
-    full: OpLog, sub: OpLog, n: int, rows: Sequence[int], case: str
+    full: OpLog,
+    sub: OpLog,
+    n: int,
+    rows: Sequence[int],
+    case: str,
+    part: str | None = None,
 ) -> tuple[dict[tuple[str, str | None, str | None], str], Finding]:
-    """Verdicts per ``(op, device, dtype)`` and the first finding, from two recorded runs."""
+    """Verdicts per ``(op, device, dtype)`` and the finding, from two recorded runs.
+
+    Ops without a batched input get no verdict. The finding explains
+    ``part`` (an output: only the forward ops can have changed it; a
+    gradient or None: every op).
+    """
     m = len(rows)
     verdicts: dict[tuple[str, str | None, str | None], str] = {}
-    finding: Finding | None = None
     if m == n:
         reason = f"{case} has the batch's size, so rows cannot be matched through the ops' shapes"
-        for op in full.ops:
-            merge_verdict(verdicts, (op.name, op.device, op.dtype), "inconclusive", VERDICTS)
         return verdicts, Finding("none", case, reason=reason)
+    limit = len(full.ops)
+    if part is not None and not part.startswith("grad of") and full.backward_at is not None:
+        limit = full.backward_at
+    kernel: Finding | None = None
+    scalar: Finding | None = None
+    sequence: Finding | None = None
+    # Mixing reductions (index, finding, storages their outputs reach) and the mixed storages.
+    mixing: list[tuple[int, Finding]] = []
+    mixed: dict[int, int] = {}  # storage address -> index into mixing
+    relevant: set[int] = set()
     for i, (a, b) in enumerate(zip(full.ops, sub.ops)):
         key = (a.name, a.device, a.dtype)
         if a.name != b.name:
-            if finding is None:
-                finding = Finding("sequence", case, a.name, a.device, a.dtype, i, other_op=b.name)
+            if i < limit:
+                sequence = Finding("sequence", case, a.name, a.device, a.dtype, i, other_op=b.name)
             break
+        # Follow mixed data: an op fed by a mixing reduction's output carries it on.
+        sources = {mixed[p] for p in a.in_ptrs if p in mixed}
         if a.name in _UNINITIALIZED:
             continue  # not data: neither compared nor blamed
-        inputs_equal = True
+        if a.dropped or b.dropped:
+            merge_verdict(verdicts, key, "inconclusive", VERDICTS)
+            continue
+        inputs_equal = len(a.inputs) == len(b.inputs)
         batched_input = False
         for kept_x, kept_y in zip(a.inputs, b.inputs):
             x, y = _resolve(kept_x), _resolve(kept_y)
             if x is None or y is None:
                 inputs_equal = False
-                break
+                continue
             how = _batch_dim(x, y, n, m)
             if how[0] == "batched":
                 batched_input = True
-            if _same(x, y, how, rows, n) is not True:
+            if inputs_equal and _same(x, y, how, rows, n) is not True:
                 inputs_equal = False
-                break
-        if len(a.inputs) != len(b.inputs):
-            inputs_equal = False
+        outputs = []
+        for kept_x, kept_y in zip(a.outputs, b.outputs):
+            x, y = _resolve(kept_x), _resolve(kept_y)
+            if x is not None and y is not None:
+                outputs.append((x, y, _batch_dim(x, y, n, m)))
+        if sources and any(how[0] == "batched" for _, _, how in outputs):
+            relevant.update(sources)
+        for p in a.out_ptrs if sources else ():
+            mixed[p] = min(sources)
+        if not batched_input:
+            continue  # no batch rows in: nothing to blame, no verdict
+        scalars_equal = len(a.scalars) == len(b.scalars) and all(
+            na == nb and _equal_scalars(va, vb) for (na, va), (nb, vb) in zip(a.scalars, b.scalars)
+        )
+        # An output that is not batched although an input is: a reduction over the batch.
+        # With proven-equal inputs it mixes rows where its value differs; with inputs
+        # that already differ, its shape alone says it mixes them.
+        whole = [(x, y, how) for x, y, how in outputs if how[0] == "whole" and x.numel() > 0]
+        reduced = bool(whole) and (
+            not (inputs_equal and scalars_equal)
+            or any(_same(x, y, how, rows, n) is False for x, y, how in whole)
+        )
+        if reduced:
+            merge_verdict(verdicts, key, "inconclusive", VERDICTS)
+            index = len(mixing)
+            mixing.append((i, Finding("mixed", case, a.name, a.device, a.dtype, i)))
+            for p in a.out_ptrs:
+                mixed[p] = index
+            if any(how[0] == "batched" for _, _, how in outputs):
+                relevant.add(index)
+            continue
         if not inputs_equal:
             merge_verdict(verdicts, key, "inconclusive", VERDICTS)
             continue
         compared = differs = False
-        for kept_x, kept_y in zip(a.outputs, b.outputs):
-            x, y = _resolve(kept_x), _resolve(kept_y)
-            if x is None or y is None:
+        for x, y, how in outputs:
+            if how[0] == "whole":
                 continue
-            how = _batch_dim(x, y, n, m)
-            if how[0] == "whole" and batched_input:
-                continue  # a reduction over the batch: not comparable row by row
             same = _same(x, y, how, rows, n)
             if same is None:
                 continue
             compared = True
             if not same:
                 differs = True
+        if not scalars_equal:
+            merge_verdict(verdicts, key, "inconclusive", VERDICTS)
+            if differs and scalar is None and i < limit:
+                shown = next(
+                    f"its argument `{na}` is {va!r} in the full batch and {vb!r} in the sub-batch"
+                    for (na, va), (_, vb) in zip(a.scalars, b.scalars)
+                    if not _equal_scalars(va, vb)
+                )
+                scalar = Finding("scalar", case, a.name, a.device, a.dtype, i, reason=shown)
+            continue
         if differs:
             merge_verdict(verdicts, key, "batch_variant", VERDICTS)
-            if finding is None:
-                finding = Finding("op", case, a.name, a.device, a.dtype, i)
+            if kernel is None and i < limit:
+                kernel = Finding("op", case, a.name, a.device, a.dtype, i)
         else:
             merge_verdict(verdicts, key, "no_difference" if compared else "inconclusive", VERDICTS)
     else:
-        if len(full.ops) != len(sub.ops) and finding is None:
+        if len(full.ops) != len(sub.ops) and min(len(full.ops), len(sub.ops)) < limit:
             i = min(len(full.ops), len(sub.ops))
             longer = full.ops if len(full.ops) > i else sub.ops
             a_name = full.ops[i].name if len(full.ops) > i else "(end of run)"
             b_name = sub.ops[i].name if len(sub.ops) > i else "(end of run)"
-            finding = Finding(
+            sequence = Finding(
                 "sequence", case, a_name, longer[i].device, longer[i].dtype, i, other_op=b_name
             )
-    for op in full.ops:
-        verdicts.setdefault((op.name, op.device, op.dtype), "inconclusive")
+    chosen = next((f for j, (i, f) in enumerate(mixing) if j in relevant and i < limit), None)
+    finding = chosen or kernel or scalar or sequence
     if finding is None:
-        finding = Finding(
-            "none",
-            case,
-            reason=(
-                "every op whose input rows were proven equal gave equal output rows; the "
-                "difference comes from an op whose inputs could not be matched row by row "
-                "(a reduction over the batch, or a tensor whose batch dimension the shapes do "
-                "not show)"
-            ),
+        dropped = full.dropped_after if full.dropped_after is not None else sub.dropped_after
+        reason = (
+            "every op whose input rows were proven equal gave equal output rows; the "
+            "difference comes from an op whose inputs could not be matched row by row "
+            "(a reduction over the batch, or a tensor whose batch dimension the shapes do "
+            "not show)"
         )
+        if dropped is not None:
+            reason = (
+                f"the recording stopped keeping copies after {dropped / 2**20:.0f} MiB "
+                "(its memory limit); the ops after that prove nothing"
+            )
+        finding = Finding("none", case, reason=reason)
     return verdicts, finding
 
 
@@ -353,12 +551,14 @@ def with_location(finding: Finding, plan: Plan, rows: Sequence[int], grads: Any)
     return dataclasses.replace(finding, location=location)
 
 
-def find_op(plan: Plan, case: Case, grads: list[torch.Tensor] | None) -> Finding:
-    """Record the full batch and ``case``'s sub-batch op by op and locate the first variant op."""
+def find_op(
+    plan: Plan, case: Case, grads: list[torch.Tensor | None] | None, part: str | None = None
+) -> Finding:
+    """Record the full batch and ``case``'s sub-batch op by op and locate what explains ``part``."""
     if case.size == plan.n:
         _, finding = compare_ops(OpLog([]), OpLog([]), plan.n, case.rows, case.label)
         return finding
     full = record(plan, None, grads)
     sub = record(plan, case.rows, grads)
-    _, finding = compare_ops(full, sub, plan.n, case.rows, case.label)
+    _, finding = compare_ops(full, sub, plan.n, case.rows, case.label, part)
     return with_location(finding, plan, case.rows, grads)

@@ -39,7 +39,7 @@ def _parameters(fn: object) -> dict[str, torch.Tensor]:
 
 
 def per_sample_runs(
-    plan: Plan, rows: Sequence[int], upstream: list[torch.Tensor], start: Any
+    plan: Plan, rows: Sequence[int], upstream: list[torch.Tensor | None], start: Any
 ) -> tuple[Run, dict[int, Run]]:
     """The per-sample gradients of every row (one vmapped pass) and of each of ``rows`` alone.
 
@@ -51,6 +51,12 @@ def per_sample_runs(
 
     params = _parameters(plan.fn)
     names = list(params)
+
+    def up(i: int) -> torch.Tensor:
+        g = upstream[i]
+        assert g is not None  # drawn for every differentiable output
+        return g
+
     module: Any = plan.fn
     alone: dict[int, Run] = {}
     used: list[int] | None = None
@@ -64,7 +70,7 @@ def per_sample_runs(
         got = torch.autograd.grad(
             [outs[i][1] for i in used],
             [params[n] for n in names],
-            [upstream[i].index_select(plan.out_dim, index.to(upstream[i].device)) for i in used],
+            [up(i).index_select(plan.out_dim, index.to(up(i).device)) for i in used],
             allow_unused=True,
         )
         alone[r] = Run(
@@ -97,9 +103,7 @@ def per_sample_runs(
     in_dims = (None, *plan.dims, *[plan.out_dim for _ in chosen])
     start.restore()
     try:
-        batched = vmap(grad(loss), in_dims=in_dims)(
-            detached, *inputs, *[upstream[i] for i in chosen]
-        )
+        batched = vmap(grad(loss), in_dims=in_dims)(detached, *inputs, *[up(i) for i in chosen])
     except Exception as exc:
         raise ValueError(
             "assert_batch_invariant: per_sample_grads: torch.func.vmap could not compute "

@@ -57,6 +57,7 @@ class TestCheck:
         #: Why the op-by-op recording failed (its verdicts are then incomplete), or None.
         self.failure: str | None = None
         self.accepted: list[Key] = []
+        self._call_variant: set[Key] = set()
         # key -> (verdict, sizes without difference, sizes differing)
         self._verdicts: dict[Key, tuple[str, set[int], set[int]]] = {}
 
@@ -80,27 +81,51 @@ class TestCheck:
         result: BatchInvariance,
         start: Any,
     ) -> dict[str, Finding]:
-        """Record every sub-batch op by op; keep the verdicts; the finding per case."""
+        """Record every sub-batch op by op; keep the verdicts; the finding per case.
+
+        The full batch is recorded once and kept; each sub-batch's recording
+        is compared with it and dropped, so the memory held is one full run's
+        copies and one sub-batch's (each capped by the recorder's limit).
+        """
         from pytest_backends.batch.locate import compare_ops, record
 
         self.calls += 1
+        self._call_variant = set()
         findings: dict[str, Finding] = {}
         try:
             start.restore()
             full = record(plan, None, grads)
+            if full.dropped_after is not None:
+                self.failure = (
+                    f"the op recording reached its memory limit ({full.dropped_after / 2**20:.0f}"
+                    " MiB of copies); the ops after it have no verdict"
+                )
             for case in cases:
                 if case.size == plan.n:
                     continue
                 start.restore()
                 sub = record(plan, case.rows, grads)
-                verdicts, finding = compare_ops(full, sub, plan.n, case.rows, case.label)
+                part = next(
+                    (c.part for c in result.cases if c.case == case.label and not c.identical),
+                    None,
+                )
+                verdicts, finding = compare_ops(full, sub, plan.n, case.rows, case.label, part)
+                del sub
                 findings[case.label] = finding
                 for key, verdict in verdicts.items():
                     self._add(key, verdict, case.size)
+                    if verdict == "batch_variant":
+                        self._call_variant.add(key)
         except Exception as exc:  # the census's own failure is never the test's
             text = str(exc).strip().splitlines()
             self.failure = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
         return findings
+
+    def unaccepted(self) -> set[Key]:
+        """The batch-variant ops of the last check that the baseline does not accept."""
+        if self.update:
+            return set()
+        return {key for key in self._call_variant if not self.baseline.accepts(key)}
 
     def _add(self, key: Key, verdict: str, size: int) -> None:
         from pytest_backends.batch.census import VERDICTS

@@ -246,3 +246,89 @@ def test_bad_baseline_file_is_a_usage_error(pytester: pytest.Pytester) -> None:
     update = pytester.runpytest_subprocess("--backends-batch-baseline-update")
     assert update.ret == pytest.ExitCode.USAGE_ERROR
     update.stderr.fnmatch_lines(["*--backends-batch-baseline=PATH*"])
+
+
+def test_ops_without_batch_rows_stay_out_of_the_census_and_new_ops_fail_their_test(
+    pytester: pytest.Pytester,
+) -> None:
+    # Picking a target logit with torch.arange(t.shape[0]): arange has no batch-row input,
+    # so it can never be blamed; with an empty baseline the run passes and exits 0.
+    pytester.makepyfile(
+        test_pick="""
+import pytest, torch, torch.nn as nn, torch.nn.functional as F
+from pytest_backends import assert_batch_invariant
+
+def test_channels_last_pool():
+    x = torch.randn(8, 64, 14, 14).to(memory_format=torch.channels_last)
+    assert_batch_invariant(lambda t: F.adaptive_avg_pool2d(t, 1).flatten(1), x, sizes=(1,))
+
+@pytest.mark.batch_invariant
+def test_pick_target_logit():
+    x, labels = torch.randn(8, 10), torch.randint(0, 10, (8,))
+    assert_batch_invariant(lambda t, l: t[torch.arange(t.shape[0]), l], x, labels)
+"""
+    )
+    empty = pytester.path / "empty.json"
+    empty.write_text(
+        json.dumps({"format": "pytest-backends-baseline", "version": 1, "accepted": []})
+    )
+    census = pytester.path / "census.json"
+    result = pytester.runpytest_subprocess(
+        f"--backends-batch-baseline={empty}", f"--backends-census={census}", "test_pick.py"
+    )
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.OK
+    assert "aten::arange" not in result.stdout.str()
+    assert "aten::arange" not in census.read_text()
+    assert "aten::index" in _census(census)
+
+    # The row alone hits an accepted op; a slice of two hits a new one: the test fails.
+    pytester.makepyfile(
+        test_behind=PLANTED
+        + """
+
+@torch.library.custom_op("suite::at_one", mutates_args=())
+def at_one(x: torch.Tensor) -> torch.Tensor:
+    return x * (1.0 + 1e-3 * (x.shape[0] == 1))
+
+
+@at_one.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("suite::at_two", mutates_args=())
+def at_two(x: torch.Tensor) -> torch.Tensor:
+    return x * (1.0 + 1e-3 * (x.shape[0] == 2))
+
+
+@at_two.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@pytest.mark.batch_invariant(sizes=[1, 2], permute=False)
+def test_new_op_behind_an_accepted_one():
+    assert_batch_invariant(lambda t: at_two(at_one(t)), torch.randn(8, 4))
+"""
+    )
+    baseline = pytester.path / "accepts-a.json"
+    baseline.write_text(
+        json.dumps(
+            {
+                "format": "pytest-backends-baseline",
+                "version": 1,
+                "accepted": [{"op": "suite::at_one", "device": "cpu"}],
+            }
+        )
+    )
+    behind = pytester.runpytest_subprocess(
+        f"--backends-batch-baseline={baseline}", "test_behind.py"
+    )
+    behind.assert_outcomes(failed=1)
+    behind.stdout.fnmatch_lines(
+        [
+            "*first batch-variant op: suite::at_two (cpu, float32)*",
+            "*suite::at_two (cpu, float32): NEW, not in the baseline*",
+        ]
+    )

@@ -1,0 +1,112 @@
+"""assert_batch_invariant against a brute-force oracle on a generated corpus of functions.
+
+The oracle (``batch_oracle.py``) runs every slice of each checked size at
+every offset, in the input's own layout, and compares every output leaf
+bitwise. The check samples three offsets per size; its verdict must equal
+the oracle's on every generated case, and an op it blames must give
+different output rows for row 0 alone when replayed. The same corpus runs
+through a marked test's census: no op without batch-row inputs gets a verdict.
+
+CI runs a bounded, derandomized number of examples; ``PYTEST_BACKENDS_BATCH_CORPUS=N``
+(``make bench``) runs N.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+import torch
+from batch_oracle import Case, cases, op_rows_differ, ops_with_batch_rows, oracle
+from hypothesis import HealthCheck, given, settings
+
+from pytest_backends import BatchInvarianceError, assert_batch_invariant
+from pytest_backends.batch import api as batch_api
+from pytest_backends.batch.plugin import TestCheck
+from pytest_backends.determinism.census import Baseline
+
+EXAMPLES = int(os.environ.get("PYTEST_BACKENDS_BATCH_CORPUS", "40"))
+TALLY: Counter[str] = Counter()
+DISAGREEMENTS: list[str] = []
+
+
+def _sizes(case: Case) -> list[int]:
+    n = next(x.shape[d] for x, d in zip(case.inputs, case.dims) if d is not None)  # type: ignore[attr-defined]
+    return sorted({1, 2, n // 2})
+
+
+def _check(case: Case) -> tuple[bool, BatchInvarianceError | None]:
+    try:
+        with torch.no_grad():
+            assert_batch_invariant(
+                case.fn, *case.inputs, dim=case.dims, out_dim=case.out_dim, permute=False
+            )
+    except BatchInvarianceError as error:
+        return False, error
+    return True, None
+
+
+@settings(
+    max_examples=EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
+@given(cases())
+def test_the_check_agrees_with_the_oracle(case: Case) -> None:
+    truth, size = oracle(case.fn, case.inputs, case.dims, case.out_dim, _sizes(case))
+    verdict, error = _check(case)
+    TALLY["cases"] += 1
+    TALLY["variant (oracle)"] += not truth
+    if verdict != truth:
+        DISAGREEMENTS.append(f"{case.label}: oracle {truth} (size {size}), check {verdict}")
+    assert verdict == truth, DISAGREEMENTS[-1]
+    finding = error.finding if error is not None else None
+    if finding is not None and finding.kind == "op":
+        TALLY["ops blamed"] += 1
+        assert finding.op is not None
+        assert error is not None and list(error.case.rows) == list(
+            range(error.case.rows[0], error.case.rows[0] + error.case.size)
+        )
+        replay = op_rows_differ(
+            case.fn, case.inputs, case.dims, finding.op, error.case.rows[0], error.case.size
+        )
+        assert replay is not False, f"{case.label}: {finding.op} blamed, its rows replay equal"
+        TALLY["blamed ops confirmed by replay" if replay else "blamed ops not replayable"] += 1
+
+
+@settings(
+    max_examples=max(EXAMPLES // 2, 10),
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
+@given(cases())
+def test_no_op_without_batch_rows_lands_in_the_census(case: Case) -> None:
+    spec = {"sizes": None, "rtol": None, "atol": None, "tolerance": None, "permute": False}
+    check = TestCheck(spec, Baseline(), update=False)
+    token = batch_api._SESSION.set(check)
+    try:
+        with torch.no_grad():
+            assert_batch_invariant(
+                case.fn, *case.inputs, dim=case.dims, out_dim=case.out_dim, permute=False
+            )
+    except BatchInvarianceError:
+        pass
+    finally:
+        batch_api._SESSION.reset(token)
+    batched, _ = ops_with_batch_rows(case.fn, case.inputs, case.dims)
+    listed = {row["op"] for row in check.rows()}
+    TALLY["census cases"] += 1
+    assert "aten::arange" not in listed
+    assert listed <= batched, f"{case.label}: {sorted(listed - batched)} have no batch rows"
+
+
+def test_report_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    """Prints the corpus counts (run after the two properties in file order)."""
+    with capsys.disabled():
+        print(f"\nbatch oracle corpus: {dict(TALLY)}; disagreements: {len(DISAGREEMENTS)}")
+    assert not DISAGREEMENTS
