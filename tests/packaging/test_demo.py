@@ -130,3 +130,18 @@ def test_make_demo_as_the_readme_writes_it_on_a_fresh_copy(tmp_path: Path) -> No
     assert [e["op"] for e in census["entries"] if e["verdict"] == "nondeterministic"] == [
         "demo::jitter"
     ]
+
+
+def test_the_slow_group_is_left_out_of_make_test_and_run_by_the_wheel_job() -> None:
+    root = _tree()
+    makefile = (root / "Makefile").read_text(encoding="utf-8")
+    script = (root / "scripts" / "test-installed.sh").read_text(encoding="utf-8")
+    ci = (root / ".ci" / "run").read_text(encoding="utf-8")
+    # the editable `make test` deselects the group, the wheel flavour selects it, and CI
+    # runs both after the README's own commands: every test runs in CI
+    assert re.search(r'^\t\$\(PY\) -m pytest .*-m "not slow"', makefile, re.M)
+    assert "scripts/test-installed.sh wheel" in makefile
+    assert re.search(r"suite_run -m slow ", script)
+    assert "scripts/quickstart.py README.md" in ci and "make test INSTALL=wheel" in ci
+    ini = (root / "pyproject.toml").read_text(encoding="utf-8")
+    assert re.search(r'^\s+"slow: ', ini, re.M), "the slow marker is not registered"

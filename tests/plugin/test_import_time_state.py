@@ -108,6 +108,7 @@ def test_module_import_flags_apply_to_that_module_only(
     assert "the run fails because" not in out
 
 
+@pytest.mark.slow
 def test_same_verdicts_as_module_by_module_without_the_plugin(
     pytester: pytest.Pytester,
 ) -> None:
