@@ -72,6 +72,7 @@ def _suite(pytester: pytest.Pytester) -> None:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "order",
     [
