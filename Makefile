@@ -8,8 +8,11 @@ STAMP := $(VENV)/.installed
 TORCH ?= torch==2.13.0
 TORCH_LATEST ?= torch==2.14.1
 PYTEST_ARGS ?=
-# make test                 the suite against the editable install in .venv (the dev loop)
-# make test INSTALL=wheel   the suite against the built wheel in a fresh venv (what CI runs)
+# make test                 the suite against the editable install in .venv, less the slow
+#                           end-to-end group (tests marked `slow`): the dev loop
+# make test INSTALL=wheel   the built wheel in a fresh venv: the slow group and the packaging
+#                           tests (CI runs both, so every test runs in CI; the whole suite
+#                           against the wheel is `scripts/test-installed.sh full`, or tox)
 INSTALL ?= editable
 
 .PHONY: all test test-min test-latest check demo bench lint docs native clean
@@ -27,13 +30,15 @@ $(STAMP): pyproject.toml setup.py
 ifeq ($(INSTALL),wheel)
 test:
 	@echo "Testing the package as users install it: sdist + wheel built, the wheel installed"
-	@echo "in a fresh venv (.whl/), the suite run from a copy without the sources (~10 min, 2 cores)."
-	TORCH="$(TORCH)" PYTHON="$(PYTHON)" scripts/test-installed.sh full $(PYTEST_ARGS)
+	@echo "in a fresh venv (.whl/), the slow group and the packaging tests run from a copy"
+	@echo "without the sources (~16 CPU-min of tests: about 12 min on 2 cores)."
+	TORCH="$(TORCH)" PYTHON="$(PYTHON)" scripts/test-installed.sh wheel $(PYTEST_ARGS)
 else
 test: $(STAMP)
 	-$(PY) -m pytest_backends build-native
-	@echo "Running the test suite on 2 xdist workers (~1,400 tests; about 8 min on 2 cores)."
-	$(PY) -m pytest -n 2 -q --durations=5 $(PYTEST_ARGS)
+	@echo "Running the test suite on 2 xdist workers, the slow group left out (~1,600 tests,"
+	@echo "~14 CPU-min: about 7 min on 2 cores); make test INSTALL=wheel runs the slow group."
+	$(PY) -m pytest -n 2 -q --durations=5 -m "not slow" $(PYTEST_ARGS)
 endif
 
 # The declared floor (pytest 8.0, pluggy 1.3, pytest-xdist 3.3, hypothesis 6.80) and the
@@ -44,8 +49,11 @@ test-min:
 test-latest:
 	TORCH_LATEST="$(TORCH_LATEST)" PYTHON="$(PYTHON)" scripts/test-installed.sh latest $(PYTEST_ARGS)
 
-# What CI runs (.ci/run).
+# What CI runs (.ci/run): lint, docs, the README's Quick start commands as it writes them,
+# then the installed wheel, the minimum versions and the newest torch.
 check: lint docs
+	python3 scripts/quickstart.py README.md | while read -r command; do \
+		echo "README: $$command"; bash -c "$$command" || exit 1; done
 	$(MAKE) test INSTALL=wheel
 	$(MAKE) test-min
 	$(MAKE) test-latest

@@ -39,6 +39,7 @@ census, a JSON report and an HTML grid.
 
 
 def run(out: Path) -> int:
+    """Run the demo suite, writing its files into ``out`` (an absolute path)."""
     out.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable,
@@ -126,7 +127,8 @@ def check(code: int, out: Path) -> list[tuple[bool, str]]:
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[1]) if len(argv) > 1 else HERE.parent / "demo-output"
+    # pytest runs with cwd=demo/: a relative path given here means the caller's directory
+    out = Path(argv[1]).resolve() if len(argv) > 1 else HERE.parent / "demo-output"
     code = run(out)
     print("\nWhat the run above shows")
     print("------------------------")

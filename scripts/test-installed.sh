@@ -5,16 +5,23 @@
 # repository that has no pytest_backends/ or native/ in it, so every import resolves
 # to site-packages.
 #
-#   scripts/test-installed.sh [full|min|latest] [pytest args...]
+#   scripts/test-installed.sh [wheel|full|min|latest] [pytest args...]
 #
+#   wheel   what `make test INSTALL=wheel` (CI) runs: torch $TORCH, the newest pytest, the
+#           slow end-to-end group (`-m slow`, which `make test` leaves out) and the
+#           packaging tests, then the sdist and the demo
 #   full    torch $TORCH (default torch==2.13.0) and the newest pytest: the whole suite
 #   min     the declared floor (pytest, pluggy, pytest-xdist, hypothesis): the hooks,
 #           the leak guard, --backends-verify, packaging and the idle-import promise
 #   latest  the newest torch pip allows here ($TORCH_LATEST, a CUDA build): the flag
 #           registry, leak guard, plugin and packaging tests
 #
-# Environments live in .whl/ (ignored by git); each run starts them afresh.
+# Environments live in .whl/ (ignored by git); each run starts them afresh. The suite
+# runs from a copy of the tree, so the pytest arguments' paths are resolved against the
+# caller's directory first: a test path of the checkout names the copy's file, an
+# output file (--junitxml=out.xml) lands where the caller asked.
 set -euo pipefail
+caller=$PWD
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 flavor=${1:-full}
@@ -62,7 +69,7 @@ grep -q -- "--backends-matrix" <<<"$help" || { echo "the installed plugin did no
 rm -rf "$idle"
 
 case $flavor in
-    full) torch=$TORCH; pins=() ;;
+    full|wheel) torch=$TORCH; pins=() ;;
     min) torch=$TORCH; pins=("${MIN_PINS[@]}") ;;
     latest) torch=$TORCH_LATEST; pins=() ;;
     *) echo "unknown flavor $flavor (full, min, latest)"; exit 2 ;;
@@ -83,8 +90,31 @@ rm -rf "$suite"
 cp -r "$work/src" "$suite"
 rm -rf "$suite/pytest_backends" "$suite/native" "$suite/setup.py"
 
+# Options whose value is a path, for the resolution below.
+PATH_OPTIONS=" --junitxml --junit-xml --basetemp --confcutdir --rootdir -c --backends-report \
+--backends-html --backends-census --backends-baseline "
+absolute() { case $1 in /*) printf '%s' "$1" ;; *) printf '%s' "$caller/$1" ;; esac; }
+args=()
+want_path=
+for arg in "$@"; do
+    if [ -n "$want_path" ]; then
+        args+=("$(absolute "$arg")"); want_path=; continue
+    fi
+    case $arg in
+        -*=*) opt=${arg%%=*}
+              if [[ $PATH_OPTIONS == *" $opt "* ]]; then
+                  args+=("$opt=$(absolute "${arg#*=}")")
+              else args+=("$arg"); fi ;;
+        -*) args+=("$arg"); [[ $PATH_OPTIONS == *" $arg "* ]] && want_path=1 ;;
+        *) path=$(absolute "$arg")
+           if [ -e "${path%%::*}" ] && [[ $(realpath -m "$path") == "$root"/* ]]; then
+               rel=$(realpath -m "$path"); args+=("${rel#"$root"/}")  # the copy's own file
+           else args+=("$arg"); fi ;;
+    esac
+done
+
 case $flavor in
-    full) paths=() ;;
+    full|wheel) paths=() ;;
     min) paths=(tests/packaging tests/plugin tests/matrix/test_import_cost.py
                 tests/matrix/test_verify_e2e.py tests/matrix/test_markers.py
                 tests/unit/test_tracked_state.py tests/capability/test_scheduler.py) ;;
@@ -93,9 +123,18 @@ case $flavor in
 esac
 say "running the suite against the installed package ($flavor)"
 cd "$suite"
-PYTEST_BACKENDS_SOURCE_TREE=$root PYTEST_BACKENDS_EXPECT_INSTALLED=1 \
-    "$venv/bin/python" -m pytest -n 2 -q -p no:cacheprovider "${paths[@]}" "$@"
-if [ "$flavor" = full ]; then
+suite_run() {
+    PYTEST_BACKENDS_SOURCE_TREE=$root PYTEST_BACKENDS_EXPECT_INSTALLED=1 \
+        "$venv/bin/python" -m pytest -n 2 -q -p no:cacheprovider "$@"
+}
+if [ "$flavor" = wheel ]; then
+    suite_run -m slow "${args[@]}"
+    say "the packaging tests against the installed package"
+    suite_run tests/packaging -m "not slow" "${args[@]}"
+else
+    suite_run "${paths[@]}" "${args[@]}"
+fi
+if [ "$flavor" = full ] || [ "$flavor" = wheel ]; then
     say "the sdist installs and its plugin runs a user suite"
     cd "$root"
     sd=$work/venv-sdist

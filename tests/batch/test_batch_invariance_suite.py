@@ -74,6 +74,7 @@ def _census(path: Path) -> dict[str, dict[str, object]]:
     return {row["op"]: row for row in data["batch_invariance"]["entries"]}
 
 
+@pytest.mark.slow
 def test_baseline_gate_fails_only_on_a_new_batch_variant_op(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=PLANTED + OLD_TESTS)
     # Without a baseline the planted op fails its test, naming the op and the line.
@@ -178,6 +179,7 @@ def test_softmax():
     result.stdout.fnmatch_lines(["*aten::mm (cpu, float32): BATCH-VARIANT*per config: default*"])
 
 
+@pytest.mark.slow
 def test_verdicts_per_matrix_config_over_xdist(pytester: pytest.Pytester) -> None:
     pytest.importorskip("xdist")
     pytester.makepyfile(

@@ -187,6 +187,7 @@ def _check_levels(
     return pids
 
 
+@pytest.mark.slow
 @needs_x86_levels
 def test_three_levels_one_worker_each(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
@@ -248,6 +249,7 @@ def pytest_configure(config):
 """
 
 
+@pytest.mark.slow
 @needs_x86_levels
 def test_two_workers_per_level_unsupported_level_mismatch_and_segfault(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
@@ -317,6 +319,7 @@ def test_fails_in_default(n):
 """
 
 
+@pytest.mark.slow
 @needs_x86_levels
 def test_exitfirst_and_last_failed(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_stops=STOPS)

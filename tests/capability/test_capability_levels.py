@@ -46,11 +46,17 @@ def test_unsupported_reason_names_another_architecture() -> None:
     assert reason == "cap-sve256: sve256 is a CPU level of aarch64, this machine is x86_64"
 
 
+@pytest.mark.skipif(capability.machine_arch() != "x86_64", reason="avx512 is an x86_64 level")
 def test_unsupported_reason_says_when_features_are_faked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(capability.FAKE_FEATURES_ENV, "-avx512f")
+    # what this CPU lacks once avx512f is faked away: avx512f alone on an AVX-512 CPU,
+    # every avx512 feature on an AVX2-only one
+    have = capability.cpu_features()
+    missing = [f for f in capability.LEVELS["avx512"].requires if f not in have]
+    assert "avx512f" in missing
     reason = capability.unsupported_reason("avx512")
     assert reason is not None
-    assert "lacks avx512f (PYTEST_BACKENDS_FAKE_CPU_FEATURES is set)" in reason
+    assert f"lacks {', '.join(missing)} (PYTEST_BACKENDS_FAKE_CPU_FEATURES is set)" in reason
 
 
 @pytest.mark.parametrize(

@@ -103,6 +103,7 @@ def suite(
     return planted_conftest
 
 
+@pytest.mark.slow
 def test_real_suite_outcomes_do_not_change(suite: pytest.Pytester) -> None:
     plain = suite.runpytest_subprocess("--junitxml=plain.xml", "-q")
     expected = _outcomes(suite.path / "plain.xml")

@@ -182,6 +182,7 @@ def _census_suite(pytester: pytest.Pytester) -> None:
     )
 
 
+@pytest.mark.slow
 def test_census_and_baseline_gate_the_run(planted_conftest: pytest.Pytester) -> None:
     pytester = planted_conftest
     _census_suite(pytester)
@@ -251,6 +252,7 @@ def test_census_and_baseline_gate_the_run(planted_conftest: pytest.Pytester) -> 
     )
 
 
+@pytest.mark.slow
 def test_census_merges_xdist_workers(planted_conftest: pytest.Pytester) -> None:
     pytester = planted_conftest
     _census_suite(pytester)

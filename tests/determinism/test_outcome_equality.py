@@ -34,6 +34,7 @@ def _counts(result: pytest.RunResult) -> dict[str, int]:
     return counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recorder", ["native", "python"])
 def test_outcomes_equal_plain_checked_and_under_xdist(
     corpus: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch

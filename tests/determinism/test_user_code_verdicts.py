@@ -215,6 +215,7 @@ def test_padding_buffers(
     assert "nondeterministic op aten::copy_" not in result.stdout.str()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recorder", RECORDERS)
 def test_subtests_of_a_test_that_is_not_repeatable(
     planted_conftest: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch
@@ -373,6 +374,7 @@ def test_overlapping_views_are_keyed_by_the_memory_they_cover() -> None:
     assert covered_memory(alias) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recorder", RECORDERS)
 def test_testcase_outcomes_under_the_check(
     planted_conftest: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch

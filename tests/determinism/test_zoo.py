@@ -108,6 +108,7 @@ def _zoo_census(pytester: pytest.Pytester, recorder: str) -> dict[str, Any]:
     return census
 
 
+@pytest.mark.slow
 def test_zoo_suite_wide_under_xdist_has_no_false_verdicts_under_both_recorders(
     planted_conftest: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -137,6 +137,7 @@ class _Cells(HTMLParser):
             self._row[-1] += data
 
 
+@pytest.mark.slow
 def test_three_shards_merge_to_the_full_run(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -72,6 +72,7 @@ def _load(path: Path) -> Any:
     return json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_the_ci_recipe_runs_every_test_in_some_job(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -159,6 +159,7 @@ def _ran(result: pytest.RunResult) -> dict[str, str]:
     return ran
 
 
+@pytest.mark.slow
 def test_ids_read_well_stay_put_and_every_report_agrees(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     base = ("-p", "no:randomly", "--backends-matrix")

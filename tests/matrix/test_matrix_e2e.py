@@ -93,6 +93,7 @@ ALL_EIGHT = [
 ]
 
 
+@pytest.mark.slow
 def test_cuda_configs_are_collected_and_skipped_here_identically_under_xdist(
     pytester: pytest.Pytester, run: Run
 ) -> None:

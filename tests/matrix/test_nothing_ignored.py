@@ -98,6 +98,7 @@ def _ids(result: pytest.RunResult) -> list[str]:
     )
 
 
+@pytest.mark.slow
 def test_testcase_methods_and_hook_markers_expand_like_functions(
     pytester: pytest.Pytester, run: Run, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -173,6 +174,7 @@ def test_testcase_methods_and_hook_markers_expand_like_functions(
     result.stdout.fnmatch_lines(["verified 10 test(s): the verifier's own time *"])
 
 
+@pytest.mark.slow
 def test_options_that_selected_nothing_are_said_and_fail_when_strict(
     pytester: pytest.Pytester, run: Run, monkeypatch: pytest.MonkeyPatch
 ) -> None:

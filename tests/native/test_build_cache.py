@@ -174,6 +174,7 @@ def _run(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, str]:
     return result, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], ["-n", "2"]], ids=["serial", "xdist"])
 def test_truncated_library_is_rebuilt_and_the_test_that_triggered_it_is_named(
     pytester: pytest.Pytester, copied_cache: Path, extra: list[str]
@@ -210,6 +211,7 @@ def test_garbage_library_without_a_compiler_falls_back_with_one_warning(
     assert (copied_cache / "build-failed").is_file()
 
 
+@pytest.mark.slow
 def test_determinism_option_builds_once_in_the_controller_before_workers_start(
     pytester: pytest.Pytester, copied_cache: Path
 ) -> None:

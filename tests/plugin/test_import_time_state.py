@@ -72,6 +72,7 @@ def _suite(pytester: pytest.Pytester) -> None:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "order",
     [
@@ -108,6 +109,7 @@ def test_module_import_flags_apply_to_that_module_only(
     assert "the run fails because" not in out
 
 
+@pytest.mark.slow
 def test_same_verdicts_as_module_by_module_without_the_plugin(
     pytester: pytest.Pytester,
 ) -> None:

@@ -233,6 +233,7 @@ def test_zz_last():
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("xdist", [False, True], ids=["serial", "xdist"])
 def test_baseline_import_time_new_state_threads_and_warnings_as_errors(
     pytester: pytest.Pytester, xdist: bool
@@ -389,6 +390,7 @@ def _fixture_reports(result: pytest.RunResult) -> list[tuple[str, str]]:
     return re.findall(r"fixture '(\w+)' \((\w+) scope", result.stdout.str())
 
 
+@pytest.mark.slow
 def test_fixture_leaks_reported_once_by_fixture_in_any_order(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(FIXTURE_CONFTEST)
     pytester.makepyfile(test_fx=FIXTURES)

@@ -39,6 +39,7 @@ def test_others(i):
 """
 
 
+@pytest.mark.slow
 def test_worker_crashes_keep_other_results_and_the_report(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -179,6 +180,7 @@ def test_html_report_escapes_ids_params_and_messages(pytester: pytest.Pytester) 
     assert "&lt;img src=x onerror=alert(2)&gt;" in page
 
 
+@pytest.mark.slow
 def test_crash_under_determinism_mode_keeps_results_and_census(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """

@@ -190,6 +190,7 @@ def test_plain():
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], ["-n", "2"]], ids=["serial", "xdist"])
 def test_hostile_markers_end_to_end(pytester: pytest.Pytester, extra: list[str]) -> None:
     pytester.makepyfile(test_hostile=HOSTILE_FILE.replace("{axes!r}", repr(AXES)))

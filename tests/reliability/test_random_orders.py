@@ -25,6 +25,7 @@ def _soak_module() -> object:
     return module
 
 
+@pytest.mark.slow
 def test_three_random_orders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     soak = _soak_module()
     monkeypatch.chdir(ROOT)

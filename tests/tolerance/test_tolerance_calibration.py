@@ -45,10 +45,12 @@ def test_small_calibration_has_no_violation_and_is_tight(calibration: ModuleType
         text,
         re.M,
     )
-    # the oneDNN bf16 bounds followed the kernel each case ran (log) or the probe
+    # the oneDNN bf16 bounds followed the kernel each case ran (log) or the probe; a
+    # matmul names its oneDNN kernel wherever its bound came from the log (a CPU without
+    # oneDNN's bf16 matmul path runs it in BLAS: no primitive, and the probe decides)
     flagged = [row for row in rows if row.mode == "fp32 oneDNN bf16"]
     assert all(row.bound.split()[-1] in ("log", "probe") for row in flagged)
-    assert all(row.kernel for row in flagged if row.op == "matmul")
+    assert all(row.kernel for row in flagged if row.op == "matmul" and row.bound.endswith("log"))
 
 
 def test_reduced_path_detection_agrees_with_bitwise_difference(calibration: ModuleType) -> None:

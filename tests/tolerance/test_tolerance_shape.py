@@ -181,7 +181,13 @@ def test_the_default_bound_is_within_10x_of_the_worst_error(case: str) -> None:
             use = (out.double() - expected).abs() / (tol.atol + tol.rtol * expected.abs())
             worst_use = max(worst_use, float(use.max()))
     assert worst_use <= 1.0, f"{case}: the bound was exceeded ({worst_use:.2f})"
-    assert worst_use >= 0.1, (
+    # Where oneDNN's log named the kernel, the bound is its own: within 10x.  Where only
+    # a probe decided (the op ran outside oneDNN, e.g. an AVX2 CPU's BLAS gemv, which
+    # splits k over vector lanes the f32 model does not see), the error can sit further
+    # below the f32 bound; within 20x still tells an f32 bound from a bf16-wide one,
+    # which would be thousands of times looser.
+    floor = 0.1 if tol.precision_source == "primitive log" else 0.05
+    assert worst_use >= floor, (
         f"{case}: bound {1 / worst_use:.0f}x the worst error over {TRIALS} trials "
         f"({tol.precision_source}; {log.error or 'log captured'})\n{tol.describe()}"
     )
@@ -218,6 +224,7 @@ import pytest
 import torch
 
 from pytest_backends import assert_close, kernels, reference, tolerance_for
+from pytest_backends.kernels import computes_shape
 
 
 @pytest.mark.backends("mkldnn_precision")
@@ -229,7 +236,10 @@ def test_config(backend_config):
     out = a @ b
     tol = tolerance_for(torch.float32, op="matmul", k=256, shape=out.shape)
     assert_close(out, reference(torch.matmul, a, b), op="matmul", k=256)
-    print("SOURCE", precision, log is not None, tol.precision_source or "-")
+    named = log is not None and any(
+        p.family == "matmul" and computes_shape(p, out.shape, 256) for p in log.primitives()
+    )
+    print("SOURCE", precision, log is not None, named, tol.precision_source or "-")
 """
 
 
@@ -238,17 +248,20 @@ def test_a_reduced_precision_config_captures_the_log_by_default(pytester: pytest
     result = pytester.runpytest_subprocess("--backends-matrix", "-p", "no:randomly", "-s")
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("error", 0) == 0, result.stdout.str()
-    found = (re.search(r"SOURCE (\S+) (\S+) (.+)$", line) for line in result.stdout.lines)
-    seen = {m.group(1): [m.group(2), m.group(3)] for m in found if m is not None}
-    assert seen.get("ieee") == ["False", "-"], seen
+    found = (re.search(r"SOURCE (\S+) (\S+) (\S+) (.+)$", line) for line in result.stdout.lines)
+    seen = {m.group(1): [m.group(2), m.group(3), m.group(4)] for m in found if m is not None}
+    assert seen.get("ieee") == ["False", "False", "-"], seen
     reduced = [mode for mode in seen if mode != "ieee"]
     assert reduced, seen
     for mode in reduced:
-        if seen[mode][0] == "True":
-            # the matmul's own primitive decided the bound
-            assert seen[mode][1] == "primitive log", (mode, seen)
-        else:  # pragma: no cover - a torch built without oneDNN
-            assert seen[mode][1] == "probe"
+        _, named, source = seen[mode]
+        if named == "True":
+            # the log named the matmul's own primitive, and that decided the bound
+            assert source == "primitive log", (mode, seen)
+        else:
+            # captured, but no oneDNN primitive ran this shape (a CPU without oneDNN's
+            # bf16 matmul path sends it to BLAS), or no oneDNN at all: a probe decides
+            assert source == "probe", (mode, seen)
     assert any(seen[mode][0] == "True" for mode in reduced) or not torch._C._has_mkldnn
 
 
