@@ -223,6 +223,15 @@ OPTIONS: tuple[Option, ...] = (
         "rewrite the batch-invariance baseline file",
     ),
     Option(
+        "backends_trace",
+        "value",
+        "DIR",
+        "save per-op numeric sketches (digest, shape, dtype, a fixed sample of values, "
+        "norms) of each @pytest.mark.backends test and configuration under DIR, for "
+        "`pytest-backends diverge`",
+        "directory for per-op trace sketches",
+    ),
+    Option(
         "backends_label",
         "value",
         "NAME",
