@@ -120,8 +120,8 @@ class _ModuleStack:
 class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """A dispatch mode that keeps an :class:`OpRecord` per op call.
 
-    ``keep`` decides whether tensors are copied (the in-process comparison
-    needs them; a trace keeps a sketch computed by ``on_op`` instead).
+    ``keep`` decides whether tensors are copied; ``retain=False`` hands the
+    copies to ``on_op`` only (a trace keeps a sketch) and keeps no tensors.
     """
 
     def __init__(
@@ -130,6 +130,7 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         *,
         keep: bool = True,
         on_op: Callable[[OpRecord], None] | None = None,
+        retain: bool = True,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.records: list[OpRecord] = []
@@ -137,6 +138,7 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._counts: dict[tuple[str, str, str], int] = {}
         self._keep = keep
         self._on_op = on_op
+        self._retain = retain
         self.in_backward = False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -165,7 +167,7 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         )
         if self._on_op is not None:
             self._on_op(record)
-        if self._keep:
+        if self._keep and self._retain:
             self.records.append(record)
         else:
             self.records.append(

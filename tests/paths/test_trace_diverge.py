@@ -72,3 +72,37 @@ def test_bad_trace_option_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--backends-trace=afile")
     assert "--backends-trace" in result.stderr.str() and "not a directory" in result.stderr.str()
     assert "INTERNALERROR" not in result.stderr.str() + result.stdout.str()
+
+
+ZOO_SUITE = """
+import pytest, torch
+import zoo
+
+@pytest.mark.backends("mkldnn")
+@pytest.mark.parametrize("name", sorted(zoo.ZOO))
+def test_entry(name):
+    torch.manual_seed(0)
+    zoo.run_entry(name, "cpu")
+"""
+
+
+@pytest.mark.skipif(not _levels(), reason="needs a CPU that runs the avx2 level")
+def test_zoo_traced_at_default_and_avx2_has_no_false_blames(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pathlib import Path
+
+    zoo = Path(__file__).parents[1] / "determinism" / "zoo.py"
+    pytester.makepyfile(zoo=zoo.read_text(), test_zoo_levels=ZOO_SUITE)
+    for level in ("default", "avx2"):
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", level)
+        result = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", f"--backends-trace=z_{level}"
+        )
+        assert result.ret == 0, result.stdout.str()
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    code = main(["diverge", str(pytester.path / "z_default"), str(pytester.path / "z_avx2")])
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "ops aligned" in line]
+    parted = [line for line in lines if "agree within bounds" not in line]
+    assert len(lines) >= 40 and parted == [] and code == 0, out
