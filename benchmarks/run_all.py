@@ -41,6 +41,7 @@ def benchmarks(quick: bool) -> list[tuple[str, list[str]]]:
                 str(RESULTS / "collection-cpu.txt"),
             ],
         ),
+        ("paths", ["bench_paths.py", "--out", str(RESULTS / "paths-cpu.txt")]),
         ("digest", ["bench_digest.py", "--out", str(RESULTS / "digest-cpu.txt")]),
         ("repeat", ["bench_repeat.py", "--out", str(RESULTS / "repeat-cpu.txt")]),
         ("reproducible", ["bench_reproducible.py", "--out", str(RESULTS / "reproducible-cpu.txt")]),

@@ -41,6 +41,8 @@ _EXPORTS: dict[str, str] = {
     "reference": "tolerance",
     "Tolerance": "tolerance",
     "flag_effect": "effect",
+    "assert_paths_agree": "paths",
+    "PathsDisagreeError": "paths",
     "FlagEffect": "effect",
 }
 
@@ -85,6 +87,8 @@ if TYPE_CHECKING:
     from pytest_backends.flags import (
         snapshot_flags as snapshot_flags,
     )
+    from pytest_backends.paths import PathsDisagreeError as PathsDisagreeError
+    from pytest_backends.paths import assert_paths_agree as assert_paths_agree
     from pytest_backends.tolerance import Tolerance as Tolerance
     from pytest_backends.tolerance import assert_close as assert_close
     from pytest_backends.tolerance import reference as reference

@@ -234,6 +234,18 @@ def _baseline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _diverge(args: argparse.Namespace) -> int:
+    from pytest_backends.paths.trace import diverge
+
+    try:
+        lines, parted = diverge(Path(args.trace_a), Path(args.trace_b))
+    except ValueError as exc:
+        print(f"pytest-backends diverge: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 1 if parted else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pytest-backends`` and ``python -m pytest_backends``."""
     parser = argparse.ArgumentParser(prog="pytest-backends")
@@ -283,7 +295,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="also install the library into the package as its ahead-of-time build",
     )
+    div = commands.add_parser(
+        "diverge",
+        help="name the first op where two --backends-trace traces part beyond their bounds",
+        description="Compare two traces written by --backends-trace (files or directories; "
+        "directories are paired by test and configuration). Ops are aligned by identity "
+        "(op, module, call site, occurrence). Exit 1 when a pair parts.",
+    )
+    div.add_argument("trace_a", metavar="TRACE_A", help="reference trace file or directory")
+    div.add_argument("trace_b", metavar="TRACE_B", help="other trace file or directory")
     args = parser.parse_args(argv)
+    if args.command == "diverge":
+        return _diverge(args)
     if args.command == "build-native":
         return _build_native(args)
     if args.command == "merge":

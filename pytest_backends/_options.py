@@ -223,6 +223,24 @@ OPTIONS: tuple[Option, ...] = (
         "rewrite the batch-invariance baseline file",
     ),
     Option(
+        "backends_diverge",
+        "flag",
+        "",
+        "for a @pytest.mark.backends test that fails under one configuration and passes "
+        "under another, rerun both recorded and name the first op where their kernel "
+        "paths part (appended to the failure and to the report's cell)",
+        "name the op where a failing configuration parts from a passing one",
+    ),
+    Option(
+        "backends_trace",
+        "value",
+        "DIR",
+        "save per-op numeric sketches (digest, shape, dtype, a fixed sample of values, "
+        "norms) of each @pytest.mark.backends test and configuration under DIR, for "
+        "`pytest-backends diverge`",
+        "directory for per-op trace sketches",
+    ),
+    Option(
         "backends_label",
         "value",
         "NAME",

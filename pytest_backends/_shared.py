@@ -27,6 +27,7 @@ __all__ = [
     "PROPERTY_CENSUS",
     "PROPERTY_CHECK",
     "PROPERTY_CONFIG",
+    "PROPERTY_DIVERGE",
     "PROPERTY_VERIFY_DETAIL",
     "PROPERTY_VERIFY_STATUS",
     "REQUIRED_AXES_KEY",
@@ -112,6 +113,8 @@ PROPERTY_CENSUS = "backends_census"
 PROPERTY_CHECK = "backends_determinism_check"
 #: One test's batch-invariance census rows and config.
 PROPERTY_BATCH = "backends_batch_invariance"
+#: Where a failing configuration's kernel path parts from a passing one's (one line).
+PROPERTY_DIVERGE = "backends_diverge"
 
 
 def strict(config: pytest.Config) -> bool:

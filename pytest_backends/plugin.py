@@ -34,6 +34,7 @@ from pytest_backends.isolation import feature as isolation_feature
 from pytest_backends.isolation import markers as isolation_markers
 from pytest_backends.matrix import feature as matrix
 from pytest_backends.matrix import markers
+from pytest_backends.paths import feature as paths
 
 #: The features, in registration order.  Hooks of the same priority run in reverse
 #: registration order, which orders the header lines, the summary sections and which
@@ -44,6 +45,7 @@ FEATURES: tuple[Feature, ...] = (
     capability,
     determinism,
     batch,
+    paths,
     nothing_selected,
     label,
     native_build,

@@ -174,6 +174,10 @@ def update(result: Result, report: pytest.TestReport) -> None:
             result.message = str(report.wasxfail)
         elif report.failed:
             result.outcome, result.message = "failed", _failure_message(report)
+            parted = props.get(_shared.PROPERTY_DIVERGE)
+            if parted:
+                result.message += f" ({parted})"
+                result.detail += f"\n{parted}"
         elif report.skipped:
             result.outcome, result.message = "skipped", skip_reason(report)
     elif report.failed and result.outcome not in ("failed", "error"):

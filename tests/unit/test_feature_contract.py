@@ -26,6 +26,7 @@ NAMES = {
     "matrix",
     "determinism",
     "batch",
+    "paths",
     "nothing_selected",
     "label",
     "native_build",

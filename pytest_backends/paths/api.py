@@ -1,0 +1,419 @@
+"""``assert_paths_agree``: run a function under several configurations and name where they part.
+
+Each configuration runs ``fn`` (and its backward) in this process, with its
+flags set and restored, under a recorder that keeps every op's inputs and
+outputs.  Outputs and gradients are compared with the reference
+configuration's within the tolerance model's bound.  When one differs, the
+recorded ops are aligned by identity and each op whose result differs beyond
+its own bound is replayed on the reference's inputs under the other
+configuration: the first op whose replay still differs is where the paths
+part.  An op that differs only because its inputs did is never blamed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from pytest_backends.paths.bounds import Bound, pair_bound, reduction_length, term_scale
+from pytest_backends.paths.record import OpRecord, Recorder, module_tracking
+
+__all__ = ["Divergence", "PathsDisagreeError", "assert_paths_agree", "first_divergence"]
+
+_SEED = 20240611
+
+
+class PathsDisagreeError(AssertionError):
+    """Two configurations' results differ beyond the model's bound.
+
+    ``divergence`` is the op where the paths part (``None`` when no single op
+    does: the difference built up from ops each within its bound).
+    """
+
+    def __init__(self, message: str, divergence: Divergence | None) -> None:
+        super().__init__(message)
+        self.divergence = divergence
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first op where two configurations' paths part."""
+
+    op: str
+    site: str
+    module: str
+    occurrence: int
+    reference: str
+    other: str
+    max_abs: float
+    max_rel: float
+    bound: Bound
+    inputs_agreed: bool
+
+    def summary(self) -> str:
+        """One line: ``the paths part at aten::X (file:line, module M): ...``."""
+        module = self.module or "<no module>"
+        return (
+            f"the paths part at {self.op} ({self.site}, module {module}): max rel error "
+            f"{self.max_rel:.3g} (max abs {self.max_abs:.3g}), bound {self.bound.atol:.3g} + "
+            f"{self.bound.rtol:.3g}*|x| ({self.reference} vs {self.other})"
+        )
+
+    def describe(self) -> str:
+        """The summary, where the op ran and the tolerance certificate."""
+        state = (
+            "its inputs agreed within their bounds"
+            if self.inputs_agreed
+            else "its inputs differed, but replayed on the reference's inputs it still differs"
+        )
+        return "\n".join(
+            [
+                self.summary(),
+                f"  occurrence {self.occurrence} of {self.op} at that call site and module; "
+                + state,
+                self.bound.certificate,
+            ]
+        )
+
+
+@dataclass
+class _Run:
+    config_id: str
+    flags: Mapping[str, object]
+    device: str
+    results: list[tuple[str, torch.Tensor]]
+    records: list[OpRecord]
+
+
+def _clone_inputs(inputs: Sequence[Any]) -> list[Any]:
+    out: list[Any] = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            y = x.detach().clone()
+            out.append(y.requires_grad_(x.requires_grad))
+        else:
+            out.append(x)
+    return out
+
+
+def _float_tensors(tree: Any) -> list[torch.Tensor]:
+    leaves, _ = tree_flatten(tree)
+    return [
+        x
+        for x in leaves
+        if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())
+    ]
+
+
+def _run(
+    fn: Callable[..., Any],
+    inputs: Sequence[Any],
+    config_id: str,
+    flags: Mapping[str, object],
+    device: str,
+    backward: bool,
+) -> _Run:
+    from pytest_backends.flags import override_flags
+
+    args = _clone_inputs(inputs)
+    params = (
+        [p for p in fn.parameters() if p.requires_grad] if isinstance(fn, torch.nn.Module) else []
+    )
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad] + params
+    with torch.random.fork_rng(devices=[]), override_flags(flags), module_tracking() as mods:
+        torch.manual_seed(_SEED)
+        recorder = Recorder(mods)
+        with recorder:
+            out = fn(*args)
+        outs = _float_tensors(out)
+        results = [(f"output {i}", o.detach().clone()) for i, o in enumerate(outs)]
+        diff = [o for o in outs if o.requires_grad]
+        if backward and diff and leaves:
+            gen = torch.Generator().manual_seed(_SEED)
+            grads_out = [
+                torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) for o in diff
+            ]
+            recorder.in_backward = True
+            mods.stack.clear()
+            with recorder:
+                grads = torch.autograd.grad(diff, leaves, grads_out, allow_unused=True)
+            names = [
+                f"grad of input {i}" for i, a in enumerate(args) if any(a is x for x in leaves)
+            ]
+            names += [f"grad of parameter {i}" for i in range(len(params))]
+            for label, g in zip(names, grads, strict=False):
+                if g is not None:
+                    results.append((label, g.detach().clone()))
+    return _Run(config_id, dict(flags), device, results, recorder.records)
+
+
+def _gap(a: torch.Tensor, b: torch.Tensor, bound: Bound) -> tuple[bool, float, float]:
+    """(within, max abs error, max rel error) of ``a`` against ``b``."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False, float("inf"), float("inf")
+    if a.numel() == 0:
+        return True, 0.0, 0.0
+    if not (a.is_floating_point() or a.is_complex()):
+        same = bool(torch.equal(a, b))
+        return same, 0.0 if same else float("inf"), 0.0 if same else float("inf")
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    x, y = a.detach().double(), b.detach().double()
+    finite = torch.isfinite(y) & torch.isfinite(x)
+    if not bool(torch.equal(torch.isfinite(x), torch.isfinite(y))):
+        return False, float("inf"), float("inf")
+    nonfinite_same = torch.equal(x[~finite], y[~finite])
+    err = (x - y).abs().where(finite, torch.zeros_like(x))
+    allowed = bound.allowed(y.where(finite, torch.zeros_like(y)))
+    within = bool((err <= allowed).all()) and bool(nonfinite_same)
+    rel = err / y.abs().clamp_min(bound.atol if bound.atol > 0 else 1e-30)
+    return within, float(err.max()), float(rel.max())
+
+
+def _op_bound(
+    record: OpRecord, ref: _Run, other: _Run, tensor: torch.Tensor, kernels: Sequence[str] = ()
+) -> Bound:
+    k = reduction_length(record.name, record.inputs, record.outputs)
+    scale = term_scale(record.name, record.inputs)
+    return pair_bound(
+        record.name,
+        tensor.dtype,
+        tensor.device.type,
+        k,
+        scale,
+        [(ref.config_id, ref.flags), (other.config_id, other.flags)],
+        kernels,
+    )
+
+
+def _compare_outputs(
+    record: OpRecord, outputs: Sequence[torch.Tensor], ref_record: OpRecord, ref: _Run, other: _Run
+) -> tuple[bool, float, float, Bound | None]:
+    worst: tuple[bool, float, float, Bound | None] = (True, 0.0, 0.0, None)
+    if len(outputs) != len(ref_record.outputs):
+        return False, float("inf"), float("inf"), None
+    for a, b in zip(outputs, ref_record.outputs, strict=True):
+        if not (b.is_floating_point() or b.is_complex()):
+            if a.shape != b.shape or not torch.equal(a, b):
+                return False, float("inf"), float("inf"), worst[3]
+            continue
+        bound = _op_bound(ref_record, ref, other, b)
+        within, err, rel = _gap(a, b, bound)
+        if not within or worst[3] is None:
+            if not within or rel >= worst[2]:
+                worst = (worst[0] and within, err, rel, bound)
+            if not within:
+                return worst
+    return worst
+
+
+def _replay(record: OpRecord, flags: Mapping[str, object]) -> list[torch.Tensor] | None:
+    """Run the reference's recorded op call again, on copies of its inputs, under ``flags``."""
+    from pytest_backends.flags import override_flags
+    from pytest_backends.paths.record import _copy_tree, _tensors
+
+    args, kwargs = _copy_tree(record.args), _copy_tree(record.kwargs)
+    try:
+        with torch.random.fork_rng(devices=[]), override_flags(flags):
+            torch.manual_seed(_SEED)
+            out = record.func(*args, **kwargs)
+    except Exception:
+        return None
+    return [t.detach() for t in _tensors(out)]
+
+
+def _with_outputs(record: OpRecord, outputs: list[torch.Tensor]) -> OpRecord:
+    return OpRecord(
+        record.index,
+        record.identity,
+        record.func,
+        record.args,
+        record.kwargs,
+        record.inputs,
+        outputs,
+        record.backward,
+    )
+
+
+def _inputs_agree(record: OpRecord, ref_record: OpRecord, ref: _Run, other: _Run) -> bool:
+    if len(record.inputs) != len(ref_record.inputs):
+        return False
+    for a, b in zip(record.inputs, ref_record.inputs, strict=True):
+        if a.shape != b.shape:
+            return False
+        if b.is_floating_point() or b.is_complex():
+            bound = pair_bound(
+                "input", b.dtype, b.device.type, 1, 1.0, [(ref.config_id, ref.flags)] * 2
+            )
+            if not _gap(a, b, bound)[0]:
+                return False
+        elif not torch.equal(a, b):
+            return False
+    return True
+
+
+# Ops whose results are random or uninitialised memory: never compared.
+_SKIPPED = (
+    "aten::native_dropout",
+    "aten::bernoulli",
+    "aten::rand",
+    "aten::normal",
+    "aten::uniform",
+    "aten::empty",
+    "aten::new_empty",
+    "aten::resize",
+    "aten::set_",
+)
+
+
+def first_divergence(ref: _Run, other: _Run) -> Divergence | None:
+    """The first op of ``other`` (in its order) that parts from the reference on its own."""
+    by_identity = {r.identity: r for r in ref.records}
+    for record in other.records:
+        ref_record = by_identity.get(record.identity)
+        if ref_record is None or record.name.startswith(_SKIPPED):
+            continue
+        within, _err, _rel, _bound = _compare_outputs(
+            record, record.outputs, ref_record, ref, other
+        )
+        if within:
+            continue
+        # The isolating check: the same (reference) inputs under both configurations.
+        # An op that does not reproduce its own recorded result (uninitialised memory,
+        # a random op) cannot be judged this way and is never blamed.
+        replayed = _replay(ref_record, other.flags)
+        again = _replay(ref_record, ref.flags)
+        if replayed is None or again is None:
+            continue
+        if not _compare_outputs(record, again, ref_record, ref, other)[0]:
+            continue
+        baseline = _with_outputs(ref_record, again)
+        r_within, r_err, r_rel, r_bound = _compare_outputs(record, replayed, baseline, ref, other)
+        if r_within or r_bound is None:
+            continue
+        return Divergence(
+            op=record.name,
+            site=record.site,
+            module=record.module,
+            occurrence=record.identity[3],
+            reference=ref.config_id,
+            other=other.config_id,
+            max_abs=r_err,
+            max_rel=r_rel,
+            bound=r_bound,
+            inputs_agreed=_inputs_agree(record, ref_record, ref, other),
+        )
+    return None
+
+
+def _result_bound(run: _Run, ref: _Run, tensor: torch.Tensor) -> Bound:
+    k = max(
+        [reduction_length(r.name, r.inputs, r.outputs) for r in ref.records] or [1],
+    )
+    return pair_bound(
+        "the result",
+        tensor.dtype,
+        tensor.device.type,
+        k,
+        max(1.0, float(tensor.detach().double().abs().max()) if tensor.numel() else 1.0),
+        [(ref.config_id, ref.flags), (run.config_id, run.flags)],
+    )
+
+
+def _configs(axes: Sequence[str] | Mapping[str, Sequence[str]]) -> list[Any]:
+    from pytest_backends.matrix import availability, markers
+    from pytest_backends.matrix.axes import builtin_registry
+
+    registry = builtin_registry()
+    if isinstance(axes, str):
+        raise TypeError("axes is a list of axis names (or a mapping), not a string")
+    mark: tuple[Sequence[object], Mapping[str, object]] = (
+        ((), dict(axes)) if isinstance(axes, Mapping) else (tuple(axes), {})
+    )
+    try:
+        selection = markers.resolve([mark], registry)
+    except Exception as exc:
+        raise ValueError(f"assert_paths_agree: bad axes {axes!r}: {exc}") from exc
+    for name in selection:
+        if registry.axis(name).process_level:
+            raise ValueError(
+                f"assert_paths_agree: axis {name!r} can only change in a new process; "
+                "compare its levels offline with --backends-trace and `pytest-backends diverge`"
+            )
+    avail = availability.probe()
+    configs = [
+        registry.make(c, available_flags=avail.flags, cuda_available=avail.cuda)
+        for c in registry.product(selection)
+    ]
+    runnable = [c for c in configs if availability.unavailable_reason(c, registry, avail) is None]
+    return runnable
+
+
+def assert_paths_agree(
+    fn: Callable[..., Any],
+    *inputs: Any,
+    axes: Sequence[str] | Mapping[str, Sequence[str]] = (),
+    reference: str | None = None,
+    backward: bool = True,
+) -> None:
+    """Assert that ``fn(*inputs)`` agrees across the configurations of ``axes``.
+
+    ``axes`` names flag-level axes (``["mkldnn"]``) or maps axis to values
+    (``{"mkldnn": ["on", "off"]}``); every configuration this machine can run
+    is run in this process, its flags set and restored around the call.
+    ``reference`` is the id of the configuration the others are compared
+    with (default: the first).  With ``backward`` the gradients of the
+    inputs that require grad (and of ``fn``'s parameters when it is a
+    module) are compared too, for a fixed random upstream gradient.
+
+    Raises :class:`PathsDisagreeError` naming the first op where the paths
+    part, with its call site, module path, both configurations, the error,
+    the bound and the bound's derivation.  ``ValueError`` for an unknown or
+    process-level axis or an unknown reference.
+    """
+    configs = _configs(axes)
+    if len(configs) < 2:
+        import pytest
+
+        pytest.skip(f"fewer than two configurations of {list(axes)} can run here")
+    ids = [c.id for c in configs]
+    if reference is None:
+        ref_config = configs[0]
+    elif reference in ids:
+        ref_config = configs[ids.index(reference)]
+    else:
+        raise ValueError(f"reference {reference!r} is not one of the configurations {ids}")
+    ref = _run(fn, inputs, ref_config.id, ref_config.flags, ref_config.device, backward)
+    failures: list[str] = []
+    error_divergence: Divergence | None = None
+    for config in configs:
+        if config is ref_config:
+            continue
+        other = _run(fn, inputs, config.id, config.flags, config.device, backward)
+        bad: list[str] = []
+        for (label, a), (_label, b) in zip(other.results, ref.results, strict=False):
+            bound = _result_bound(other, ref, b)
+            within, err, rel = _gap(a, b, bound)
+            if not within:
+                bad.append(
+                    f"{label}: max abs error {err:.3g}, max rel error {rel:.3g}\n"
+                    + bound.certificate
+                )
+        if len(other.results) != len(ref.results):
+            bad.append(f"{len(other.results)} results vs {len(ref.results)} under the reference")
+        if not bad:
+            continue
+        divergence = first_divergence(ref, other)
+        error_divergence = error_divergence or divergence
+        head = (
+            divergence.describe()
+            if divergence is not None
+            else "no single op parts beyond its bound: the difference built up across ops"
+        )
+        failures.append(f"{config.id} vs {ref.config_id} (reference):\n{head}\n" + "\n".join(bad))
+    if failures:
+        raise PathsDisagreeError("\n\n".join(failures), error_divergence)

@@ -1,0 +1,64 @@
+"""Rerun a failed matrix test recorded, under its own and a passing configuration's flags.
+
+Only flag-level differences can be replayed in one process: a sibling
+configuration on another device or another process-level axis is skipped.
+The test body runs with the failed item's fixtures; each rerun starts from
+the same RNG seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_backends.paths.api import _SEED, _Run, first_divergence
+from pytest_backends.paths.record import Recorder, module_tracking
+
+_TRIES = 2
+
+
+def _recorded(
+    item: pytest.Item, config_id: str, flags: Mapping[str, object], device: str
+) -> tuple[bool, _Run]:
+    from pytest_backends.flags import override_flags
+
+    passed = True
+    with torch.random.fork_rng(devices=[]), override_flags(flags), module_tracking() as mods:
+        torch.manual_seed(_SEED)
+        recorder = Recorder(mods)
+        try:
+            with recorder:
+                item.runtest()
+        except Exception:
+            passed = False
+    return passed, _Run(config_id, dict(flags), device, [], recorder.records)
+
+
+def locate(item: pytest.Item, config: Any, siblings: Sequence[Any]) -> str:
+    """``the paths part at aten::X (...)`` and its certificate, or ``""`` when not found."""
+    own_process = dict(getattr(config, "process_level", {}) or {})
+    candidates = [
+        s
+        for s in siblings
+        if s.device == config.device and dict(getattr(s, "process_level", {}) or {}) == own_process
+    ][:_TRIES]
+    if not candidates:
+        return ""
+    failed_ok, failing = _recorded(item, config.id, config.flags, config.device)
+    if failed_ok:
+        return ""  # the failure did not repeat: nothing to compare
+    for sibling in candidates:
+        ok, passing = _recorded(item, sibling.id, sibling.flags, sibling.device)
+        if not ok:
+            continue
+        divergence = first_divergence(passing, failing)
+        if divergence is None:
+            return (
+                f"no single op parts beyond its bound between {sibling.id} (passes) and "
+                f"{config.id} (fails): the difference built up across ops"
+            )
+        return divergence.describe()
+    return ""

@@ -1,0 +1,200 @@
+"""Record every op of a run with its inputs, outputs, call site and module path.
+
+Each op gets an identity ``(op name, module path, call site, occurrence)``
+where the occurrence counts calls of that op at that call site within that
+module.  Two runs are aligned by identity, never by position, so an op that
+runs on one path only (a fused kernel, a cast) does not shift the others.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SKIP_DIRS = (_TORCH_DIR + os.sep, _OWN_DIR + os.sep)
+_SKIP_FILES = ("contextlib.py", "functools.py", "<frozen")
+
+#: (op name, module path, call site "file:line", occurrence)
+Identity = tuple[str, str, str, int]
+
+
+@dataclass
+class OpRecord:
+    """One op call: what ran, where, and copies of its tensor inputs and outputs."""
+
+    index: int
+    identity: Identity
+    func: Any
+    args: Any
+    kwargs: Any
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    backward: bool
+
+    @property
+    def name(self) -> str:
+        """The op's name, ``aten::mm``."""
+        return self.identity[0]
+
+    @property
+    def module(self) -> str:
+        """The module path (``Net.encoder.0``), ``""`` outside any module."""
+        return self.identity[1]
+
+    @property
+    def site(self) -> str:
+        """The user code's ``file:line`` that called the op."""
+        return self.identity[2]
+
+
+def op_name(func: Any) -> str:
+    """``aten.mm.default`` -> ``aten::mm``; a custom op keeps its namespace."""
+    schema = getattr(func, "_schema", None)
+    name = getattr(schema, "name", None)
+    if isinstance(name, str):
+        return name
+    return str(func)
+
+
+def call_site() -> str:
+    """``file:line`` of the innermost frame outside torch, this package and contextlib."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if (
+            not filename.startswith(_SKIP_DIRS)
+            and not filename.endswith(_SKIP_FILES)
+            and "<frozen" not in filename
+        ):
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "<unknown>"
+
+
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone()
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    leaves, _ = tree_flatten(tree)
+    return [x for x in leaves if isinstance(x, torch.Tensor)]
+
+
+def _copy_tree(tree: Any) -> Any:
+    leaves, spec = tree_flatten(tree)
+    copies = [_copy(x) if isinstance(x, torch.Tensor) else x for x in leaves]
+    return spec.unflatten(copies)
+
+
+@dataclass
+class _ModuleStack:
+    names: dict[int, str] = field(default_factory=dict)
+    stack: list[str] = field(default_factory=list)
+
+    def enter(self, module: torch.nn.Module) -> None:
+        if id(module) not in self.names:
+            root = type(module).__name__
+            for qual, sub in module.named_modules():
+                self.names.setdefault(id(sub), f"{root}.{qual}" if qual else root)
+        self.stack.append(self.names[id(module)])
+
+    def leave(self) -> None:
+        if self.stack:
+            self.stack.pop()
+
+    @property
+    def current(self) -> str:
+        return self.stack[-1] if self.stack else ""
+
+
+class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """A dispatch mode that keeps an :class:`OpRecord` per op call.
+
+    ``keep`` decides whether tensors are copied; ``retain=False`` hands the
+    copies to ``on_op`` only (a trace keeps a sketch) and keeps no tensors.
+    """
+
+    def __init__(
+        self,
+        modules: _ModuleStack,
+        *,
+        keep: bool = True,
+        on_op: Callable[[OpRecord], None] | None = None,
+        retain: bool = True,
+    ) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.records: list[OpRecord] = []
+        self._modules = modules
+        self._counts: dict[tuple[str, str, str], int] = {}
+        self._keep = keep
+        self._on_op = on_op
+        self._retain = retain
+        self.in_backward = False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = op_name(func)
+        module = self._modules.current
+        site = "<backward>" if self.in_backward else call_site()
+        key = (name, module, site)
+        occurrence = self._counts.get(key, 0)
+        self._counts[key] = occurrence + 1
+        if self._keep:
+            args_copy, kwargs_copy = _copy_tree(args), _copy_tree(kwargs)
+        else:
+            args_copy, kwargs_copy = args, kwargs
+        out = func(*args, **kwargs)
+        outputs = _tensors(out)
+        record = OpRecord(
+            index=len(self.records),
+            identity=(name, module, site, occurrence),
+            func=func,
+            args=args_copy,
+            kwargs=kwargs_copy,
+            inputs=_tensors((args_copy, kwargs_copy)),
+            outputs=[_copy(t) for t in outputs] if self._keep else outputs,
+            backward=self.in_backward,
+        )
+        if self._on_op is not None:
+            self._on_op(record)
+        if self._keep and self._retain:
+            self.records.append(record)
+        else:
+            self.records.append(
+                OpRecord(record.index, record.identity, func, None, None, [], [], record.backward)
+            )
+        return out
+
+
+@contextmanager
+def module_tracking() -> Iterator[_ModuleStack]:
+    """Track the module path of every forward call for the ``with`` block."""
+    from torch.nn.modules.module import (
+        register_module_forward_hook,
+        register_module_forward_pre_hook,
+    )
+
+    modules = _ModuleStack()
+
+    def pre(module: torch.nn.Module, _args: Any) -> None:
+        modules.enter(module)
+
+    def post(_module: torch.nn.Module, _args: Any, _out: Any) -> None:
+        modules.leave()
+
+    handles = [register_module_forward_pre_hook(pre), register_module_forward_hook(post)]
+    try:
+        yield modules
+    finally:
+        for handle in handles:
+            handle.remove()

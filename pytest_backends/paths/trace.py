@@ -1,0 +1,377 @@
+"""Per-op numeric sketches, saved per test and configuration, and their offline comparison.
+
+A sketch keeps, for each op's inputs and outputs, a digest of the bytes, the
+shape and dtype, a fixed sample of values and two norms, plus what the
+tolerance model needs (op family inputs: reduction length and term scale).
+Two traces (two CPU capability levels, two machines, two GPU kinds, two
+torch versions) are compared op by op, aligned by identity, so an op that
+runs on one side only does not shift the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pytest_backends.paths.bounds import pair_bound, reduction_length, term_scale
+from pytest_backends.paths.record import OpRecord, Recorder, module_tracking
+
+SAMPLE = 32
+FORMAT = 1
+
+
+def _tensor_sketch(t: torch.Tensor) -> dict[str, Any]:
+    t = t.detach()
+    out: dict[str, Any] = {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+    flat = t.reshape(-1).cpu()
+    if flat.is_complex():
+        flat = torch.view_as_real(flat).reshape(-1)
+    try:
+        out["digest"] = hashlib.sha256(flat.contiguous().numpy().tobytes()).hexdigest()[:24]
+    except (TypeError, RuntimeError):  # bfloat16 and others numpy lacks
+        out["digest"] = hashlib.sha256(
+            flat.contiguous().view(torch.uint8).numpy().tobytes()
+        ).hexdigest()[:24]
+    n = flat.numel()
+    if n and flat.dtype != torch.bool:
+        idx = torch.unique(torch.linspace(0, n - 1, min(n, SAMPLE)).round().long())
+        values = flat[idx].double()
+        out["sample"] = [v if math.isfinite(v) else repr(v) for v in values.tolist()]
+        d = flat.double()
+        finite = d[torch.isfinite(d)]
+        out["l2"] = float(finite.norm()) if finite.numel() else 0.0
+        out["max_abs"] = float(finite.abs().max()) if finite.numel() else 0.0
+    return out
+
+
+def _reproduces(record: OpRecord) -> bool:
+    """Whether the op, run again on copies of its inputs, gives the same bits.
+
+    Not so for an op whose output holds uninitialised memory or random
+    values: such an op is never blamed, since two runs of it differ anyway.
+    """
+    from pytest_backends.paths.record import _copy_tree, _tensors
+
+    args, kwargs = _copy_tree(record.args), _copy_tree(record.kwargs)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            again = _tensors(record.func(*args, **kwargs))
+    except Exception:
+        return False
+    if len(again) != len(record.outputs):
+        return False
+    for a, b in zip(again, record.outputs, strict=True):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if not bool(torch.equal(a.detach(), b)) and not (
+            (a.is_floating_point() or a.is_complex())
+            and bool(torch.equal(a.detach().isnan(), b.isnan()))
+            and bool(torch.equal(a.detach().nan_to_num(0.0), b.nan_to_num(0.0)))
+        ):
+            return False
+    return True
+
+
+def sketch(record: OpRecord, *, stable: bool = True) -> dict[str, Any]:
+    """The sketch of one recorded op (inputs and outputs).
+
+    ``stable`` is False for an op that did not reproduce its own result.
+    """
+    return {
+        "identity": list(record.identity),
+        "stable": stable,
+        "k": reduction_length(record.name, record.inputs, record.outputs),
+        "scale": term_scale(record.name, record.inputs),
+        "inputs": [_tensor_sketch(t) for t in record.inputs],
+        "outputs": [_tensor_sketch(t) for t in record.outputs],
+    }
+
+
+def safe_name(text: str) -> str:
+    """A file-name-safe form of a node id or config id."""
+    return re.sub(r"[^A-Za-z0-9_.,=-]+", "_", text).strip("_")[:180] or "_"
+
+
+def capability() -> str:
+    """The CPU capability level ATen dispatches to in this process."""
+    try:
+        return str(torch.backends.cpu.get_cpu_capability()).lower()
+    except Exception:  # pragma: no cover - very old torch
+        return "unknown"
+
+
+@contextmanager
+def tracing(path: Path, header: Mapping[str, Any]) -> Iterator[None]:
+    """Record every op of the ``with`` block and write one sketch per line to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as fh:
+        fh.write(json.dumps({"format": FORMAT, **header}) + "\n")
+
+        def write(record: OpRecord) -> None:
+            fh.write(json.dumps(sketch(record, stable=_reproduces(record))) + "\n")
+
+        with module_tracking() as mods:
+            recorder = Recorder(mods, keep=True, on_op=write, retain=False)
+            with recorder:
+                yield
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One test under one configuration: its header and sketches by identity."""
+
+    path: Path
+    header: dict[str, Any]
+    ops: list[dict[str, Any]]
+
+    @classmethod
+    def load(cls, path: Path) -> Trace:
+        """Read a trace file; ``ValueError`` naming the file when it is not one."""
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+            header = json.loads(lines[0])
+            ops = [json.loads(line) for line in lines[1:] if line.strip()]
+        except (OSError, IndexError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path}: not a pytest-backends trace ({exc})") from None
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            raise ValueError(f"{path}: not a pytest-backends trace (format {FORMAT})")
+        return cls(path, header, ops)
+
+    @property
+    def label(self) -> str:
+        """``config@capability``."""
+        return f"{self.header.get('config', 'default')}@{self.header.get('capability', '?')}"
+
+
+def _values(sk: Mapping[str, Any]) -> torch.Tensor:
+    return torch.tensor([float(v) for v in sk.get("sample", [])], dtype=torch.float64)
+
+
+def _sketch_gap(
+    a: Mapping[str, Any], b: Mapping[str, Any], rtol: float, atol: float
+) -> tuple[bool, float, float]:
+    if a["digest"] == b["digest"]:
+        return True, 0.0, 0.0
+    if a["shape"] != b["shape"] or a["dtype"] != b["dtype"]:
+        return False, math.inf, math.inf
+    x, y = _values(a), _values(b)
+    if x.numel() != y.numel():
+        return False, math.inf, math.inf
+    if not x.is_floating_point() or a["dtype"].startswith(("int", "uint", "bool")):
+        same = bool(torch.equal(x, y))
+        return same, 0.0 if same else math.inf, 0.0 if same else math.inf
+    same_nonfinite = bool(torch.equal(torch.isfinite(x), torch.isfinite(y)))
+    finite = torch.isfinite(x) & torch.isfinite(y)
+    err = (x - y).abs().where(finite, torch.zeros_like(x))
+    within = same_nonfinite and bool((err <= atol + rtol * y.abs()).all())
+    rel = err / y.abs().clamp_min(atol if atol > 0 else 1e-30)
+    return (
+        within,
+        float(err.max()) if err.numel() else 0.0,
+        float(rel.max()) if rel.numel() else 0.0,
+    )
+
+
+def _dtype(name: str) -> torch.dtype:
+    found = getattr(torch, name, None)
+    return found if isinstance(found, torch.dtype) else torch.float32
+
+
+@dataclass(frozen=True)
+class TraceDivergence:
+    """The first op where two traces part."""
+
+    op: str
+    site: str
+    module: str
+    a: str
+    b: str
+    max_abs: float
+    max_rel: float
+    certificate: str
+    rtol: float
+    atol: float
+
+    def summary(self) -> str:
+        """One line naming the op, where it ran, the error and the bound."""
+        return (
+            f"the paths part at {self.op} ({self.site}, module {self.module or '<no module>'}): "
+            f"max rel error {self.max_rel:.3g} (max abs {self.max_abs:.3g}), bound "
+            f"{self.atol:.3g} + {self.rtol:.3g}*|x| ({self.a} vs {self.b})"
+        )
+
+
+def _propagated(op: Mapping[str, Any], other: Mapping[str, Any]) -> float:
+    """How far an op's result may move because its inputs differ: sum_i rel_i * k * scale."""
+    total = 0.0
+    for x, y in zip(op["inputs"], other["inputs"], strict=True):
+        if not str(y.get("dtype", "")).startswith(("float", "bfloat", "complex")):
+            continue
+        if x.get("digest") == y.get("digest"):
+            continue
+        xs, ys = _values(x), _values(y)
+        if xs.numel() != ys.numel() or not xs.numel():
+            continue
+        finite = torch.isfinite(xs) & torch.isfinite(ys)
+        diff = float((xs - ys).abs().where(finite, torch.zeros_like(xs)).max())
+        top = max(float(y.get("max_abs", 0.0)), 1e-30)
+        total += diff / top
+    return total * int(other.get("k", 1)) * float(other.get("scale", 1.0))
+
+
+def _bound(op: Mapping[str, Any], out: Mapping[str, Any], a: Trace, b: Trace) -> Any:
+    name = op["identity"][0]
+    return pair_bound(
+        name,
+        _dtype(out["dtype"]),
+        str(a.header.get("device", "cpu")),
+        int(op.get("k", 1)),
+        float(op.get("scale", 1.0)),
+        [(a.label, a.header.get("flags", {})), (b.label, b.header.get("flags", {}))],
+    )
+
+
+def compare(a: Trace, b: Trace) -> tuple[TraceDivergence | None, int, int]:
+    """(first divergence, ops aligned, ops on one side only) of trace ``b`` against ``a``."""
+    ref = {tuple(op["identity"]): op for op in a.ops}
+    aligned = 0
+    for op in b.ops:
+        other = ref.get(tuple(op["identity"]))
+        if other is None:
+            continue
+        aligned += 1
+        if op["identity"][0].startswith(("aten::empty", "aten::new_empty", "aten::native_dropout")):
+            continue
+        if not (op.get("stable", True) and other.get("stable", True)):
+            continue
+        if len(op["outputs"]) != len(other["outputs"]):
+            continue
+        inputs_ok = len(op["inputs"]) == len(other["inputs"]) and all(
+            _sketch_gap(x, y, *_bound_pair(x, a, b))[0]
+            for x, y in zip(op["inputs"], other["inputs"], strict=True)
+            if "digest" in x
+        )
+        if not inputs_ok:
+            continue
+        same_inputs = all(
+            x.get("digest") == y.get("digest")
+            for x, y in zip(op["inputs"], other["inputs"], strict=True)
+        )
+        for x, y in zip(op["outputs"], other["outputs"], strict=True):
+            if not same_inputs and not y["dtype"].startswith(("float", "bfloat", "complex")):
+                # A discrete result (indices, a mask) of inputs that differ in bits
+                # may change at a near-tie; it can only be judged on identical inputs.
+                continue
+            bound = _bound(other, y, a, b)
+            rtol, atol, certificate = bound.rtol, bound.atol, bound.certificate
+            if not same_inputs:
+                extra = _propagated(op, other)
+                atol += extra
+                certificate += (
+                    f"\n  inputs differ in bits (normwise relative difference within their "
+                    f"bounds): first-order propagation through a sum of k={other.get('k', 1)} "
+                    f"terms of scale {float(other.get('scale', 1.0)):.3g} adds {extra:.3g} "
+                    "to atol (replay cannot isolate the op offline)"
+                )
+            within, err, rel = _sketch_gap(x, y, rtol, atol)
+            if not within:
+                ident = op["identity"]
+                return (
+                    TraceDivergence(
+                        ident[0],
+                        ident[2],
+                        ident[1],
+                        a.label,
+                        b.label,
+                        err,
+                        rel,
+                        certificate,
+                        rtol,
+                        atol,
+                    ),
+                    aligned,
+                    len(a.ops) + len(b.ops) - 2 * aligned,
+                )
+    return None, aligned, len(a.ops) + len(b.ops) - 2 * aligned
+
+
+def _bound_pair(sk: Mapping[str, Any], a: Trace, b: Trace) -> tuple[float, float]:
+    bound = pair_bound(
+        "input",
+        _dtype(sk["dtype"]),
+        str(a.header.get("device", "cpu")),
+        1,
+        1.0,
+        [(a.label, a.header.get("flags", {})), (b.label, b.header.get("flags", {}))],
+    )
+    return bound.rtol, bound.atol
+
+
+def _files(root: Path) -> dict[str, Path]:
+    if root.is_file():
+        return {root.name: root}
+    if not root.is_dir():
+        raise ValueError(f"{root}: no such trace file or directory")
+    return {str(p.relative_to(root)): p for p in sorted(root.rglob("*.jsonl"))}
+
+
+def diverge(path_a: Path, path_b: Path) -> tuple[list[str], int]:
+    """Compare two traces (files or ``--backends-trace`` directories).
+
+    Files are paired by their path relative to each directory (test and
+    configuration).  Returns the report lines and the number of pairs that
+    part beyond their bounds.
+    """
+    files_a, files_b = _files(path_a), _files(path_b)
+    if path_a.is_file() and path_b.is_file():
+        pairs = [(path_a.name, path_a, path_b)]
+    else:
+        pairs = [(k, files_a[k], files_b[k]) for k in sorted(set(files_a) & set(files_b))]
+    lines: list[str] = []
+    parted = 0
+    for key, fa, fb in pairs:
+        ta, tb = Trace.load(fa), Trace.load(fb)
+        found, aligned, unmatched = compare(ta, tb)
+        head = f"{key}: {aligned} ops aligned, {unmatched} on one side only"
+        if found is None:
+            lines.append(f"{head}: agree within bounds")
+        else:
+            parted += 1
+            lines.append(f"{head}: {found.summary()}\n{found.certificate}")
+    for key in sorted(set(files_a) ^ set(files_b)):
+        side = path_a if key in files_a else path_b
+        lines.append(f"{key}: only in {side}")
+    if not pairs:
+        lines.append("no trace files in common")
+    return lines, parted
+
+
+def trace_file(root: Path, nodeid: str, config_id: str) -> Path:
+    """Where a test's trace under a configuration goes."""
+    return root / safe_name(nodeid) / f"{safe_name(config_id)}.jsonl"
+
+
+def header(config_id: str, flags: Mapping[str, object], device: str, nodeid: str) -> dict[str, Any]:
+    """What a trace records about its run."""
+    return {
+        "test": nodeid,
+        "config": config_id,
+        "flags": {k: v for k, v in flags.items() if isinstance(v, (bool, int, float, str))},
+        "device": device,
+        "capability": capability(),
+        "torch": torch.__version__,
+        "env_capability": os.environ.get("ATEN_CPU_CAPABILITY", ""),
+    }
+
+
+__all__ = ["Trace", "TraceDivergence", "compare", "diverge", "header", "sketch", "tracing"]

@@ -1,0 +1,160 @@
+"""``assert_paths_agree`` across mkldnn on/off: bit differences pass, a planted op is named."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_backends import PathsDisagreeError, assert_paths_agree
+from pytest_backends.paths.api import _run, first_divergence
+
+pytestmark = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN"
+)
+
+
+@torch.library.custom_op("paths_tests::bump", mutates_args=())
+def bump(x: torch.Tensor) -> torch.Tensor:
+    """Adds 1e-2 only while oneDNN is enabled: a planted path-dependent op."""
+    return x + (1e-2 if torch.backends.mkldnn.enabled else 0.0)
+
+
+def _bump_backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+    return grad
+
+
+bump.register_autograd(_bump_backward)
+
+
+def _conv_matmul(x: torch.Tensor) -> torch.Tensor:
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 8, 3)
+    y = conv(x)
+    return y.flatten(1) @ torch.randn(y[0].numel(), 5)
+
+
+def test_mkldnn_conv_and_matmul_differ_in_bits_but_agree() -> None:
+    torch.manual_seed(1)
+    x = torch.randn(4, 3, 16, 16, requires_grad=True)
+    with torch.backends.mkldnn.flags(enabled=True):
+        on = _conv_matmul(x)
+    with torch.backends.mkldnn.flags(enabled=False):
+        off = _conv_matmul(x)
+    if torch.equal(on, off):
+        pytest.skip("mkldnn on and off give identical bits on this machine")
+    assert_paths_agree(_conv_matmul, x, axes=["mkldnn"])
+
+
+def _planted(x: torch.Tensor) -> torch.Tensor:
+    torch.manual_seed(0)
+    y = nn.Conv2d(3, 4, 3)(x)
+    y = torch.relu(y)
+    y = bump(y)  # PLANTED
+    return y.sum(dim=(2, 3))
+
+
+def _planted_line() -> str:
+    lines = Path(__file__).read_text().splitlines()
+    return f"{__file__}:{next(i for i, s in enumerate(lines, 1) if s.endswith('# PLANTED'))}"
+
+
+def test_planted_op_after_a_conv_is_named_with_its_line() -> None:
+    torch.manual_seed(2)
+    x = torch.randn(2, 3, 10, 10, requires_grad=True)
+    with pytest.raises(PathsDisagreeError) as info:
+        assert_paths_agree(_planted, x, axes=["mkldnn"])
+    d = info.value.divergence
+    assert d is not None
+    assert d.op == "paths_tests::bump"
+    assert d.site == _planted_line()
+    text = str(info.value)
+    assert "the paths part at paths_tests::bump" in text
+    assert "tolerance certificate" in text and "dtype eps" in text
+    assert "mkldnn.enabled" in text or "flags" in text
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = bump(torch.relu(self.conv(x)))
+        return self.head(y.mean(dim=(2, 3)))
+
+
+def test_planted_op_is_named_in_a_module_and_reference_can_be_chosen() -> None:
+    torch.manual_seed(3)
+    net = _Net()
+    x = torch.randn(2, 3, 8, 8)
+    with pytest.raises(PathsDisagreeError) as info:
+        assert_paths_agree(net, x, axes={"mkldnn": ["on", "off"]}, reference="mkldnn-off")
+    d = info.value.divergence
+    assert d is not None and d.op == "paths_tests::bump"
+    assert d.module == "_Net"
+    assert (d.reference, d.other) == ("mkldnn-off", "mkldnn-on")
+
+
+def _extra_on_one_path(x: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    if torch.backends.mkldnn.enabled:
+        y = y.clone()  # an op that runs on one path only
+        y = y + 0
+    y = torch.tanh(y)
+    return bump(y) * 3
+
+
+def test_an_op_on_one_path_only_does_not_derail_alignment() -> None:
+    x = torch.randn(5, 7)
+    with pytest.raises(PathsDisagreeError) as info:
+        assert_paths_agree(_extra_on_one_path, x, axes=["mkldnn"], backward=False)
+    d = info.value.divergence
+    assert d is not None and d.op == "paths_tests::bump"
+
+
+def test_bad_axes_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="new process"):
+        assert_paths_agree(torch.sin, torch.randn(3), axes=["cpu_capability"])
+    with pytest.raises(ValueError, match="reference"):
+        assert_paths_agree(torch.sin, torch.randn(3), axes=["mkldnn"], reference="nope")
+    with pytest.raises((ValueError, TypeError)):
+        assert_paths_agree(torch.sin, torch.randn(3), axes="mkldnn")
+
+
+def _load_zoo() -> ModuleType:
+    path = Path(__file__).parents[1] / "determinism" / "zoo.py"
+    name = "pytest_backends_tests_paths_zoo"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_false_blames_on_the_zoo_across_mkldnn() -> None:
+    from pytest_backends.matrix.axes import builtin_registry
+
+    zoo = _load_zoo()
+    reg = builtin_registry()
+    flags = {
+        v: dict(reg.axis("mkldnn").value(v).resolve_flags(frozenset({"mkldnn.enabled"})))
+        for v in ("on", "off")
+    }
+    blamed: dict[str, str] = {}
+    for name in sorted(zoo.ZOO):
+        torch.manual_seed(0)
+        fn, args = zoo.ZOO[name]("cpu")
+        runs = [_run(fn, args, f"mkldnn-{v}", flags[v], "cpu", True) for v in ("on", "off")]
+        d = first_divergence(runs[0], runs[1])
+        if d is not None:
+            blamed[name] = d.describe()
+    assert blamed == {}, blamed

@@ -1,0 +1,120 @@
+"""The blamed op must equal a brute-force oracle's on a hypothesis corpus of op chains.
+
+The oracle replays *every* op of the reference run under both configurations
+on identical (the reference's) inputs and takes the first whose two results
+differ beyond the op's bound.  The fast verdict replays only the ops whose
+recorded results differ.  ``PATHS_CORPUS_EXAMPLES`` raises the example count
+(``make bench``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pytest_backends.paths.api import (
+    _compare_outputs,
+    _replay,
+    _Run,
+    _run,
+    _with_outputs,
+    first_divergence,
+)
+from pytest_backends.paths.record import Identity
+
+pytestmark = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN"
+)
+
+EXAMPLES = int(os.environ.get("PATHS_CORPUS_EXAMPLES", "25"))
+ON = ("mkldnn-on", {"mkldnn.enabled": True})
+OFF = ("mkldnn-off", {"mkldnn.enabled": False})
+COUNTS = {"cases": 0, "blamed": 0, "disagreements": 0}
+
+
+@torch.library.custom_op("paths_oracle::plant", mutates_args=())
+def plant(x: torch.Tensor, amount: float) -> torch.Tensor:
+    """Adds ``amount`` only while oneDNN is enabled."""
+    return x + (amount if torch.backends.mkldnn.enabled else 0.0)
+
+
+plant.register_autograd(lambda ctx, grad: (grad, None))
+
+_W = torch.Generator().manual_seed(7)
+CONV_W = torch.randn(4, 4, 3, 3, generator=_W) * 0.3
+LIN_W = torch.randn(4 * 6 * 6, 4 * 6 * 6, generator=_W) * 0.05
+
+STEPS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "conv": lambda x: F.conv2d(x, CONV_W, padding=1),
+    "linear": lambda x: F.linear(x.flatten(1), LIN_W).view_as(x),
+    "relu": torch.relu,
+    "tanh": torch.tanh,
+    "gelu": F.gelu,
+    "softmax": lambda x: x.softmax(-1),
+    "scale": lambda x: x * 3.0 + 1.0,
+    "plant_big": lambda x: plant(x, 1e-2),
+    "plant_tiny": lambda x: plant(x, 1e-9),
+}
+
+
+def _chain(names: list[str]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        for name in names:
+            x = STEPS[name](x)
+        return x
+
+    return fn
+
+
+def oracle(ref: _Run, other: _Run) -> Identity | None:
+    """Replay every op of the reference under both configurations; the first that parts."""
+    for record in ref.records:
+        if record.name.startswith(("aten::empty", "aten::new_empty")):
+            continue
+        mine, theirs = _replay(record, ref.flags), _replay(record, other.flags)
+        if mine is None or theirs is None:
+            continue
+        baseline = _with_outputs(record, mine)
+        if not _compare_outputs(record, theirs, baseline, ref, other)[0]:
+            return record.identity
+    return None
+
+
+@settings(
+    max_examples=EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(st.lists(st.sampled_from(sorted(STEPS)), min_size=1, max_size=6), st.booleans())
+def test_blamed_op_equals_the_oracle(names: list[str], backward: bool) -> None:
+    x = torch.randn(2, 4, 6, 6, generator=torch.Generator().manual_seed(len(names)))
+    x.requires_grad_(backward)
+    fn = _chain(names)
+    ref = _run(fn, (x,), ON[0], ON[1], "cpu", backward)
+    other = _run(fn, (x,), OFF[0], OFF[1], "cpu", backward)
+    fast = first_divergence(ref, other)
+    slow = oracle(ref, other)
+    COUNTS["cases"] += 1
+    COUNTS["blamed"] += slow is not None
+    fast_id = None if fast is None else (fast.op, fast.module, fast.site, fast.occurrence)
+    if fast_id != slow:
+        COUNTS["disagreements"] += 1
+    assert fast_id == slow, (names, fast, slow)
+    if "plant_big" in names:
+        assert fast is not None and fast.op == "paths_oracle::plant"
+
+
+def test_corpus_counts() -> None:
+    """Runs after the corpus (file order): report the counts."""
+    if COUNTS["cases"] == 0:
+        pytest.skip("the corpus did not run in this session")
+    print(f"paths oracle corpus: {COUNTS}")
+    assert COUNTS["disagreements"] == 0
+    assert COUNTS["blamed"] > 0

@@ -1,0 +1,52 @@
+"""``--backends-diverge``: a matrix test failing under one configuration names where paths part."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest_plugins = ["pytester"]
+
+SUITE = """
+import pytest, torch
+
+@torch.library.custom_op("suite_tests::bump", mutates_args=())
+def bump(x: torch.Tensor) -> torch.Tensor:
+    return x + (1e-2 if torch.backends.mkldnn.enabled else 0.0)
+
+@pytest.mark.backends("mkldnn")
+def test_model():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 4, 3)
+    x = torch.randn(2, 3, 8, 8)
+    y = bump(torch.relu(conv(x)))  # PLANTED
+    expected = torch.relu(conv(x))
+    torch.testing.assert_close(y, expected)
+
+@pytest.mark.backends("mkldnn")
+def test_fine():
+    assert torch.ones(2).sum() == 2
+"""
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_failing_config_names_the_op_in_failure_and_report(pytester: pytest.Pytester) -> None:
+    path = pytester.makepyfile(test_suite=SUITE)
+    planted = next(i for i, s in enumerate(SUITE.splitlines()[1:], 1) if s.endswith("# PLANTED"))
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        "--backends-matrix",
+        "--backends-diverge",
+        "--backends-report=r.json",
+    )
+    result.assert_outcomes(passed=3, failed=1)
+    out = result.stdout.str()
+    assert f"the paths part at suite_tests::bump ({path}:{planted}, module <no module>)" in out
+    assert "tolerance certificate" in out
+    report = json.loads((pytester.path / "r.json").read_text())
+    text = json.dumps(report)
+    assert "the paths part at suite_tests::bump" in text
+    assert "INTERNALERROR" not in out

@@ -1,0 +1,108 @@
+"""``--backends-trace`` at two CPU levels, compared offline by ``pytest-backends diverge``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pytest_backends.__main__ import main
+
+pytest_plugins = ["pytester"]
+
+SUITE = """
+import pytest, torch
+
+@torch.library.custom_op("trace_tests::level_bump", mutates_args=())
+def level_bump(x: torch.Tensor) -> torch.Tensor:
+    return x + (1e-2 if torch.backends.cpu.get_cpu_capability() == "DEFAULT" else 0.0)
+
+def _body(x):
+    y = torch.nn.functional.gelu(x * 1.7).exp() - torch.tanh(x)
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        y = y.clone()  # an op on one path only
+    return torch.nn.functional.linear(y, torch.ones(3, 37)).sigmoid()
+
+@pytest.mark.backends("mkldnn")
+def test_agrees():
+    torch.manual_seed(0)
+    _body(torch.randn(64, 37))
+
+@pytest.mark.backends("mkldnn")
+def test_planted():
+    torch.manual_seed(0)
+    y = _body(torch.randn(64, 37))
+    level_bump(y)  # PLANTED
+"""
+
+
+def _levels() -> bool:
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+@pytest.mark.skipif(not _levels(), reason="needs a CPU that runs the avx2 level")
+def test_default_and_avx2_traces_agree_and_a_planted_level_op_is_named(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = pytester.makepyfile(test_levels=SUITE)
+    planted = next(
+        i for i, line in enumerate(SUITE.splitlines()[1:], 1) if line.endswith("# PLANTED")
+    )
+    for level in ("default", "avx2"):
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", level)
+        result = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", f"--backends-trace=tr_{level}"
+        )
+        result.assert_outcomes(passed=2)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    a, b = pytester.path / "tr_default", pytester.path / "tr_avx2"
+    assert main(["diverge", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    agrees = next(line for line in out.splitlines() if "test_agrees" in line)
+    assert agrees.endswith("agree within bounds"), out
+    assert "on one side only" in agrees and ", 0 on one side only" not in agrees
+    parted = next(line for line in out.splitlines() if "test_planted" in line)
+    assert f"the paths part at trace_tests::level_bump ({path}:{planted}," in parted, out
+    assert "tolerance certificate" in out and "dtype eps" in out
+    assert main(["diverge", str(a / "nothing"), str(b)]) == 2
+
+
+def test_bad_trace_option_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    (pytester.path / "afile").write_text("x")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--backends-trace=afile")
+    assert "--backends-trace" in result.stderr.str() and "not a directory" in result.stderr.str()
+    assert "INTERNALERROR" not in result.stderr.str() + result.stdout.str()
+
+
+ZOO_SUITE = """
+import pytest, torch
+import zoo
+
+@pytest.mark.backends("mkldnn")
+@pytest.mark.parametrize("name", sorted(zoo.ZOO))
+def test_entry(name):
+    torch.manual_seed(0)
+    zoo.run_entry(name, "cpu")
+"""
+
+
+@pytest.mark.skipif(not _levels(), reason="needs a CPU that runs the avx2 level")
+def test_zoo_traced_at_default_and_avx2_has_no_false_blames(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pathlib import Path
+
+    zoo = Path(__file__).parents[1] / "determinism" / "zoo.py"
+    pytester.makepyfile(zoo=zoo.read_text(), test_zoo_levels=ZOO_SUITE)
+    for level in ("default", "avx2"):
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", level)
+        result = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", f"--backends-trace=z_{level}"
+        )
+        assert result.ret == 0, result.stdout.str()
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    code = main(["diverge", str(pytester.path / "z_default"), str(pytester.path / "z_avx2")])
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "ops aligned" in line]
+    parted = [line for line in lines if "agree within bounds" not in line]
+    assert len(lines) >= 40 and parted == [] and code == 0, out
