@@ -169,6 +169,12 @@ class _ConfigOption:
         setattr(obj, last, value)
 
 
+def _module_attr_write(module: str, attr: str, value: object) -> None:
+    mod = sys.modules.get(module)
+    if mod is not None:
+        setattr(mod, attr, value)
+
+
 def _config_row(add: Add, name: str, module: str, key: str, unset: object, doc: str) -> None:
     option = _ConfigOption(module, key, unset)
     add(name, True, option.read, option.write, _any_value, "the option's values, or 'default'",
@@ -469,10 +475,11 @@ def _process_state_rows(torch: Any, add: Add) -> None:
         ("_checkpoint_debug_enabled", "torch.utils.checkpoint.set_checkpoint_debug_enabled"),
     ):
         add(
-            f"checkpoint.{attr.strip('_').replace('_enabled', '').replace('enable_', '')}",
-            (checkpoint is not None and hasattr(checkpoint, attr)) or "not in this torch",
+            "checkpoint.early_stop" if "early" in attr else "checkpoint.debug",
+            (checkpoint is None or hasattr(checkpoint, attr)) or "not in this torch",
+            # None (torch's default) until torch.utils.checkpoint is imported
             functools.partial(_module_attr_read, "torch.utils.checkpoint", attr),
-            functools.partial(setattr, checkpoint, attr),
+            functools.partial(_module_attr_write, "torch.utils.checkpoint", attr),
             _any_value,
             "None, True, False",
             doc,
@@ -517,7 +524,8 @@ def _stack_rows(torch: Any, add: Add) -> None:
             name,
             ok or "not in this torch",
             _get(C, length) or _missing,
-            functools.partial(_pop_to, _get(C, length), _get(C, pop)),
+            functools.partial(_pop_to, _get(C, length), functools.partial(_get(C, pop), None)
+                              if name == "modes.dispatch_stack" else _get(C, pop)),
             _non_negative_int,
             "a non-negative int (modes can only be popped)",
             doc,
@@ -528,12 +536,17 @@ def _stack_rows(torch: Any, add: Add) -> None:
         (callable(_get(C, "_get_torch_function_state")) and callable(_get(C, "_set_torch_function_state")))
         or "not in this torch",
         _get(C, "_get_torch_function_state") or _missing,
-        _get(C, "_set_torch_function_state") or _missing,
+        functools.partial(_set_function_state, C),
         _any_value,
         "a _TorchFunctionState",
         "torch function handling disabled (DisableTorchFunction entered and not exited)",
         plain=lambda v: str(getattr(v, "name", v)),
     )
+
+
+def _set_function_state(C: Any, value: object) -> None:
+    states = C._TorchFunctionState
+    C._set_torch_function_state(states.__members__[value] if isinstance(value, str) else value)
 
 
 def _hook_rows(torch: Any, add: Add) -> None:
