@@ -249,7 +249,7 @@ NOT_STATE: tuple[tuple[tuple[str, ...], str], ...] = (
     ),
     (
         (
-            "_is_view*", "_is_alias_of", "_is_cow_tensor", "_is_zerotensor", "_is_fake_tensor",
+            "_is_view", "_is_view_op", "_is_alias_of", "_is_cow_tensor", "_is_zerotensor", "_is_fake_tensor",
             "_is_functional_tensor*", "_is_cached_tensor", "_is_pure_view", "_get_tensor_*",
             "_set_tensor_metadata", "_get_data_attr", "_set_cdata", "_set_conj", "_set_neg",
             "_get_creation_meta", "_set_creation_meta", "_get_nested_int", "_get_fake_constant",
@@ -428,14 +428,18 @@ def classify(names: Iterable[str], rows: Iterable[str]) -> Surface:
         if row is None and name.startswith("torch.backends."):
             candidate = name.removeprefix("torch.backends.")
             row = candidate if candidate in known_rows else None
-        if row is not None and row in known_rows:
-            surface.managed[name] = row
+        if row is not None:
+            # a name a row manages is never excused by the not-state list
+            if row in known_rows:
+                surface.managed[name] = row
+            else:
+                surface.unknown.append(f"{name} (row {row!r} is missing)")
             continue
         reason = not_state_reason(name)
         if reason is not None:
             surface.not_state[name] = reason
         else:
-            surface.unknown.append(name if row is None else f"{name} (row {row!r} is missing)")
+            surface.unknown.append(name)
     return surface
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -650,8 +651,8 @@ def _native_aot_rows(torch: Any, add: Add) -> None:
     C = torch._C
     if callable(_get(C, "_get_native_aot_enabled")):
         with contextlib.suppress(Exception):
-            import torch._native as native
-            from torch._native import registry
+            native = importlib.import_module("torch._native")
+            registry = importlib.import_module("torch._native.registry")
     add(
         "native_aot.enabled",
         (native is not None and hasattr(native, "set_aot_enabled")) or "needs torch >= 2.15",
