@@ -234,3 +234,13 @@ def test_corrected_versions_and_blas_names() -> None:
     assert row.check("default") in ("cublas", "cublaslt", "ck")
     assert "2.13" not in reg.by_name["python_native.triton.enabled"].doc or True
     assert functools  # keeps the import used when rows move
+
+
+def test_generated_switch_reference_matches_the_catalogue() -> None:
+    from pytest_backends.flags.reference import render
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "reference" / "switches.rst"
+    reg = registry()
+    assert page.read_text() == render([*reg.names(), *reg.absent]), (
+        "regenerate it: python -m pytest_backends.flags.reference > docs/reference/switches.rst"
+    )
