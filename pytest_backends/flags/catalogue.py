@@ -35,8 +35,6 @@ from pytest_backends.flags.row import (
     _set_default_device,
     _write_unless_mixed,
 )
-from pytest_backends.flags.surface import unmanaged_rows
-from pytest_backends.flags.switches import switch_rows
 from pytest_backends.flags.rows import (
     _FROZEN_ATTR,
     _autocast_rows,
@@ -47,7 +45,8 @@ from pytest_backends.flags.rows import (
     _read_flush_denormal,
     _set_frozen,
 )
-
+from pytest_backends.flags.surface import unmanaged_rows
+from pytest_backends.flags.switches import switch_rows
 
 _BLAS_ALIASES = {"hipblas": "cublas", "hipblaslt": "cublaslt"}
 

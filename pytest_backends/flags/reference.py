@@ -45,7 +45,9 @@ def render(names: Iterable[str]) -> str:
         "     - torch functions it manages",
     ]
     for name in _catalogue_names(names):
-        managed = ", ".join(f"``{n}``" for n in sorted(by_row.get(name, []))) or "(state read directly)"
+        managed = (
+            ", ".join(f"``{n}``" for n in sorted(by_row.get(name, []))) or "(state read directly)"
+        )
         lines += [f"   * - ``{name}``", f"     - {managed}"]
     lines += [
         "",

@@ -35,10 +35,14 @@ def _get(obj: object, name: str) -> Any:
         return None
 
 
-def _pair(add: Add, name: str, owner: object, getter: str, setter: str, doc: str, **kw: Any) -> None:
+def _pair(
+    add: Add, name: str, owner: object, getter: str, setter: str, doc: str, **kw: Any
+) -> None:
     """A row for a getter/setter pair of ``owner`` (a bool unless ``check`` says otherwise)."""
     read, write = _get(owner, getter), _get(owner, setter)
-    exists: bool | str = (callable(read) and callable(write)) or kw.pop("absent", "not in this torch")
+    exists: bool | str = (callable(read) and callable(write)) or kw.pop(
+        "absent", "not in this torch"
+    )
     kw.setdefault("check", _bool)
     kw.setdefault("allowed", "True, False")
     check, allowed = kw.pop("check"), kw.pop("allowed")
@@ -178,8 +182,16 @@ def _module_attr_write(module: str, attr: str, value: object) -> None:
 
 def _config_row(add: Add, name: str, module: str, key: str, unset: object, doc: str) -> None:
     option = _ConfigOption(module, key, unset)
-    add(name, True, option.read, option.write, _any_value, "the option's values, or 'default'",
-        doc, plain=option.plain)
+    add(
+        name,
+        True,
+        option.read,
+        option.write,
+        _any_value,
+        "the option's values, or 'default'",
+        doc,
+        plain=option.plain,
+    )
 
 
 def _any_value(value: object) -> object:
@@ -336,8 +348,14 @@ def switch_rows(torch: Any, add: Add, c_flag: Callable[..., None]) -> None:
     if unset is None:
         return
     for attr in _INDUCTOR_NUMERICS:
-        _config_row(add, f"inductor.{attr}", "torch._inductor.config", attr, unset,
-                    f"torch._inductor.config.{attr} (read only once inductor is imported)")
+        _config_row(
+            add,
+            f"inductor.{attr}",
+            "torch._inductor.config",
+            attr,
+            unset,
+            f"torch._inductor.config.{attr} (read only once inductor is imported)",
+        )
 
 
 def _unset_sentinel() -> object | None:
@@ -375,30 +393,89 @@ def _jit_rows(torch: Any, add: Add, c_flag: Callable[..., None]) -> None:
         "TorchScript NNC dynamic shapes",
     )
     for name, getter, setter, check, allowed in (
-        ("jit.num_profiled_runs", "_jit_get_num_profiled_runs", "_jit_set_num_profiled_runs",
-         _non_negative_int, "a non-negative int"),
-        ("jit.inline_everything_mode", "_jit_get_inline_everything_mode",
-         "_jit_set_inline_everything_mode", _bool, "True, False"),
-        ("jit.tracer_state_warn", "_jit_get_tracer_state_warn", "_jit_set_tracer_state_warn",
-         _bool, "True, False"),
-        ("jit.te_must_use_llvm_cpu", "_jit_get_te_must_use_llvm_cpu",
-         "_jit_set_te_must_use_llvm_cpu", _bool, "True, False"),
-        ("jit.te_generate_block_code", "_jit_get_te_generate_block_code",
-         "_jit_set_te_generate_block_code", _bool, "True, False"),
-        ("jit.te_cuda_pointwise_loop_levels", "_jit_get_te_cuda_pointwise_loop_levels",
-         "_jit_set_te_cuda_pointwise_loop_levels", _any_value, "an int"),
-        ("jit.te_cuda_pointwise_block_count", "_jit_get_te_cuda_pointwise_block_count",
-         "_jit_set_te_cuda_pointwise_block_count", _any_value, "an int"),
-        ("jit.te_cuda_pointwise_block_size", "_jit_get_te_cuda_pointwise_block_size",
-         "_jit_set_te_cuda_pointwise_block_size", _any_value, "an int"),
-        ("jit.emit_hooks", "_jit_get_emit_hooks", "_jit_set_emit_hooks", _emit_hooks,
-         "the (module, function) hook pair"),
-        ("jit.logging_option", "_jit_get_logging_option", "_jit_set_logging_option", _any_value,
-         "a PYTORCH_JIT_LOG_LEVEL string"),
+        (
+            "jit.num_profiled_runs",
+            "_jit_get_num_profiled_runs",
+            "_jit_set_num_profiled_runs",
+            _non_negative_int,
+            "a non-negative int",
+        ),
+        (
+            "jit.inline_everything_mode",
+            "_jit_get_inline_everything_mode",
+            "_jit_set_inline_everything_mode",
+            _bool,
+            "True, False",
+        ),
+        (
+            "jit.tracer_state_warn",
+            "_jit_get_tracer_state_warn",
+            "_jit_set_tracer_state_warn",
+            _bool,
+            "True, False",
+        ),
+        (
+            "jit.te_must_use_llvm_cpu",
+            "_jit_get_te_must_use_llvm_cpu",
+            "_jit_set_te_must_use_llvm_cpu",
+            _bool,
+            "True, False",
+        ),
+        (
+            "jit.te_generate_block_code",
+            "_jit_get_te_generate_block_code",
+            "_jit_set_te_generate_block_code",
+            _bool,
+            "True, False",
+        ),
+        (
+            "jit.te_cuda_pointwise_loop_levels",
+            "_jit_get_te_cuda_pointwise_loop_levels",
+            "_jit_set_te_cuda_pointwise_loop_levels",
+            _any_value,
+            "an int",
+        ),
+        (
+            "jit.te_cuda_pointwise_block_count",
+            "_jit_get_te_cuda_pointwise_block_count",
+            "_jit_set_te_cuda_pointwise_block_count",
+            _any_value,
+            "an int",
+        ),
+        (
+            "jit.te_cuda_pointwise_block_size",
+            "_jit_get_te_cuda_pointwise_block_size",
+            "_jit_set_te_cuda_pointwise_block_size",
+            _any_value,
+            "an int",
+        ),
+        (
+            "jit.emit_hooks",
+            "_jit_get_emit_hooks",
+            "_jit_set_emit_hooks",
+            _emit_hooks,
+            "the (module, function) hook pair",
+        ),
+        (
+            "jit.logging_option",
+            "_jit_get_logging_option",
+            "_jit_set_logging_option",
+            _any_value,
+            "a PYTORCH_JIT_LOG_LEVEL string",
+        ),
     ):
         extra = {"plain": list} if name == "jit.emit_hooks" else {}
-        _pair(add, name, C, getter, setter, f"TorchScript: torch._C.{setter}", check=check,
-              allowed=allowed, **extra)
+        _pair(
+            add,
+            name,
+            C,
+            getter,
+            setter,
+            f"TorchScript: torch._C.{setter}",
+            check=check,
+            allowed=allowed,
+            **extra,
+        )
 
 
 def _process_state_rows(torch: Any, add: Add) -> None:
@@ -413,18 +490,31 @@ def _process_state_rows(torch: Any, add: Add) -> None:
         "'file_descriptor', 'file_system'",
         "torch.multiprocessing.set_sharing_strategy",
     )
-    config = None
+    config: Any = None
     with contextlib.suppress(Exception):
-        import torch.utils.serialization.config as config
-    options = getattr(config, "_config", {}) if config is not None else {}
+        config = importlib.import_module("torch.utils.serialization.config")
+    options: dict[str, Any] = getattr(config, "_config", {}) if config is not None else {}
     unset = _unset_sentinel()
     for key in sorted(k for k in options if not k.startswith("_")):
         if unset is not None:
-            _config_row(add, f"serialization.{key}", "torch.utils.serialization.config", key,
-                        unset, f"torch.utils.serialization.config.{key}")
+            _config_row(
+                add,
+                f"serialization.{key}",
+                "torch.utils.serialization.config",
+                key,
+                unset,
+                f"torch.utils.serialization.config.{key}",
+            )
     if config is None:
-        add("serialization.load.mmap", "needs torch.utils.serialization.config", _missing,
-            _missing, _any_value, "", "")
+        add(
+            "serialization.load.mmap",
+            "needs torch.utils.serialization.config",
+            _missing,
+            _missing,
+            _any_value,
+            "",
+            "",
+        )
     serialization = _get(torch, "serialization")
     add(
         "serialization.safe_globals",
@@ -458,9 +548,9 @@ def _process_state_rows(torch: Any, add: Add) -> None:
         "an inference_mode context entered and not exited",
         order=1,
     )
-    forward_ad = None
+    forward_ad: Any = None
     with contextlib.suppress(Exception):
-        import torch.autograd.forward_ad as forward_ad
+        forward_ad = importlib.import_module("torch.autograd.forward_ad")
     add(
         "autograd.forward_ad.dual_level",
         (forward_ad is not None and hasattr(forward_ad, "_current_level")) or "not in this torch",
@@ -525,8 +615,13 @@ def _stack_rows(torch: Any, add: Add) -> None:
             name,
             ok or "not in this torch",
             _get(C, length) or _missing,
-            functools.partial(_pop_to, _get(C, length), functools.partial(_get(C, pop), None)
-                              if name == "modes.dispatch_stack" else _get(C, pop)),
+            functools.partial(
+                _pop_to,
+                _get(C, length),
+                functools.partial(_get(C, pop), None)
+                if name == "modes.dispatch_stack"
+                else _get(C, pop),
+            ),
             _non_negative_int,
             "a non-negative int (modes can only be popped)",
             doc,
@@ -534,7 +629,10 @@ def _stack_rows(torch: Any, add: Add) -> None:
         )
     add(
         "modes.torch_function_state",
-        (callable(_get(C, "_get_torch_function_state")) and callable(_get(C, "_set_torch_function_state")))
+        (
+            callable(_get(C, "_get_torch_function_state"))
+            and callable(_get(C, "_set_torch_function_state"))
+        )
         or "not in this torch",
         _get(C, "_get_torch_function_state") or _missing,
         functools.partial(_set_function_state, C),
@@ -567,11 +665,13 @@ def _hook_rows(torch: Any, add: Add) -> None:
     )
     module = sys.modules.get("torch.nn.modules.module")
     for attr in _MODULE_HOOKS:
-        mapping = getattr(module, attr, None)
+        mapping: Any = getattr(module, attr, None)
         extra = (
             ("_global_forward_hooks_always_called", "_global_forward_hooks_with_kwargs")
             if attr == "_global_forward_hooks"
-            else ("_global_is_full_backward_hook",) if attr == "_global_backward_hooks" else ()
+            else ("_global_is_full_backward_hook",)
+            if attr == "_global_backward_hooks"
+            else ()
         )
         add(
             f"nn.module{attr.removeprefix('_global')}",
@@ -588,28 +688,67 @@ def _hook_rows(torch: Any, add: Add) -> None:
 def _tunable_rows(torch: Any, add: Add) -> None:
     """TunableOp: only on builds with a usable CUDA/ROCm device."""
     need = "needs a CUDA device (TunableOp)"
-    tunable = None
+    tunable: Any = None
     if _cuda_ready(torch):
         with contextlib.suppress(Exception):
-            import torch.cuda.tunable as tunable
+            tunable = importlib.import_module("torch.cuda.tunable")
     for name, getter, setter, check, allowed in (
         ("enabled", "is_enabled", "enable", _bool, "True, False"),
         ("tuning", "tuning_is_enabled", "tuning_enable", _bool, "True, False"),
-        ("record_untuned", "record_untuned_is_enabled", "record_untuned_enable", _bool,
-         "True, False"),
-        ("max_tuning_duration", "get_max_tuning_duration", "set_max_tuning_duration",
-         _non_negative_int, "milliseconds"),
-        ("max_tuning_iterations", "get_max_tuning_iterations", "set_max_tuning_iterations",
-         _non_negative_int, "an int"),
-        ("rotating_buffer_size", "get_rotating_buffer_size", "set_rotating_buffer_size",
-         _any_value, "MB (negative: the L2 size)"),
-        ("cublaslt_requested_algo_count", "get_cublaslt_requested_algo_count",
-         "set_cublaslt_requested_algo_count", _non_negative_int, "an int"),
-        ("wildcard_fallback", "wildcard_fallback_is_enabled", "wildcard_fallback_enable",
-         _bool, "True, False"),
+        (
+            "record_untuned",
+            "record_untuned_is_enabled",
+            "record_untuned_enable",
+            _bool,
+            "True, False",
+        ),
+        (
+            "max_tuning_duration",
+            "get_max_tuning_duration",
+            "set_max_tuning_duration",
+            _non_negative_int,
+            "milliseconds",
+        ),
+        (
+            "max_tuning_iterations",
+            "get_max_tuning_iterations",
+            "set_max_tuning_iterations",
+            _non_negative_int,
+            "an int",
+        ),
+        (
+            "rotating_buffer_size",
+            "get_rotating_buffer_size",
+            "set_rotating_buffer_size",
+            _any_value,
+            "MB (negative: the L2 size)",
+        ),
+        (
+            "cublaslt_requested_algo_count",
+            "get_cublaslt_requested_algo_count",
+            "set_cublaslt_requested_algo_count",
+            _non_negative_int,
+            "an int",
+        ),
+        (
+            "wildcard_fallback",
+            "wildcard_fallback_is_enabled",
+            "wildcard_fallback_enable",
+            _bool,
+            "True, False",
+        ),
     ):
-        _pair(add, f"tunableop.{name}", tunable, getter, setter,
-              f"torch.cuda.tunable.{setter}", check=check, allowed=allowed, absent=need)
+        _pair(
+            add,
+            f"tunableop.{name}",
+            tunable,
+            getter,
+            setter,
+            f"torch.cuda.tunable.{setter}",
+            check=check,
+            allowed=allowed,
+            absent=need,
+        )
     add(
         "tunableop.filename",
         (tunable is not None and hasattr(tunable, "get_filename")) or need,

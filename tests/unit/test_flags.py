@@ -17,19 +17,31 @@ from pytest_backends.flags.catalogue import _catalogue
 # State a test can only leave behind (an open context, a started profiler, a hook, the
 # once-only interop thread count) and compiler config read only once imported: each has a
 # test of its own in test_switches.py that makes the change the way a test would.
-_BY_ACTION = ("modes.", "nn.module_", "autograd.saved_tensors_hooks", "autograd.forward_ad.",
-              "profiler.", "num_interop_threads", "inductor.", "autograd.inference_mode",
-              "serialization.safe_globals", "tunableop.results", "jit.emit_hooks",
-              "serialization.load.endianness")
+_BY_ACTION = (
+    "modes.",
+    "nn.module_",
+    "autograd.saved_tensors_hooks",
+    "autograd.forward_ad.",
+    "profiler.",
+    "num_interop_threads",
+    "inductor.",
+    "autograd.inference_mode",
+    "serialization.safe_globals",
+    "tunableop.results",
+    "jit.emit_hooks",
+    "serialization.load.endianness",
+)
 ROWS = [r for r in registry().rows if not r.name.startswith(_BY_ACTION)]
 
 
 def _other_value(row: Flag, current: object) -> object:
     """A valid value different from ``current`` for any row, derived from its kind."""
     if current == "default" and row.name.startswith("serialization."):
-        return {"load.mmap_flags": 1, "save.storage_alignment": 128, "save.compute_crc32": False}.get(
-            row.name.removeprefix("serialization."), True
-        )
+        return {
+            "load.mmap_flags": 1,
+            "save.storage_alignment": 128,
+            "save.compute_crc32": False,
+        }.get(row.name.removeprefix("serialization."), True)
     if isinstance(current, bool):
         return not current
     if current is None and row.name == "printoptions.sci_mode":  # automatic

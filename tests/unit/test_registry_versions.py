@@ -21,9 +21,18 @@ from pytest_backends.flags import Flag, FlagRegistry, registry
 from pytest_backends.flags.catalogue import _catalogue
 
 # rows changed only by an action (contexts, hooks, profiler) or config options: their own tests
-_BY_ACTION = ("modes.", "nn.module_", "autograd.saved_tensors_hooks", "autograd.forward_ad.",
-              "profiler.", "num_interop_threads", "inductor.", "autograd.inference_mode",
-              "serialization.", "tunableop.results")
+_BY_ACTION = (
+    "modes.",
+    "nn.module_",
+    "autograd.saved_tensors_hooks",
+    "autograd.forward_ad.",
+    "profiler.",
+    "num_interop_threads",
+    "inductor.",
+    "autograd.inference_mode",
+    "serialization.",
+    "tunableop.results",
+)
 ROWS = [r for r in registry().rows if not r.name.startswith(_BY_ACTION)]
 ABSENT = sorted(registry().absent)
 

@@ -149,7 +149,9 @@ def test_interop_threads_are_reported_unrestorable_with_what_to_do() -> None:
     assert "cannot be restored" in text and "conftest.py" in text
     reg = registry()
     with pytest.raises(RuntimeError, match="num_interop_threads cannot be restored"):
-        reg.restore({**reg.snapshot(), "num_interop_threads": reg.snapshot()["num_interop_threads"] + 1})
+        reg.restore(
+            {**reg.snapshot(), "num_interop_threads": reg.snapshot()["num_interop_threads"] + 1}
+        )
 
 
 def test_inference_mode_is_restored_so_backward_works() -> None:
