@@ -3,6 +3,7 @@ exited, hooks that can only be removed, config options read through their overri
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -171,10 +172,14 @@ def _module_attr_write(module: str, attr: str, value: object) -> None:
 
 def _config_row(add: Add, name: str, module: str, key: str, unset: object, doc: str) -> None:
     option = _ConfigOption(module, key, unset)
+    mod = sys.modules.get(module)
+    entry = None if mod is None else getattr(mod, "_config", {}).get(key)
+    # an imported module's option: its override's ContextVar getter, called directly
+    read = entry.user_override.get if entry is not None else option.read
     add(
         name,
         True,
-        option.read,
+        read,
         option.write,
         _any_value,
         "the option's values, or 'default'",
@@ -201,13 +206,24 @@ def _safe_globals_read(serialization: Any) -> object:
     return tuple(g for g in serialization.get_safe_globals() if _user_global(g))
 
 
+def safe_globals_reader(serialization: Any) -> Callable[[], object]:
+    """The allow-list set itself (torch replaces it on every change), else the public getter."""
+    module = sys.modules.get("torch._weights_only_unpickler")
+    namespace = getattr(module, "__dict__", None)
+    if isinstance(namespace, dict) and isinstance(namespace.get("_marked_safe_globals_set"), set):
+        return functools.partial(namespace.get, "_marked_safe_globals_set")
+    return functools.partial(_safe_globals_read, serialization)
+
+
 def _global_name(entry: object) -> str:
     obj = entry[0] if isinstance(entry, tuple) else entry
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', obj)}"
 
 
 def _safe_globals_plain(value: object) -> object:
-    return sorted(map(_global_name, value)) if isinstance(value, tuple) else value
+    if isinstance(value, (tuple, set, frozenset)):
+        return sorted(_global_name(g) for g in value if _user_global(g))
+    return value
 
 
 def _safe_globals_write(serialization: Any, value: object) -> None:

@@ -45,7 +45,6 @@ from pytest_backends.flags.switch_state import (
     _pair,
     _pop_to,
     _safe_globals_plain,
-    _safe_globals_read,
     _safe_globals_write,
     _saved_hooks_read,
     _saved_hooks_write,
@@ -53,6 +52,7 @@ from pytest_backends.flags.switch_state import (
     _str_or_none,
     _tunable_filename_write,
     _unrestorable_write,
+    safe_globals_reader,
 )
 
 
@@ -321,7 +321,7 @@ def _process_state_rows(torch: Any, add: Add) -> None:
         "serialization.safe_globals",
         (serialization is not None and hasattr(serialization, "add_safe_globals"))
         or "not in this torch",
-        functools.partial(_safe_globals_read, serialization),
+        safe_globals_reader(serialization),
         functools.partial(_safe_globals_write, serialization),
         _any_value,
         "a list of allowed globals",
