@@ -47,6 +47,31 @@ def _build_native(args: argparse.Namespace) -> int:
     return 0
 
 
+def _switches(args: argparse.Namespace) -> int:
+    """Print the managed, known-not-state and unknown switches; exit 1 if any is unknown."""
+    import torch
+
+    from pytest_backends.flags import registry
+    from pytest_backends.flags.surface import classify, discover, name_list
+
+    reg = registry()
+    names = name_list(Path(args.names)) if args.names else discover(torch)
+    surface = classify(names, set(reg.names()) | set(reg.absent))
+    where = args.names or f"torch {torch.__version__}"
+    print(f"pytest-backends switches of {where}")
+    print(f"\nmanaged ({len(surface.managed)}): restored after every test")
+    for name, row in surface.managed.items():
+        state = "absent here: " + reg.absent[row] if row in reg.absent else "row"
+        print(f"  {name} -> {row} ({state})")
+    print(f"\nknown not to be global numeric state ({len(surface.not_state)})")
+    for name, reason in surface.not_state.items():
+        print(f"  {name}: {reason}")
+    print(f"\nunknown ({len(surface.unknown)})")
+    for name in surface.unknown:
+        print(f"  {name}")
+    return 1 if surface.unknown else 0
+
+
 _FORMATS = {
     "pytest-backends-report": "report",
     "pytest-backends-census": "census",
@@ -304,9 +329,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     div.add_argument("trace_a", metavar="TRACE_A", help="reference trace file or directory")
     div.add_argument("trace_b", metavar="TRACE_B", help="other trace file or directory")
+    switches = commands.add_parser(
+        "switches",
+        help="list torch's switches: managed by the guard, known not to be state, unknown",
+    )
+    switches.add_argument(
+        "--names",
+        metavar="FILE",
+        help="classify the names of a *.names file instead of the running torch's",
+    )
     args = parser.parse_args(argv)
     if args.command == "diverge":
         return _diverge(args)
+    if args.command == "switches":
+        return _switches(args)
     if args.command == "build-native":
         return _build_native(args)
     if args.command == "merge":

@@ -45,6 +45,20 @@ from pytest_backends.flags.rows import (
     _read_flush_denormal,
     _set_frozen,
 )
+from pytest_backends.flags.surface import unmanaged_rows
+from pytest_backends.flags.switches import switch_rows
+
+_BLAS_ALIASES = {"hipblas": "cublas", "hipblaslt": "cublaslt"}
+
+
+def _blas_library(torch: Any, value: object) -> object:
+    """torch's BLAS library names: ``"default"`` resolves to the build's default, and the
+    ROCm names are aliases of the CUDA ones."""
+    value = _choice("default", "cublas", "cublaslt", "hipblas", "hipblaslt", "ck")(value)
+    if value == "default":
+        default = getattr(torch._C, "_get_blas_default_backend", None)
+        return _enum_name(default()) if default is not None else "cublas"
+    return _BLAS_ALIASES.get(str(value), value)
 
 
 def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
@@ -267,8 +281,8 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
         has("_get_blas_preferred_backend") or "not in this torch",
         C._get_blas_preferred_backend if has("_get_blas_preferred_backend") else _missing,
         cuda_mod.preferred_blas_library if has("_get_blas_preferred_backend") else _missing,
-        _choice("cublas", "cublaslt", "ck"),
-        "'cublas', 'cublaslt', 'ck'",
+        functools.partial(_blas_library, torch),
+        "'default', 'cublas', 'cublaslt', 'hipblas', 'hipblaslt', 'ck'",
         "BLAS library for CUDA tensors",
         plain=_enum_name,
     )
@@ -449,6 +463,8 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     _autocast_rows(torch, add)
     _process_rows(torch, add, c_flag)
     _device_rows(torch, add)
+    switch_rows(torch, add, c_flag)
+    unmanaged_rows(torch, rows, absent)
 
     # The freeze switch of torch.backends.disable_global_flags(); written last,
     # after every ContextProp row was written under the mutation allowance.

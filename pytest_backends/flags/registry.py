@@ -112,6 +112,11 @@ class FlagRegistry:
     ) -> None:
         if row.parent is None and current.get(row.name) == want:
             return
+        if row.unmanaged:
+            return  # unknown to the plugin: reported, never written
+        if row.unrestorable is not None:
+            errors.append(f"{row.name} cannot be restored: {row.unrestorable}")
+            return
         try:
             row.write(self._precision_value(row, want) if row.parent else want)
         except Exception as exc:  # keep going: one bad row must not block the rest

@@ -21,7 +21,9 @@ class Flag:
     for legacy aliases whose state is already captured by other rows.
     ``parent`` names the row this one inherits from (``fp32_precision`` tree).
     ``last`` rows are written after all others and outside the mutation
-    allowance (the ``disable_global_flags`` switch itself).
+    allowance (the ``disable_global_flags`` switch itself).  ``unrestorable``
+    rows are reported with what the user must do; ``unmanaged`` rows come from
+    the runtime net (a switch torch has and the catalogue does not know).
     """
 
     name: str
@@ -35,6 +37,10 @@ class Flag:
     in_snapshot: bool = True
     parent: str | None = None
     last: bool = False
+    #: what the user must do, for state torch cannot put back once changed
+    unrestorable: str | None = None
+    #: a switch discovery found and no row manages: reported, never restored
+    unmanaged: bool = False
 
 
 class _Invalid(ValueError):

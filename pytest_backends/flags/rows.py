@@ -64,6 +64,17 @@ def _flush_denormal_readable(torch: Any) -> bool:
 
 
 _AUTOCAST_DTYPES = ("float16", "bfloat16")
+# Every device type torch's autocast knows; each is read only where torch accepts it.
+_OTHER_AUTOCAST_DEVICES = ("xpu", "mps", "xla", "ipu", "hpu", "mtia", "maia", "privateuseone")
+
+
+def _autocast_readable(torch: Any, device: str) -> bool:
+    try:
+        torch.is_autocast_enabled(device)
+        torch.get_autocast_dtype(device)
+    except Exception:  # a device type this torch does not know
+        return False
+    return True
 
 
 def _autocast_rows(torch: Any, add: Callable[..., None]) -> None:
@@ -89,7 +100,7 @@ def _autocast_rows(torch: Any, add: Callable[..., None]) -> None:
         by_device = False
     devices = ["cpu", "cuda"]
     if by_device:
-        devices += [d for d in ("xpu", "mps") if _device_available(torch, d)]
+        devices += [d for d in _OTHER_AUTOCAST_DEVICES if _autocast_readable(torch, d)]
     legacy = {
         "cpu": (
             "is_autocast_cpu_enabled",
@@ -372,7 +383,7 @@ def _python_native_rows(torch: Any, add: Callable[..., None]) -> None:
 
             state = native_registry._filter_state
             dsls = [str(d) for d in native.all_dsls]
-    reason = "needs torch.backends.python_native (torch >= 2.13)"
+    reason = "needs torch.backends.python_native (torch >= 2.12)"
     for dsl in sorted(set(_PYTHON_NATIVE_DSLS) | set(dsls)):
         exists: bool | str = (state is not None and dsl in dsls) or (
             "not in this torch" if state is not None else reason
@@ -471,7 +482,7 @@ def _device_rows(torch: Any, add: Callable[..., None]) -> None:
             except Exception as exc:  # the probe failed: not snapshotted, and said why
                 exists = f"could not be read here ({type(exc).__name__})"
         elif available:
-            exists = "needs torch >= 2.14"
+            exists = "needs torch >= 2.13"
         add(
             name,
             exists,

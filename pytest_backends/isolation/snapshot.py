@@ -28,7 +28,24 @@ def registry() -> Any:
 
 
 def diff_lines(diff: Mapping[str, tuple[object, object]]) -> str:
-    """One ``name: before -> after`` line per changed flag."""
+    """One ``name: before -> after`` line per changed flag.
+
+    A switch the catalogue does not manage, or one torch cannot put back, says so
+    on its line.
+    """
     from pytest_backends.flags import format_diff
 
-    return format_diff(diff)
+    rows = registry().by_name
+    lines = []
+    for name, change in diff.items():
+        line = format_diff({name: change})
+        row = rows.get(name)
+        if row is not None and row.unmanaged:
+            line = (
+                f"  changed an unmanaged switch `{name}` (not restored: unknown to the "
+                f"plugin): {change[0]!r} -> {change[1]!r}"
+            )
+        elif row is not None and row.unrestorable is not None:
+            line += f" (cannot be restored: {row.unrestorable})"
+        lines.append(line)
+    return "\n".join(lines)

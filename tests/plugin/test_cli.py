@@ -118,17 +118,19 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_help_names_each_subcommand_and_its_options() -> None:
     top = _cli("--help")
     assert top.returncode == 0 and top.stderr == ""
-    assert "usage: pytest-backends [-h] {merge,baseline,build-native}" in top.stdout
+    assert "usage: pytest-backends [-h] {merge,baseline,build-native,switches}" in top.stdout
     for line in (
         "merge the matrix reports and censuses of several jobs into one",
         "add new and remove fixed ops of a baseline from a whole-suite census",
         "build the native digest/repeat extension for this torch",
+        "list torch's switches: managed by the guard, known not to be state, unknown",
     ):
         assert line in top.stdout
     for command, options in (
         ("merge", ("--report OUT.json", "--html OUT.html", "--census OUT.json", "IN [IN ...]")),
         ("baseline", ("--census CENSUS.json", "--check", "BASELINE.json")),
         ("build-native", ("--force", "--verbose", "--inplace")),
+        ("switches", ("--names FILE",)),
     ):
         result = _cli(command, "--help")
         assert result.returncode == 0, result.stderr
@@ -371,3 +373,18 @@ def test_merge_and_the_gate_run_where_torch_is_not_installed(jobs: Path, tmp_pat
         assert (result.returncode, result.stderr) == (0, ""), args
     assert _load(merged)["conflicts"] != []
     assert [e["op"] for e in _load(baseline)["accepted"]] == ["plant::noisy"]
+
+
+def test_switches_lists_managed_not_state_and_unknown(tmp_path: Path) -> None:
+    result = _cli("switches")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "_get_cudnn_benchmark -> cudnn.benchmark (row)" in out
+    assert "\nknown not to be global numeric state (" in out
+    assert "_accelerator_getStream: device runtime" in out
+    assert "\nunknown (0)\n" in out
+    names = tmp_path / "new.names"
+    names.write_text("_get_cudnn_benchmark\n_get_brand_new_switch\n")
+    newer = _cli("switches", "--names", str(names))
+    assert newer.returncode == 1
+    assert "unknown (1)\n  _get_brand_new_switch" in newer.stdout

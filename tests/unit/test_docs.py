@@ -11,6 +11,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 def test_every_registry_row_is_documented() -> None:
     text = (DOCS / "reference" / "flags.rst").read_text()
+    text += (DOCS / "reference" / "switches.rst").read_text()
     reg = registry()
     names = [row.name for row in reg.rows] + [
         name for name in reg.absent if "cufft_plan_cache" not in name

@@ -14,11 +14,34 @@ from pytest_backends import diff_flags, flag_names, override_flags, restore_flag
 from pytest_backends.flags import Flag, FlagRegistry, registry
 from pytest_backends.flags.catalogue import _catalogue
 
-ROWS = registry().rows
+# State a test can only leave behind (an open context, a started profiler, a hook, the
+# once-only interop thread count) and compiler config read only once imported: each has a
+# test of its own in test_switches.py that makes the change the way a test would.
+_BY_ACTION = (
+    "modes.",
+    "nn.module_",
+    "autograd.saved_tensors_hooks",
+    "autograd.forward_ad.",
+    "profiler.",
+    "num_interop_threads",
+    "inductor.",
+    "autograd.inference_mode",
+    "serialization.safe_globals",
+    "tunableop.results",
+    "jit.emit_hooks",
+    "serialization.load.endianness",
+)
+ROWS = [r for r in registry().rows if not r.name.startswith(_BY_ACTION)]
 
 
 def _other_value(row: Flag, current: object) -> object:
     """A valid value different from ``current`` for any row, derived from its kind."""
+    if current == "default" and row.name.startswith("serialization."):
+        return {
+            "load.mmap_flags": 1,
+            "save.storage_alignment": 128,
+            "save.compute_crc32": False,
+        }.get(row.name.removeprefix("serialization."), True)
     if isinstance(current, bool):
         return not current
     if current is None and row.name == "printoptions.sci_mode":  # automatic
@@ -38,9 +61,14 @@ def _other_value(row: Flag, current: object) -> object:
         return "meta"
     if row.name == "num_threads":
         return 1 if current != 1 else 2
-    if isinstance(current, int):
+    if row.name == "sm_carveout":
+        return 2 if current is None else None
+    if isinstance(current, int) and not isinstance(current, bool):
         return current + 1
     for candidate in (
+        "error",
+        "nothing",
+        "file_system",
         "ieee",
         "tf32",
         "bf16",
@@ -66,7 +94,8 @@ def _other_value(row: Flag, current: object) -> object:
     ):
         if candidate != current:
             try:
-                row.check(candidate)
+                if row.check(candidate) == current:
+                    continue
             except ValueError:
                 continue
             return candidate

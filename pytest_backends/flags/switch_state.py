@@ -1,0 +1,260 @@
+"""Readers and writers of the switch rows (:mod:`.switches`): contexts that can only be
+exited, hooks that can only be removed, config options read through their override."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from pytest_backends.flags.row import (
+    _bool,
+    _Invalid,
+    _missing,
+    _non_negative_int,
+)
+
+Add = Callable[..., None]
+
+
+def _get(obj: object, name: str) -> Any:
+    try:
+        return getattr(obj, name, None)
+    except Exception:  # a module wrapper with a strict __getattr__
+        return None
+
+
+def _pair(
+    add: Add, name: str, owner: object, getter: str, setter: str, doc: str, **kw: Any
+) -> None:
+    """A row for a getter/setter pair of ``owner`` (a bool unless ``check`` says otherwise)."""
+    read, write = _get(owner, getter), _get(owner, setter)
+    exists: bool | str = (callable(read) and callable(write)) or kw.pop(
+        "absent", "not in this torch"
+    )
+    kw.setdefault("check", _bool)
+    kw.setdefault("allowed", "True, False")
+    check, allowed = kw.pop("check"), kw.pop("allowed")
+    add(name, exists, read or _missing, write or _missing, check, allowed, doc, **kw)
+
+
+def _int_or_none(value: object) -> object:
+    if value is None:
+        return None
+    return _non_negative_int(value)
+
+
+def _str_or_none(value: object) -> object:
+    if value is None or isinstance(value, str):
+        return value
+    raise _Invalid(f"expected None or a string, got {value!r}")
+
+
+def _inference_mode_write(torch: Any, keep: list[object], value: bool) -> None:
+    # torch has no setter: an InferenceMode guard (kept alive for the process)
+    # switches the thread's inference mode and its dispatch keys back.
+    if bool(torch.is_inference_mode_enabled()) != value:
+        keep.append(torch._C._InferenceMode(value))
+
+
+_GUARDS: list[object] = []
+
+
+def _pop_to(length: Callable[[], int], pop: Callable[[], object], value: int) -> None:
+    while length() > value:
+        pop()
+    if length() != value:
+        raise RuntimeError(f"a mode stack can only be shortened (it has {length()} modes)")
+
+
+def _dual_level_write(forward_ad: Any, value: int) -> None:
+    while forward_ad._current_level > value:
+        forward_ad.exit_dual_level(level=forward_ad._current_level)
+    if forward_ad._current_level != value:
+        raise RuntimeError("forward-AD dual levels can only be exited")
+
+
+def _saved_hooks_read(autograd: Any) -> object:
+    return autograd._top_saved_tensors_default_hooks(True)
+
+
+def _saved_hooks_write(autograd: Any, value: object) -> None:
+    for _ in range(1000):
+        top = autograd._top_saved_tensors_default_hooks(True)
+        if top == value or top is None:
+            break
+        autograd._pop_saved_tensors_default_hooks()
+
+
+def _hooks_plain(value: object) -> object:
+    return "none" if value is None else "a saved_tensors_hooks context is active"
+
+
+_MODULE_HOOKS = (
+    "_global_buffer_registration_hooks",
+    "_global_module_registration_hooks",
+    "_global_parameter_registration_hooks",
+    "_global_backward_pre_hooks",
+    "_global_backward_hooks",
+    "_global_forward_pre_hooks",
+    "_global_forward_hooks",
+)
+
+
+def _dict_keys_read(mapping: dict[Any, Any]) -> object:
+    return tuple(mapping) if mapping else ()
+
+
+def _dict_keys_write(mapping: dict[Any, Any], extra: tuple[str, ...], value: object) -> None:
+    wanted = set(value) if isinstance(value, (list, tuple)) else set()
+    for key in [k for k in mapping if k not in wanted]:
+        mapping.pop(key, None)
+        for other in extra:
+            other_map = getattr(sys.modules["torch.nn.modules.module"], other, None)
+            if isinstance(other_map, dict):
+                other_map.pop(key, None)
+
+
+def _handles(value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _module_attr_read(module: str, attr: str) -> object:
+    mod = sys.modules.get(module)
+    return None if mod is None else getattr(mod, attr, None)
+
+
+class _ConfigOption:
+    """One option of a torch config module, read through its user override.
+
+    The raw value is the option's override (torch's unset sentinel while the
+    option keeps its default, and while the module is not imported), so a
+    config module imported during a test is no change, and reading never
+    imports it.
+    """
+
+    def __init__(self, module: str, key: str, unset: object) -> None:
+        self.module, self.key, self.unset = module, key, unset
+
+    def read(self) -> object:
+        mod = sys.modules.get(self.module)
+        entry = None if mod is None else getattr(mod, "_config", {}).get(self.key)
+        return self.unset if entry is None else entry.user_override.get()
+
+    def plain(self, value: object) -> object:
+        mod = sys.modules.get(self.module)
+        entry = None if mod is None else getattr(mod, "_config", {}).get(self.key)
+        if value is self.unset or (entry is not None and value == entry.default):
+            return "default"
+        return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
+
+    def write(self, value: object) -> None:
+        mod = sys.modules.get(self.module)
+        entry = None if mod is None else getattr(mod, "_config", {}).get(self.key)
+        if entry is None:
+            return
+        if value == "default" or value is self.unset:
+            entry.user_override.set(self.unset)
+            return
+        *path, last = self.key.split(".")
+        obj: Any = mod
+        for part in path:
+            obj = getattr(obj, part)
+        setattr(obj, last, value)
+
+
+def _module_attr_write(module: str, attr: str, value: object) -> None:
+    mod = sys.modules.get(module)
+    if mod is not None:
+        setattr(mod, attr, value)
+
+
+def _config_row(add: Add, name: str, module: str, key: str, unset: object, doc: str) -> None:
+    option = _ConfigOption(module, key, unset)
+    mod = sys.modules.get(module)
+    entry = None if mod is None else getattr(mod, "_config", {}).get(key)
+    # an imported module's option: its override's ContextVar getter, called directly
+    read = entry.user_override.get if entry is not None else option.read
+    add(
+        name,
+        True,
+        read,
+        option.write,
+        _any_value,
+        "the option's values, or 'default'",
+        doc,
+        plain=option.plain,
+    )
+
+
+def _any_value(value: object) -> object:
+    return value
+
+
+def _sharing_write(mp: Any, value: str) -> None:
+    mp.set_sharing_strategy(value)
+
+
+def _user_global(entry: object) -> bool:
+    obj = entry[0] if isinstance(entry, tuple) else entry
+    return not str(getattr(obj, "__module__", "") or "").startswith("torch")
+
+
+def _safe_globals_read(serialization: Any) -> object:
+    # torch registers its own globals as its modules are imported: only the user's count
+    return tuple(g for g in serialization.get_safe_globals() if _user_global(g))
+
+
+def safe_globals_reader(serialization: Any) -> Callable[[], object]:
+    """The allow-list set itself (torch replaces it on every change), else the public getter."""
+    module = sys.modules.get("torch._weights_only_unpickler")
+    namespace = getattr(module, "__dict__", None)
+    if isinstance(namespace, dict) and isinstance(namespace.get("_marked_safe_globals_set"), set):
+        return functools.partial(namespace.get, "_marked_safe_globals_set")
+    return functools.partial(_safe_globals_read, serialization)
+
+
+def _global_name(entry: object) -> str:
+    obj = entry[0] if isinstance(entry, tuple) else entry
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', obj)}"
+
+
+def _safe_globals_plain(value: object) -> object:
+    if isinstance(value, (tuple, set, frozenset)):
+        return sorted(_global_name(g) for g in value if _user_global(g))
+    return value
+
+
+def _safe_globals_write(serialization: Any, value: object) -> None:
+    wanted = set(value) if isinstance(value, (list, tuple)) else set()
+    current = serialization.get_safe_globals()
+    keep = [g for g in current if not _user_global(g) or _global_name(g) in wanted]
+    serialization.clear_safe_globals()
+    if keep:
+        serialization.add_safe_globals(keep)
+
+
+def _unrestorable_write(hint: str, _value: object) -> None:
+    raise RuntimeError(hint)
+
+
+def _tunable_filename_write(tunable: Any, value: str) -> None:
+    tunable.set_filename(value, False)
+
+
+INTEROP_HINT = (
+    "torch can set the inter-op thread count only once per process: call "
+    "torch.set_num_interop_threads() in conftest.py before any test, or run this test "
+    "in its own process (pytest-xdist --forked or a subprocess)"
+)
+_INDUCTOR_NUMERICS = (
+    "deterministic",
+    "batch_invariant",
+    "numerics",
+    "emulate_precision_casts",
+    "fallback_random",
+    "eager_numerics.division_rounding",
+    "eager_numerics.disable_ftz",
+    "eager_numerics.use_pytorch_libdevice",
+)

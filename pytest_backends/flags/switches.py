@@ -1,0 +1,618 @@
+"""Rows for the switches beyond the backend flags: autograd and TorchScript knobs, module
+conversion futures, serialization options, mode stacks, hooks, TunableOp, native AOT kernels
+and the numerics of compiler configs.
+
+Every row is probed feature by feature; switches that only exist on CUDA builds or in newer
+releases are read only where they exist.  Rows whose change torch cannot undo carry an
+``unrestorable`` hint that says what the user must do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from pytest_backends.flags.row import (
+    _bool,
+    _choice,
+    _Invalid,
+    _missing,
+    _non_negative_int,
+    _positive_int,
+)
+from pytest_backends.flags.switch_state import (
+    _GUARDS,
+    _INDUCTOR_NUMERICS,
+    _MODULE_HOOKS,
+    INTEROP_HINT,
+    Add,
+    _any_value,
+    _config_row,
+    _dict_keys_read,
+    _dict_keys_write,
+    _dual_level_write,
+    _get,
+    _handles,
+    _hooks_plain,
+    _inference_mode_write,
+    _int_or_none,
+    _module_attr_read,
+    _module_attr_write,
+    _pair,
+    _pop_to,
+    _safe_globals_plain,
+    _safe_globals_write,
+    _saved_hooks_read,
+    _saved_hooks_write,
+    _sharing_write,
+    _str_or_none,
+    _tunable_filename_write,
+    _unrestorable_write,
+    safe_globals_reader,
+)
+
+
+def switch_rows(torch: Any, add: Add, c_flag: Callable[..., None]) -> None:
+    """Every switch beyond the backend flags that exists in ``torch``."""
+    C = torch._C
+    c_flag(
+        "autograd.grad_layout_enforcement",
+        "_is_grad_layout_enforcement_enabled",
+        "_set_grad_layout_enforcement_enabled",
+        "AccumulateGrad makes .grad strides match the parameter's "
+        "(torch.autograd.enforce_grad_layout_policy)",
+    )
+    c_flag(
+        "autograd.override_stale_capture_stream",
+        "_override_stale_capture_stream",
+        "_set_override_stale_capture_stream",
+        "torch.autograd.graph.set_override_stale_capture_stream (process-global)",
+    )
+    c_flag(
+        "autograd.warn_on_accumulate_grad_stream_mismatch",
+        "_warn_on_accumulate_grad_stream_mismatch",
+        "_set_warn_on_accumulate_grad_stream_mismatch",
+        "torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch",
+    )
+    _pair(
+        add,
+        "autograd.fallback_mode",
+        C,
+        "_get_autograd_fallback_mode",
+        "_set_autograd_fallback_mode",
+        "what autograd does for ops without an autograd kernel",
+        check=_choice("nothing", "warn", "error"),
+        allowed="'nothing', 'warn', 'error'",
+    )
+    _pair(
+        add,
+        "sm_carveout",
+        C,
+        "_get_sm_carveout_experimental",
+        "_set_sm_carveout_experimental",
+        "SMs kept free by GEMMs and FA3 (torch._C._set_sm_carveout_experimental)",
+        check=_int_or_none,
+        allowed="None or a non-negative int",
+    )
+    c_flag(
+        "backcompat.broadcast_warn",
+        "_get_backcompat_broadcast_warn",
+        "_set_backcompat_broadcast_warn",
+        "warn on broadcasts that changed meaning (torch.utils.backcompat)",
+    )
+    c_flag(
+        "backcompat.keepdim_warn",
+        "_get_backcompat_keepdim_warn",
+        "_set_backcompat_keepdim_warn",
+        "warn on reductions whose keepdim default changed (torch.utils.backcompat)",
+    )
+    c_flag("sdp.fa4", "_get_fa4_sdp_enabled", "_set_sdp_use_fa4", "allow the fa4 SDPA kernel")
+    functorch = _get(C, "_functorch")
+    _pair(
+        add,
+        "functorch.vmap_fallback_enabled",
+        functorch,
+        "_is_vmap_fallback_enabled",
+        "_set_vmap_fallback_enabled",
+        "vmap runs ops without a batching rule through the slow fallback",
+    )
+    # torch.__future__
+    future = _get(torch, "__future__")
+    for what in ("overwrite", "swap"):
+        _pair(
+            add,
+            f"future.{what}_module_params_on_conversion",
+            future,
+            f"get_{what}_module_params_on_conversion",
+            f"set_{what}_module_params_on_conversion",
+            f"torch.__future__.set_{what}_module_params_on_conversion",
+        )
+    _pair(
+        add,
+        "storage.always_warn_typed_storage_removal",
+        _get(torch, "storage"),
+        "_get_always_warn_typed_storage_removal",
+        "_set_always_warn_typed_storage_removal",
+        "TypedStorage deprecation warning on every use",
+    )
+    _jit_rows(torch, add, c_flag)
+    _process_state_rows(torch, add)
+    _stack_rows(torch, add)
+    _hook_rows(torch, add)
+    _tunable_rows(torch, add)
+    _native_aot_rows(torch, add)
+    unset = _unset_sentinel()
+    if unset is None:
+        return
+    for attr in _INDUCTOR_NUMERICS:
+        _config_row(
+            add,
+            f"inductor.{attr}",
+            "torch._inductor.config",
+            attr,
+            unset,
+            f"torch._inductor.config.{attr} (read only once inductor is imported)",
+        )
+
+
+def _unset_sentinel() -> object | None:
+    try:
+        from torch.utils._config_module import _UNSET_SENTINEL
+    except ImportError:  # a torch without config modules
+        return None
+    return _UNSET_SENTINEL
+
+
+def _emit_hooks(value: object) -> object:
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return tuple(value)
+    raise _Invalid(f"expected a (module hook, function hook) pair, got {value!r}")
+
+
+def _jit_rows(torch: Any, add: Add, c_flag: Callable[..., None]) -> None:
+    C = torch._C
+    c_flag(
+        "jit.onednn_fusion",
+        "_jit_llga_enabled",
+        "_jit_set_llga_enabled",
+        "TorchScript oneDNN Graph fuser (torch.jit.enable_onednn_fusion)",
+    )
+    c_flag(
+        "jit.texpr_reductions",
+        "_jit_texpr_reductions_enabled",
+        "_jit_set_texpr_reductions_enabled",
+        "TorchScript NNC fuses reductions",
+    )
+    c_flag(
+        "jit.texpr_dynamic_shape",
+        "_jit_texpr_dynamic_shape_enabled",
+        "_jit_set_texpr_dynamic_shape_enabled",
+        "TorchScript NNC dynamic shapes",
+    )
+    for name, getter, setter, check, allowed in (
+        (
+            "jit.num_profiled_runs",
+            "_jit_get_num_profiled_runs",
+            "_jit_set_num_profiled_runs",
+            _non_negative_int,
+            "a non-negative int",
+        ),
+        (
+            "jit.inline_everything_mode",
+            "_jit_get_inline_everything_mode",
+            "_jit_set_inline_everything_mode",
+            _bool,
+            "True, False",
+        ),
+        (
+            "jit.tracer_state_warn",
+            "_jit_get_tracer_state_warn",
+            "_jit_set_tracer_state_warn",
+            _bool,
+            "True, False",
+        ),
+        (
+            "jit.te_must_use_llvm_cpu",
+            "_jit_get_te_must_use_llvm_cpu",
+            "_jit_set_te_must_use_llvm_cpu",
+            _bool,
+            "True, False",
+        ),
+        (
+            "jit.te_generate_block_code",
+            "_jit_get_te_generate_block_code",
+            "_jit_set_te_generate_block_code",
+            _bool,
+            "True, False",
+        ),
+        (
+            "jit.te_cuda_pointwise_loop_levels",
+            "_jit_get_te_cuda_pointwise_loop_levels",
+            "_jit_set_te_cuda_pointwise_loop_levels",
+            _any_value,
+            "an int",
+        ),
+        (
+            "jit.te_cuda_pointwise_block_count",
+            "_jit_get_te_cuda_pointwise_block_count",
+            "_jit_set_te_cuda_pointwise_block_count",
+            _any_value,
+            "an int",
+        ),
+        (
+            "jit.te_cuda_pointwise_block_size",
+            "_jit_get_te_cuda_pointwise_block_size",
+            "_jit_set_te_cuda_pointwise_block_size",
+            _any_value,
+            "an int",
+        ),
+        (
+            "jit.emit_hooks",
+            "_jit_get_emit_hooks",
+            "_jit_set_emit_hooks",
+            _emit_hooks,
+            "the (module, function) hook pair",
+        ),
+        (
+            "jit.logging_option",
+            "_jit_get_logging_option",
+            "_jit_set_logging_option",
+            _any_value,
+            "a PYTORCH_JIT_LOG_LEVEL string",
+        ),
+    ):
+        extra = {"plain": list} if name == "jit.emit_hooks" else {}
+        _pair(
+            add,
+            name,
+            C,
+            getter,
+            setter,
+            f"TorchScript: torch._C.{setter}",
+            check=check,
+            allowed=allowed,
+            **extra,
+        )
+
+
+def _process_state_rows(torch: Any, add: Add) -> None:
+    C = torch._C
+    mp = sys.modules.get("torch.multiprocessing")
+    add(
+        "multiprocessing.sharing_strategy",
+        (mp is not None and hasattr(mp, "get_sharing_strategy")) or "not in this torch",
+        _get(mp, "get_sharing_strategy") or _missing,
+        functools.partial(_sharing_write, mp),
+        _choice("file_descriptor", "file_system"),
+        "'file_descriptor', 'file_system'",
+        "torch.multiprocessing.set_sharing_strategy",
+    )
+    config: Any = None
+    with contextlib.suppress(Exception):
+        config = importlib.import_module("torch.utils.serialization.config")
+    options: dict[str, Any] = getattr(config, "_config", {}) if config is not None else {}
+    unset = _unset_sentinel()
+    for key in sorted(k for k in options if not k.startswith("_")):
+        if unset is not None:
+            _config_row(
+                add,
+                f"serialization.{key}",
+                "torch.utils.serialization.config",
+                key,
+                unset,
+                f"torch.utils.serialization.config.{key}",
+            )
+    if config is None:
+        add(
+            "serialization.load.mmap",
+            "needs torch.utils.serialization.config",
+            _missing,
+            _missing,
+            _any_value,
+            "",
+            "",
+        )
+    serialization = _get(torch, "serialization")
+    add(
+        "serialization.safe_globals",
+        (serialization is not None and hasattr(serialization, "add_safe_globals"))
+        or "not in this torch",
+        safe_globals_reader(serialization),
+        functools.partial(_safe_globals_write, serialization),
+        _any_value,
+        "a list of allowed globals",
+        "torch.serialization.add_safe_globals (weights_only loading allow-list)",
+        plain=_safe_globals_plain,
+    )
+    add(
+        "num_interop_threads",
+        hasattr(torch, "get_num_interop_threads") or "not in this torch",
+        _get(torch, "get_num_interop_threads") or _missing,
+        functools.partial(_unrestorable_write, INTEROP_HINT),
+        _positive_int,
+        "a positive int",
+        "inter-op CPU threads (set once per process: cannot be restored)",
+        unrestorable=INTEROP_HINT,
+    )
+    add(
+        "autograd.inference_mode",
+        (hasattr(torch, "is_inference_mode_enabled") and hasattr(C, "_InferenceMode"))
+        or "not in this torch",
+        _get(torch, "is_inference_mode_enabled") or _missing,
+        functools.partial(_inference_mode_write, torch, _GUARDS),
+        _bool,
+        "True, False",
+        "an inference_mode context entered and not exited",
+        order=1,
+    )
+    forward_ad: Any = None
+    with contextlib.suppress(Exception):
+        forward_ad = importlib.import_module("torch.autograd.forward_ad")
+    add(
+        "autograd.forward_ad.dual_level",
+        (forward_ad is not None and hasattr(forward_ad, "_current_level")) or "not in this torch",
+        functools.partial(getattr, forward_ad, "_current_level"),
+        functools.partial(_dual_level_write, forward_ad),
+        _any_value,
+        "-1 (no level) or an open level",
+        "forward-AD dual level entered and not exited",
+    )
+    checkpoint = sys.modules.get("torch.utils.checkpoint")
+    for attr, doc in (
+        ("_enable_checkpoint_early_stop", "torch.utils.checkpoint.set_checkpoint_early_stop"),
+        ("_checkpoint_debug_enabled", "torch.utils.checkpoint.set_checkpoint_debug_enabled"),
+    ):
+        add(
+            "checkpoint.early_stop" if "early" in attr else "checkpoint.debug",
+            (checkpoint is None or hasattr(checkpoint, attr)) or "not in this torch",
+            # None (torch's default) until torch.utils.checkpoint is imported
+            functools.partial(_module_attr_read, "torch.utils.checkpoint", attr),
+            functools.partial(_module_attr_write, "torch.utils.checkpoint", attr),
+            _any_value,
+            "None, True, False",
+            doc,
+        )
+    profiler = _get(C, "_autograd")
+    add(
+        "profiler.enabled",
+        (profiler is not None and hasattr(profiler, "_profiler_enabled")) or "not in this torch",
+        _get(profiler, "_profiler_enabled") or _missing,
+        functools.partial(_profiler_write, profiler),
+        _bool,
+        "False (a profiler can only be stopped)",
+        "an autograd profiler started and not stopped",
+    )
+
+
+def _profiler_write(profiler: Any, value: bool) -> None:
+    if value:
+        raise RuntimeError("a profiler can only be stopped, not started again")
+    if profiler._profiler_enabled():
+        profiler._disable_profiler()
+
+
+def _stack_rows(torch: Any, add: Add) -> None:
+    C = torch._C
+    for name, length, pop, doc in (
+        (
+            "modes.torch_function_stack",
+            "_len_torch_function_stack",
+            "_pop_torch_function_stack",
+            "TorchFunctionModes entered and not exited (set_default_device installs one)",
+        ),
+        (
+            "modes.dispatch_stack",
+            "_len_torch_dispatch_stack",
+            "_pop_torch_dispatch_stack",
+            "TorchDispatchModes entered and not exited",
+        ),
+    ):
+        ok = callable(_get(C, length)) and callable(_get(C, pop))
+        add(
+            name,
+            ok or "not in this torch",
+            _get(C, length) or _missing,
+            functools.partial(
+                _pop_to,
+                _get(C, length),
+                functools.partial(_get(C, pop), None)
+                if name == "modes.dispatch_stack"
+                else _get(C, pop),
+            ),
+            _non_negative_int,
+            "a non-negative int (modes can only be popped)",
+            doc,
+            order=60,
+        )
+    add(
+        "modes.torch_function_state",
+        (
+            callable(_get(C, "_get_torch_function_state"))
+            and callable(_get(C, "_set_torch_function_state"))
+        )
+        or "not in this torch",
+        _get(C, "_get_torch_function_state") or _missing,
+        functools.partial(_set_function_state, C),
+        _any_value,
+        "a _TorchFunctionState",
+        "torch function handling disabled (DisableTorchFunction entered and not exited)",
+        plain=lambda v: str(getattr(v, "name", v)),
+    )
+
+
+def _set_function_state(C: Any, value: object) -> None:
+    states = C._TorchFunctionState
+    C._set_torch_function_state(states.__members__[value] if isinstance(value, str) else value)
+
+
+def _hook_rows(torch: Any, add: Add) -> None:
+    autograd = _get(torch._C, "_autograd")
+    ok = callable(_get(autograd, "_top_saved_tensors_default_hooks")) and callable(
+        _get(autograd, "_pop_saved_tensors_default_hooks")
+    )
+    add(
+        "autograd.saved_tensors_hooks",
+        ok or "not in this torch",
+        functools.partial(_saved_hooks_read, autograd),
+        functools.partial(_saved_hooks_write, autograd),
+        _any_value,
+        "None (contexts can only be exited)",
+        "a saved_tensors_hooks context entered and not exited",
+        plain=_hooks_plain,
+    )
+    module = sys.modules.get("torch.nn.modules.module")
+    for attr in _MODULE_HOOKS:
+        mapping: Any = getattr(module, attr, None)
+        extra = (
+            ("_global_forward_hooks_always_called", "_global_forward_hooks_with_kwargs")
+            if attr == "_global_forward_hooks"
+            else ("_global_is_full_backward_hook",)
+            if attr == "_global_backward_hooks"
+            else ()
+        )
+        add(
+            f"nn.module{attr.removeprefix('_global')}",
+            isinstance(mapping, dict) or "not in this torch",
+            functools.partial(_dict_keys_read, mapping),
+            functools.partial(_dict_keys_write, mapping, extra),
+            _any_value,
+            "handle ids (hooks can only be removed)",
+            f"global nn.Module hooks (torch.nn.modules.module.{attr})",
+            plain=_handles,
+        )
+
+
+def _tunable_rows(torch: Any, add: Add) -> None:
+    """TunableOp: only on builds with a usable CUDA/ROCm device."""
+    need = "needs a CUDA device (TunableOp)"
+    tunable: Any = None
+    if _cuda_ready(torch):
+        with contextlib.suppress(Exception):
+            tunable = importlib.import_module("torch.cuda.tunable")
+    for name, getter, setter, check, allowed in (
+        ("enabled", "is_enabled", "enable", _bool, "True, False"),
+        ("tuning", "tuning_is_enabled", "tuning_enable", _bool, "True, False"),
+        (
+            "record_untuned",
+            "record_untuned_is_enabled",
+            "record_untuned_enable",
+            _bool,
+            "True, False",
+        ),
+        (
+            "max_tuning_duration",
+            "get_max_tuning_duration",
+            "set_max_tuning_duration",
+            _non_negative_int,
+            "milliseconds",
+        ),
+        (
+            "max_tuning_iterations",
+            "get_max_tuning_iterations",
+            "set_max_tuning_iterations",
+            _non_negative_int,
+            "an int",
+        ),
+        (
+            "rotating_buffer_size",
+            "get_rotating_buffer_size",
+            "set_rotating_buffer_size",
+            _any_value,
+            "MB (negative: the L2 size)",
+        ),
+        (
+            "cublaslt_requested_algo_count",
+            "get_cublaslt_requested_algo_count",
+            "set_cublaslt_requested_algo_count",
+            _non_negative_int,
+            "an int",
+        ),
+        (
+            "wildcard_fallback",
+            "wildcard_fallback_is_enabled",
+            "wildcard_fallback_enable",
+            _bool,
+            "True, False",
+        ),
+    ):
+        _pair(
+            add,
+            f"tunableop.{name}",
+            tunable,
+            getter,
+            setter,
+            f"torch.cuda.tunable.{setter}",
+            check=check,
+            allowed=allowed,
+            absent=need,
+        )
+    add(
+        "tunableop.filename",
+        (tunable is not None and hasattr(tunable, "get_filename")) or need,
+        _get(tunable, "get_filename") or _missing,
+        functools.partial(_tunable_filename_write, tunable),
+        _str_or_none,
+        "a file name",
+        "torch.cuda.tunable.set_filename",
+    )
+    add(
+        "tunableop.results",
+        (tunable is not None and hasattr(tunable, "get_results")) or need,
+        lambda: tuple(tunable.get_results()) if tunable is not None else (),
+        functools.partial(_tunable_results_write, tunable),
+        _any_value,
+        "the tuned results (cleared on restore)",
+        "TunableOp's in-memory results: a test that tunes changes later tests' kernels",
+    )
+
+
+def _tunable_results_write(tunable: Any, value: object) -> None:
+    clear = getattr(tunable, "_clear_all", None)
+    if clear is None:
+        raise RuntimeError("this torch cannot clear TunableOp results (needs torch >= 2.15)")
+    clear()
+
+
+def _cuda_ready(torch: Any) -> bool:
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def _native_aot_rows(torch: Any, add: Add) -> None:
+    """Native AOT kernels (torch >= 2.15): the switch and its unconditional mask."""
+    native = None
+    registry = None
+    C = torch._C
+    if callable(_get(C, "_get_native_aot_enabled")):
+        with contextlib.suppress(Exception):
+            native = importlib.import_module("torch._native")
+            registry = importlib.import_module("torch._native.registry")
+    add(
+        "native_aot.enabled",
+        (native is not None and hasattr(native, "set_aot_enabled")) or "needs torch >= 2.15",
+        _get(C, "_get_native_aot_enabled") or _missing,
+        _get(native, "set_aot_enabled") or _missing,
+        _bool,
+        "True, False",
+        "torch._native.set_aot_enabled: embedded AOT kernels instead of stock aten",
+        # after the python_native rows: disabling a DSL also switches AOT off on 2.15
+        order=55,
+    )
+    add(
+        "native_aot.unconditional_masked",
+        (registry is not None and hasattr(registry, "_set_mask_unconditional"))
+        or "needs torch >= 2.15",
+        _get(C, "_get_native_aot_unconditional_masked") or _missing,
+        _get(registry, "_set_mask_unconditional") or _missing,
+        _bool,
+        "True, False",
+        "native AOT kernels masked unconditionally (restored through the registry, "
+        "which rebuilds every router)",
+        order=56,
+    )
