@@ -77,6 +77,7 @@ struct OpInfo {
   bool uninitialized = false;
   bool overwrites = false;
   bool rebinds = false;  // set_: the tensor now shows other memory, keyed where first read
+  bool seeded = false;   // draws from a generator (the default one unless one is passed)
   std::vector<int> workspaces;
   std::vector<int> written;  // argument positions the op writes to
   std::vector<int> outs;     // out= arguments
@@ -134,6 +135,7 @@ const OpInfo& info_of_locked(const c10::OperatorHandle& op) {
   info->overload = name.overload_name;
   info->name_hash = std::hash<std::string>{}(info->name);
   info->composite = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  info->seeded = op.hasTag(at::Tag::nondeterministic_seeded);
   const c10::FunctionSchema& schema = op.schema();
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size(); ++i) {
@@ -296,6 +298,13 @@ int64_t covered_span(const at::Tensor& t) {
 
 // Whether the digest may read t: a plain strided tensor whose storage holds every
 // byte its view reaches (a storage freed with resize_(0) does not: reading it faults).
+// The address of t's storage memory (nullptr without one): what Python's
+// untyped_storage().data_ptr() gives, the identity of memory shared with NumPy.
+const void* data_of(const at::Tensor& t) {
+  const c10::StorageImpl* storage = storage_of(t);
+  return storage == nullptr ? nullptr : storage->data();
+}
+
 bool readable(const at::Tensor& t) {
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   if (impl->is_python_dispatch() || t.layout() != at::kStrided || t.is_quantized()) {
@@ -568,6 +577,18 @@ class Recorder {
     return py::make_tuple(py::int_(fp), keys, uses, failure);
   }
 
+  // Note a storage (by its data pointer) as shared with something outside torch.
+  void add_shared(uintptr_t data) {
+    std::lock_guard<SpinLock> lock(mutex_);
+    shared_.insert(reinterpret_cast<const void*>(data));
+  }
+
+  // Indices of the ops that read memory shared outside torch (read again there).
+  std::vector<int64_t> outside() {
+    std::lock_guard<SpinLock> lock(mutex_);
+    return outside_;
+  }
+
   // The record, op by op, as recorder.py's OpCall fields (after finish()).
   py::list rows() {
     std::lock_guard<SpinLock> lock(mutex_);
@@ -729,6 +750,9 @@ class Recorder {
       // buffer into it).
       add_slot(inputs[i], index,
                info.overwrites && written ? kWritten : (unread ? kUnreadIfTainted : kRead));
+    }
+    if (info.seeded) {
+      add_default_generator(inputs);
     }
     rec.inputs_end = static_cast<uint32_t>(slots_.size());
     if (info.overwrites && slot_taint_ >= 0) {
@@ -949,6 +973,36 @@ class Recorder {
     slots_.push_back(s);
   }
 
+  // A random op that is passed no generator draws from the default one of its device:
+  // that generator's state at call time is one more input (another thread drawing
+  // from it between runs makes the inputs differ, never the op nondeterministic).
+  void add_default_generator(c10::ArrayRef<c10::IValue> inputs) {
+    c10::DeviceType device = c10::DeviceType::CPU;
+    bool found = false;
+    for (const auto& v : inputs) {
+      if (v.isGenerator()) {
+        return;  // an explicit generator is keyed where it is passed
+      }
+      if (!found && v.isTensor() && v.toTensor().defined()) {
+        device = v.toTensor().device().type();
+        found = true;
+      } else if (!found && v.isDevice()) {
+        device = v.toDevice().type();
+        found = true;
+      }
+    }
+    try {
+      at::Generator gen = at::globalContext().defaultGenerator(c10::Device(device));
+      add_generator_slot(c10::IValue(gen));
+    } catch (const std::exception&) {
+      Slot s;
+      s.kind = Slot::Value;
+      s.ref = static_cast<int64_t>(values_.size());
+      values_.emplace_back(std::string("default generator"));
+      slots_.push_back(s);
+    }
+  }
+
   // A generator is keyed by its state at call time, as ("generator", device, digest).
   void add_generator_slot(const c10::IValue& v) {
     at::Tensor state;
@@ -984,15 +1038,23 @@ class Recorder {
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
     const bool versioned = !impl->is_inference();
     auto it = known_.find(impl);
+    const bool outside = !shared_.empty() && shared_.count(data_of(t)) > 0;
     if (versioned && it != known_.end() && !it->second.weak.expired() &&
-        it->second.version == static_cast<int64_t>(impl->version_counter().current_version())) {
+        it->second.version == static_cast<int64_t>(impl->version_counter().current_version()) &&
+        !outside) {
       return it->second.key;
     }
-    // From outside the run, or changed since: digested at this first use.
+    // From outside the run, or changed since: digested at this first use. Memory
+    // shared with something outside torch (NumPy) is read again at every use, since
+    // a write there moves no version counter.
     first_uses_.emplace_back(index, impl);
     first_use_refs_.emplace_back(t.getIntrusivePtr());
     const int64_t key = digest(t, true);
     remember(t, key);
+    if ((outside || !shared_.empty()) && shared_.count(data_of(t)) > 0 &&
+        (outside_.empty() || outside_.back() != index)) {
+      outside_.push_back(index);
+    }
     return key;
   }
 
@@ -1047,6 +1109,14 @@ class Recorder {
     k.external = external;
     if (external) {
       k.storage = storage_of(t);
+      // Memory torch did not allocate (torch.from_numpy, frombuffer, DLPack) cannot be
+      // resized by torch: it is shared with its owner, who may write it at any time.
+      if (k.storage != nullptr && !k.storage->resizable()) {
+        const void* data = data_of(t);
+        if (data != nullptr) {
+          shared_.insert(data);
+        }
+      }
     }
     const bool cpu = t.device().is_cpu();
     const int64_t span = covered_span(t);
@@ -1445,6 +1515,10 @@ class Recorder {
   }
 
   SpinLock mutex_;
+  // Data pointers of storages shared with something outside torch (NumPy views made by
+  // Tensor.numpy(), memory torch did not allocate), and the ops that read one.
+  std::unordered_set<const void*> shared_;
+  std::vector<int64_t> outside_;
   bool hooked_ = false;  // the key is in the included set of thread_
   bool was_excluded_ = true;
   std::thread::id thread_;
@@ -1604,6 +1678,10 @@ void register_recorder(py::module_& m) {
       .def("rows", &Recorder::rows, "The record as rows of OpCall fields (after finish).")
       .def("blind", &Recorder::blind,
            "The type of the first __torch_dispatch__ wrapper whose ops ran unseen, or None.")
+      .def("add_shared", &Recorder::add_shared, py::arg("data_ptr"),
+           "Note a storage (its data pointer) as shared with something outside torch.")
+      .def("outside", &Recorder::outside,
+           "Indices of the ops that read memory shared outside torch.")
       .def("note_alert", &Recorder::note_alert,
            "Mark the last op that raised as a determinism alert.");
   m.def("set_op_tables", &set_op_tables, py::arg("uninitialized"), py::arg("overwrites"),

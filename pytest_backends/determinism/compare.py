@@ -139,7 +139,27 @@ def unproven_input(inputs: tuple[Slot, ...]) -> str | None:
     return None
 
 
-def compare_runs(logs: Sequence[RunLog]) -> Comparison:
+def shared_generator_input(inputs: tuple[Slot, ...], threads: Sequence[str]) -> str | None:
+    """``"input 5 (...)"``: a generator input while other threads ran, else None.
+
+    A generator's state at call time proves its draws equal only if nobody else
+    draws from it during the op; with other threads running, another thread may
+    advance it between the state being read and the op drawing.
+    """
+    if not threads:
+        return None
+    for i, slot in enumerate(inputs):
+        if type(slot) is tuple and len(slot) == 3 and slot[0] == "generator":
+            names = ", ".join(repr(t) for t in threads[:3])
+            more = f" and {len(threads) - 3} more" if len(threads) > 3 else ""
+            return (
+                f"input {i} (the state of the generator it draws from, which other threads "
+                f"running in the test ({names}{more}) may advance between this thread's draws)"
+            )
+    return None
+
+
+def compare_runs(logs: Sequence[RunLog], threads: Sequence[str] = ()) -> Comparison:
     """Compare every run with run 0, op by op.
 
     The proof rule: an op is blamed only when every input it received is proven
@@ -148,7 +168,8 @@ def compare_runs(logs: Sequence[RunLog]) -> Comparison:
     ``"unproven"`` and the test is not checked.
 
     One run proves nothing: its ops are ``inconclusive`` (a test that failed
-    in its first run is not repeated).
+    in its first run is not repeated). ``threads`` names the other threads that
+    ran during the runs: a generator's state is no proof while they run.
     """
     if len(logs) < 2:
         return _single_run(logs)
@@ -206,7 +227,9 @@ def compare_runs(logs: Sequence[RunLog]) -> Comparison:
                     )
                 if not first_diff_seen:
                     first_blamed = True
-            elif same_inputs and (weak := unproven_input(a.inputs)) is not None:
+            elif same_inputs and (
+                weak := unproven_input(a.inputs) or shared_generator_input(a.inputs, threads)
+            ):
                 # Equal keys, but not proof: the op is not blamed (the proof rule).
                 if not first_diff_seen:
                     d = Divergence(

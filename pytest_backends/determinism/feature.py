@@ -114,6 +114,8 @@ class Settings:
             raise pytest.UsageError(
                 "--backends-baseline-update: name the file to write with --backends-baseline=PATH"
             )
+        if baseline is not None:
+            _refuse_shared_baseline(config, baseline)
         raw = _options.lookup(config, "backends_determinism")
         text = raw.text if raw.from_cli else raw.text.strip()
         runs = parse_runs(text, raw.source) if raw.from_cli or text else None
@@ -129,6 +131,21 @@ class Settings:
                 "--backends-census" if census else ("--backends-baseline" if baseline else option)
             )
         return cls(runs, select_all, census, baseline, update, repeatable, True, option)
+
+
+def _refuse_shared_baseline(config: pytest.Config, baseline: Path) -> None:
+    """Refuse one file for both baselines: each writer would replace the other's file."""
+    raw = _options.lookup(config, "backends_batch_baseline")
+    text = raw.text.strip()
+    if not text:
+        return
+    base = Path(config.invocation_params.dir) if raw.from_cli else config.rootpath
+    if (base / text).resolve() == baseline.resolve():
+        raise pytest.UsageError(
+            f"--backends-baseline and --backends-batch-baseline name the same file ({baseline}): "
+            "the determinism baseline and the batch-invariance baseline are different files, "
+            "and each update rewrites its whole file; give each its own path"
+        )
 
 
 #: Where the registrar stores the :class:`Settings`.

@@ -73,6 +73,8 @@ class OpInfo:
     out_names: frozenset[str]
     #: ``set_``: the tensor now shows other memory; its contents are keyed where first read.
     rebinds: bool = False
+    #: Draws random numbers (from the default generator unless one is passed).
+    seeded: bool = False
 
 
 #: The :class:`OpInfo` of every op seen, by ``id`` of the op: ``OpOverload.__hash__`` is a
@@ -111,6 +113,7 @@ def op_info(func: Any) -> OpInfo:
         tuple(i for i, _ in outs),
         frozenset(n for _, n in outs),
         name in op_tables.REBINDS,
+        torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()),
     )
     INFOS[id(func)] = info
     return info

@@ -103,7 +103,9 @@ class DeterminismPlugin:
         from pytest_backends.determinism.generators import GeneratorStates, roots_of
         from pytest_backends.determinism.runs import Runs, Start, run_again, stored_outcome
 
-        start = Start(RngState.capture(), GeneratorStates.capture(roots_of(item)))
+        start = Start(
+            RngState.capture(), GeneratorStates.capture(roots_of(item)), Start.capture_flags()
+        )
         runner = Runs(self._watch())
         runner.begin()
         item.stash[subtests.RUN_KEY] = 0
@@ -125,7 +127,11 @@ class DeterminismPlugin:
             item.stash[subtests.RUN_KEY] = run
             if runner.failure is not None:
                 break
-            start.restore()
+            try:
+                start.restore()
+            except Exception as exc:  # a flag that cannot be put back: the runs would differ
+                runner.fail(exc)
+                break
             runner.begin()
             try:
                 run_again(item)
@@ -175,7 +181,8 @@ class DeterminismPlugin:
         comparison = None
         notes: list[str] = []
         try:
-            comparison = compare_runs([r.log for r in records])
+            threads = sorted({name for r in runner.records for name in r.threads})
+            comparison = compare_runs([r.log for r in records], threads)
             notes = verdict.boundary_notes(runner.records)
             if runner.failure is None:
                 if (
@@ -247,6 +254,14 @@ class DeterminismPlugin:
         if call.excinfo is not None and isinstance(call.excinfo.value, NondeterministicOpError):
             # The harness's own frames say nothing useful: show the finding alone.
             report.longrepr = str(call.excinfo.value)
+            if hasattr(report, "wasxfail"):
+                # A finding is not the failure an xfail marker expects: the test fails.
+                del report.wasxfail
+                report.outcome = "failed"
+                report.longrepr += (
+                    "\n  (the test is marked xfail, but a finding of the determinism check is "
+                    "not the failure the marker expects, so the test fails)"
+                )
         return report
 
     def _record(self, item: pytest.Item, comparison: Comparison) -> None:

@@ -127,6 +127,10 @@ class RunRecord:
     keep: Any = None
     #: Why some of the run's ops ran where the recorder cannot see, or None.
     blind: str | None = None
+    #: Indices of the ops that read memory shared with something outside torch (NumPy).
+    outside: frozenset[int] = frozenset()
+    #: Names of the other threads alive when the run began or ended.
+    threads: tuple[str, ...] = ()
 
     def entered_at(self, index: int) -> set[int]:
         """Identities of the live tensors that entered the record at op ``index``."""

@@ -90,13 +90,26 @@ class NativeRecorder:
         self.failure: str | None = None
         #: Why ops of this run ran where the recorder cannot see (None: nowhere).
         self.blind: str | None = None
+        #: Indices of the ops that read memory shared outside torch (after :meth:`finish`).
+        self.outside: list[int] = []
+        self._shares = hasattr(self._recorder, "add_shared")
 
     def __enter__(self) -> NativeRecorder:
+        if self._shares:
+            from pytest_backends.determinism import outside
+
+            for ptr in outside.live():
+                self._recorder.add_shared(ptr)
+            outside.listen(self._recorder.add_shared)
         self._recorder.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._recorder.stop()
+        if self._shares:
+            from pytest_backends.determinism import outside
+
+            outside.unlisten(self._recorder.add_shared)
 
     def finish(self, raised: BaseException | None = None) -> RunLog:
         """The run's log; ``raised`` is the run's exception (an alert marks the op that raised).
@@ -107,6 +120,8 @@ class NativeRecorder:
         if raised is not None and ALERT_TEXT in str(raised):
             self._recorder.note_alert()
         fingerprint, keys, self.first_uses, self.failure = self._recorder.finish()
+        if self._shares:
+            self.outside = list(self._recorder.outside())
         blind = self._recorder.blind() if hasattr(self._recorder, "blind") else None
         if blind:
             self.blind = unseen_reason(str(blind))

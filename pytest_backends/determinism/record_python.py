@@ -57,6 +57,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from pytest_backends.determinism import outside
 from pytest_backends.determinism.api import ALERT_TEXT
 from pytest_backends.determinism.keys import (
     CAST_ERROR,
@@ -113,6 +114,10 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._tainted: dict[int, tuple[Any, str]] = {}
         self._finished = False
         self._digest_fn = digest_function()
+        # Storages shared with something outside torch ops (NumPy): read at every use.
+        self._shared = outside.SHARED
+        #: Indices of the ops that read memory shared outside torch.
+        self.outside: list[int] = []
         self._prune_at = 4096
         #: The recorder's own exception (one line), after which it stopped recording.
         self.failure: str | None = None
@@ -194,12 +199,18 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             # and a plain value.
             keys: list[Slot] = []
             known = self._known
+            shared = self._shared
             for a in args:
                 cls = type(a)
                 if cls is _Tensor:
                     hit = known.get(id(a))
                     # A known entry means ``_version`` worked for this very tensor.
-                    if hit is not None and hit[0]() is a and hit[1] == a._version:
+                    if (
+                        hit is not None
+                        and hit[0]() is a
+                        and hit[1] == a._version
+                        and not (shared and storage_ptr(a) in shared)
+                    ):
                         keys.append(hit[2])
                     else:
                         keys.append(self._input(a))
@@ -216,6 +227,8 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 tainted = self._reads_tainted(info, args, kwargs)
         if kwargs:
             inputs += tuple([(k, key(v)) for k, v in sorted(kwargs.items())])
+        if info.seeded:
+            inputs += self._default_generator(args, kwargs)
         try:
             if torch.are_deterministic_algorithms_enabled() and (
                 torch.is_deterministic_algorithms_warn_only_enabled()
@@ -304,7 +317,9 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             hit = self._known.get(id(a))
             if hit is not None and hit[0]() is a:
                 try:
-                    if hit[1] == a._version:
+                    if hit[1] == a._version and not (
+                        self._shared and storage_ptr(a) in self._shared
+                    ):
                         return hit[2]
                 except (RuntimeError, TypeError):
                     return self._digest(a, external=True)
@@ -370,6 +385,34 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.blind = unseen_reason(type(t).__name__)
         return python
 
+    def _default_generator(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Slot, ...]:
+        """A random op's default generator, keyed by its state at call time (or nothing).
+
+        An op passed a generator is keyed by that one; otherwise it draws from the
+        default generator of its device, whose state is one more input: another
+        thread drawing from it makes the inputs differ, never the op nondeterministic.
+        """
+        device = "cpu"
+        found = False
+        for a in [*args, *kwargs.values()]:
+            if isinstance(a, torch.Generator):
+                return ()
+            if not found and isinstance(a, torch.Tensor):
+                device, found = a.device.type, True
+            elif not found and isinstance(a, torch.device):
+                device, found = a.type, True
+        gen: torch.Generator | None = None
+        if device == "cpu":
+            gen = torch.default_generator
+        elif device == "cuda":
+            try:
+                gen = torch.cuda.default_generators[torch.cuda.current_device()]
+            except (RuntimeError, IndexError, AttributeError):
+                gen = None
+        if gen is None:
+            return ("default generator",)
+        return (self._generator_key(gen),)
+
     def _generator_key(self, gen: torch.Generator) -> Slot:
         """A generator is keyed by its state at call time: equal states draw equal numbers."""
         try:
@@ -381,7 +424,12 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _input(self, t: torch.Tensor) -> Slot:
         """The key of a tensor no op of this run produced (or that changed since)."""
         self._first_use(t)
-        return self._remember(t, self._digest(t, external=True))
+        key = self._remember(t, self._digest(t, external=True))
+        if self._shared and storage_ptr(t) in self._shared:
+            outside_at = self.outside
+            if not outside_at or outside_at[-1] != self._index:
+                outside_at.append(self._index)
+        return key
 
     def _output(self, t: torch.Tensor) -> Slot:
         # ``_remember(t, _digest(t))`` inlined for the common case: this runs for
@@ -422,6 +470,13 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         key = Digest(external, extra)
         if external:
             key.storage = storage_ptr(t)
+            try:
+                # Memory torch did not allocate (from_numpy, frombuffer, DLPack) cannot be
+                # resized by torch: it is shared with its owner, who may write it any time.
+                if key.storage and not t.untyped_storage().resizable():
+                    outside.mark(t)
+            except (RuntimeError, NotImplementedError, TypeError):
+                pass
         self._pending.append(d)
         self._pending_keys.append(key)
         return key

@@ -46,13 +46,19 @@ class Runs:
         self._compiles = 0
         # The native recorder's module, False for the Python recorder, None before the first run.
         self._native: Any = None
+        self._threads: list[str] = []
+        self._started = 0
         #: Which recorder recorded the runs, and why not the native one, in words.
         self.described: str | None = None
 
     def begin(self) -> None:
         """Start recording a run (a recorder that cannot start leaves the run unrecorded)."""
+        from pytest_backends.determinism import outside
         from pytest_backends.determinism.record_python import BoundaryRecorder
 
+        outside.install()
+        self._threads = _other_threads()
+        self._started = outside.started_count()
         self._watch.arm()
         self._compiles = self._watch.total()
         self._recorder = None
@@ -92,8 +98,20 @@ class Runs:
         if recorder.failure is not None and self.failure is None:
             self.failure = recorder.failure
         blind = getattr(recorder, "blind", None)
+        from pytest_backends.determinism import outside
+
+        started = outside.started_since(self._started)
+        threads = tuple(dict.fromkeys([*self._threads, *started, *_other_threads()]))
         self.records.append(
-            RunRecord(log, recorder.first_uses, compiled, recorder.keep(), blind=blind)
+            RunRecord(
+                log,
+                recorder.first_uses,
+                compiled,
+                recorder.keep(),
+                blind=blind,
+                outside=frozenset(getattr(recorder, "outside", ())),
+                threads=threads,
+            )
         )
 
     def native(self) -> Any:
@@ -114,17 +132,49 @@ class Runs:
         return records
 
 
+def _other_threads() -> list[str]:
+    """Names of the live threads other than this one."""
+    import threading
+
+    me = threading.current_thread()
+    return [t.name for t in threading.enumerate() if t is not me]
+
+
 @dataclass
 class Start:
-    """What every run starts from: the global RNGs and the test's explicit generators."""
+    """What every run starts from: the global RNGs, the test's generators and the flags.
+
+    ``flags`` is the fingerprint of torch's backend flags (the guard's registry)
+    when the call phase began: a test that changes a flag after using it
+    (``torch.backends.mkldnn.enabled = False`` after a convolution) would
+    otherwise start run 1 under run 0's last flags, and the op that used the
+    flag would differ with no input differing.
+    """
 
     rng: Any
     generators: Any
+    flags: tuple[object, ...] | None = None
+
+    @staticmethod
+    def capture_flags() -> tuple[object, ...] | None:
+        """The backend flags' fingerprint now (None where the registry cannot read them)."""
+        try:
+            from pytest_backends.isolation.snapshot import registry
+
+            return tuple(registry().fingerprint())
+        except Exception:
+            return None
 
     def restore(self) -> None:
-        """Put the RNGs and generators back as they were when the call phase began."""
+        """Put the RNGs, generators and backend flags back as they were when the call began."""
         self.rng.restore()
         self.generators.restore()
+        if self.flags is not None:
+            from pytest_backends.isolation.snapshot import registry
+
+            flags = registry()
+            if tuple(flags.fingerprint()) != self.flags:
+                flags.restore(flags.to_plain(self.flags))
 
 
 def _unittest_excinfo(item: pytest.Item) -> list[Any] | None:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "INPUTS_DIFFER",
     "accept_hint",
+    "also_lines",
     "boundary_notes",
     "describe_divergence",
     "explain_unchecked",
@@ -111,13 +112,14 @@ def fail_on(
     new = [] if updating else [d for d in blamed if not baseline.accepts((d.op, d.device, d.dtype))]
     unexplained = comparison.unexplained
     if comparison.uninitialized:
-        lines = [describe_divergence(d, runs) for d in comparison.uninitialized]
-        lines[1:] = [f"  also: {line}" for line in lines[1:]]
-        _raise(lines, comparison.uninitialized[0])
+        first = comparison.uninitialized[0]
+        lines = [describe_divergence(first, runs)]
+        lines += also_lines(comparison.uninitialized, runs)
+        _raise(lines, first)
     if new:
         first = new[0]
         lines = [describe_divergence(first, runs)]
-        lines += [f"  also: {describe_divergence(d, runs)}" for d in new[1:]]
+        lines += also_lines(new, runs)
         accepted = [d for d in blamed if d not in new]
         if accepted:
             ops = ", ".join(sorted({d.op for d in accepted}))
@@ -130,6 +132,37 @@ def fail_on(
         lines = [f"not reproducible: {describe_divergence(unexplained, runs)}"]
         lines += [f"  checked only at their boundary: {note}" for note in notes]
         _raise(lines, unexplained, blame=False)
+
+
+#: How many further findings a failure message shows (one line each, repeats counted).
+ALSO_SHOWN = 5
+
+
+def also_lines(found: Sequence[Divergence], runs: int) -> list[str]:
+    """The ``also:`` lines after a failure's first finding, repeats counted, a few shown.
+
+    Findings of the same op at the same place (a blamed op inside a loop) are one
+    line with their count; at most :data:`ALSO_SHOWN` lines, then how many more.
+    """
+    groups: dict[tuple[Any, ...], list[Divergence]] = {}
+    first = found[0] if found else None
+    for d in found:
+        where = d.location.describe() if d.location is not None else None
+        groups.setdefault((d.kind, d.op, d.device, d.dtype, where), []).append(d)
+    lines: list[str] = []
+    for group in groups.values():
+        rest = [d for d in group if d is not first]
+        if not rest:
+            continue
+        more = len(rest) - 1
+        text = f"  also: {describe_divergence(rest[0], runs)}"
+        if more:
+            text += f" (and {more} more call(s) like it)"
+        lines.append(text)
+    if len(lines) > ALSO_SHOWN:
+        hidden = len(lines) - ALSO_SHOWN
+        lines = [*lines[:ALSO_SHOWN], f"  ... and {hidden} more op(s) blamed, not shown"]
+    return lines
 
 
 def _raise(lines: list[str], d: Divergence, blame: bool = True) -> None:
@@ -259,7 +292,28 @@ def explain_unchecked(comparison: Comparison, runs: Sequence[RunRecord]) -> str 
     a: OpCall = ref.log.calls[d.op_index]
     b: OpCall = other.log.calls[d.op_index]
     pairs = [p for x, y in zip(a.inputs, b.inputs) for p in _leaves(x, y)]
+    if d.op_index in ref.outside or d.op_index in other.outside:
+        shared = next(
+            (i for i, (x, y) in enumerate(zip(a.inputs, b.inputs)) if x != y and _is_tensor_key(x)),
+            None,
+        )
+        if shared is not None:
+            return (
+                f"{INPUTS_DIFFER}: input {shared} of {d.op}{at} (op #{d.op_index}) is memory "
+                "shared with something outside torch (NumPy?) and changed outside torch ops; "
+                "its bytes were read at the op and differ between run 0 and run "
+                f"{d.run}"
+            )
     generators = [(x, y) for x, y in pairs if _is_generator_key(x) or _is_generator_key(y)]
+    threads = sorted({name for r in (ref, other) for name in r.threads})
+    if generators and threads:
+        names = ", ".join(repr(t) for t in threads[:3])
+        return (
+            f"{INPUTS_DIFFER}: the generator {d.op}{at} (op #{d.op_index}) draws from was in a "
+            f"different state at call time in run {d.run} than in run 0, and other threads "
+            f"were running ({names}): another thread drawing from the same generator "
+            "advances it between this thread's draws"
+        )
     if generators:
         return (
             f"{INPUTS_DIFFER}: a torch.Generator passed to {d.op}{at} is in a different state "

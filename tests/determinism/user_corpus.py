@@ -151,6 +151,60 @@ if hasattr(pytest, "Subtests"):  # pytest >= 9 has the subtests fixture built in
                 plant(torch.full((2,), float(k)) + 1)
 
 
+def test_numpy_observation_buffer() -> None:
+    # A policy reads a shared observation buffer that an unseeded environment fills in place.
+    import numpy as np
+
+    obs = torch.zeros(4)
+    env_view = obs.numpy()
+    policy = nn.Linear(4, 2)
+    policy(obs).sum()
+    env_view[:] = np.random.default_rng().random(4)
+    plant(policy(obs))
+
+
+def test_from_numpy_buffer_seeded() -> None:
+    import numpy as np
+
+    arr = np.zeros(4, dtype=np.float32)
+    buf = torch.from_numpy(arr)
+    (buf + 1).sum()
+    arr[:] = np.random.default_rng(0).random(4)
+    plant(buf * 2)
+
+
+def test_augmentation_thread() -> None:
+    import threading
+
+    stop = threading.Event()
+
+    def augment() -> None:
+        while not stop.is_set():
+            torch.rand(1)
+
+    worker = threading.Thread(target=augment, name="augmenter", daemon=True)
+    worker.start()
+    try:
+        noise = [torch.randn(8) for _ in range(50)]
+    finally:
+        stop.set()
+        worker.join()
+    plant(noise[-1])
+
+
+@pytest.mark.backends_leaks("off")
+def test_flags_changed_after_use() -> None:
+    # Left changed on purpose (the guard puts them back after the test): a later run
+    # of the determinism check must still start from the flags the test started with.
+    x = torch.randn(1, 3, 8, 8)
+    w = torch.randn(4, 3, 3, 3)
+    y = F.conv2d(x, w)
+    z = torch.full((4,), 1e-40) * 1
+    torch.backends.mkldnn.enabled = False
+    torch.set_flush_denormal(True)
+    plant(y.sum() + z.sum())
+
+
 _COUNTER = itertools.count()
 
 

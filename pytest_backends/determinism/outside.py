@@ -1,0 +1,124 @@
+"""Memory torch shares with something outside torch ops, which both recorders read again at use.
+
+A tensor's key is reused while its version counter has not moved, but a write
+that does not go through a torch op moves no version counter: NumPy writing
+the array that ``tensor.numpy()`` (or ``np.asarray(tensor)``) returned, or the
+array a ``torch.from_numpy`` tensor views. Such memory is *shared outside
+torch*, and an op that reads it proves its input equal only by reading its
+bytes at the op. Two ways find it:
+
+* memory torch did not allocate (``from_numpy``, ``frombuffer``, DLPack)
+  cannot be resized by torch; the recorders check that at a tensor's first use;
+* memory torch allocated and then handed to NumPy: :func:`install` wraps
+  ``torch.Tensor.numpy`` (``__array__`` calls it) to note the storage.
+
+Both recorders consult :data:`SHARED` (the native one through ``add_shared``).
+Importing this module imports torch.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from pytest_backends.determinism.keys import storage_ptr
+
+__all__ = [
+    "SHARED",
+    "THREADS",
+    "install",
+    "listen",
+    "live",
+    "mark",
+    "started_count",
+    "started_since",
+    "unlisten",
+]
+
+#: Storage data pointer -> weak reference to a tensor on that storage.
+SHARED: dict[int, Any] = {}
+_LISTENERS: list[Callable[[int], object]] = []
+#: Names of the threads started since :func:`install` (the last 64), so that a run can
+#: name a thread that drew from a generator it shares, even one that already ended.
+THREADS: list[str] = []
+_started = 0
+_installed = False
+
+
+def mark(t: torch.Tensor) -> None:
+    """Note ``t``'s storage as shared with something outside torch."""
+    ptr = storage_ptr(t)
+    if not ptr:
+        return
+    try:
+        SHARED[ptr] = weakref.ref(t)
+    except TypeError:
+        return
+    for listener in list(_LISTENERS):
+        listener(ptr)
+
+
+def live() -> list[int]:
+    """The data pointers of shared storages whose tensor is still alive (dead ones dropped)."""
+    for ptr in [p for p, ref in SHARED.items() if ref() is None]:
+        del SHARED[ptr]
+    return list(SHARED)
+
+
+def listen(callback: Callable[[int], object]) -> None:
+    """Call ``callback(ptr)`` for every storage marked from now on (a native recorder)."""
+    _LISTENERS.append(callback)
+
+
+def unlisten(callback: Callable[[int], object]) -> None:
+    """Stop calling ``callback``."""
+    if callback in _LISTENERS:
+        _LISTENERS.remove(callback)
+
+
+def install() -> None:
+    """Wrap ``torch.Tensor.numpy`` once so that the memory it hands to NumPy is noted."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    original = torch.Tensor.numpy
+
+    def numpy(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        array = original(self, *args, **kwargs)
+        # Conservative: a copy (``force=True`` on a conjugate view) is marked too, and
+        # costs only a digest per use.
+        mark(self)
+        return array
+
+    numpy.__doc__ = original.__doc__
+    numpy.__wrapped__ = original  # type: ignore[attr-defined]
+    torch.Tensor.numpy = numpy  # type: ignore[method-assign,assignment]
+
+    import threading
+
+    start = threading.Thread.start
+
+    def started(self: threading.Thread) -> None:
+        global _started
+        THREADS.append(self.name)
+        del THREADS[:-64]
+        _started += 1
+        start(self)
+
+    started.__doc__ = start.__doc__
+    threading.Thread.start = started  # type: ignore[method-assign]
+
+
+def started_since(count: int) -> list[str]:
+    """Names of the threads started after :func:`started_count` returned ``count``."""
+    new = _started - count
+    return THREADS[-new:] if new > 0 else []
+
+
+def started_count() -> int:
+    """How many threads have been started so far (for :func:`started_since`)."""
+    return _started
