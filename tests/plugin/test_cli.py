@@ -118,7 +118,8 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_help_names_each_subcommand_and_its_options() -> None:
     top = _cli("--help")
     assert top.returncode == 0 and top.stderr == ""
-    assert "usage: pytest-backends [-h] {merge,baseline,build-native,diverge,switches}" in top.stdout
+    usage = "usage: pytest-backends [-h] {merge,baseline,build-native,diverge,switches}"
+    assert usage in top.stdout
     for line in (
         "merge the matrix reports and censuses of several jobs into one",
         "add new and remove fixed ops of a baseline from a whole-suite census",
