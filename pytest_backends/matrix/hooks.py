@@ -47,13 +47,12 @@ from pytest_backends.matrix.items import (
     same_params,
 )
 from pytest_backends.matrix.registry import axis_registry
-from pytest_backends.matrix.report import config_in_nodeid
 from pytest_backends.matrix.settings import MatrixSettings, check_axes, check_config_ids
 
 if TYPE_CHECKING:
     from pytest_backends.matrix.availability import Availability
 
-__all__ = ["INVALID_MARKER_ID", "MARKER_ERROR_KEY", "MatrixPlugin"]
+__all__ = ["INVALID_MARKER_ID", "MARKER_ERROR_KEY", "MarkerErrors", "MatrixPlugin"]
 
 #: The matrix report's row for tests whose marker is invalid (they fail at setup).
 INVALID_MARKER_ID = "invalid-marker"
@@ -382,6 +381,10 @@ class MatrixPlugin:
         matrix has expanded the test.
         """
         args = session.config.args
+        if not any("[" in arg for arg in args):
+            return
+        from pytest_backends.matrix.report import config_in_nodeid
+
         plain = set(args)
         for i, arg in enumerate(args):
             head, sep, tail = arg.partition("::")
@@ -515,6 +518,11 @@ class MatrixPlugin:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         for item in session.items:
             self.collected[item.nodeid] = self._config_id(item)
+        manager = session.config.pluginmanager
+        if not manager.has_plugin("backends-marker-errors") and any(
+            MARKER_ERROR_KEY in item.stash for item in session.items
+        ):
+            manager.register(MarkerErrors(), "backends-marker-errors")
         self._record_selection(session)
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
@@ -591,8 +599,17 @@ class MatrixPlugin:
         ):
             session.exitstatus = pytest.ExitCode.INTERRUPTED
 
+
+class MarkerErrors:
+    """Fails, at setup, each test whose ``backends`` marker was wrong.
+
+    Registered at the end of collection only when such a test was collected,
+    so a session without one runs no per-test hook of the matrix.
+    """
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        """Fail ``item`` with its marker error, if it has one."""
         error = item.stash.get(MARKER_ERROR_KEY, None)
         if error is not None:
             pytest.fail(error, pytrace=False)
