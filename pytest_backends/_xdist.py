@@ -17,7 +17,16 @@ from typing import Any
 
 import pytest
 
-__all__ = ["collected", "is_controller", "is_worker", "node_id", "put", "received", "send", "worker_id"]
+__all__ = [
+    "collected",
+    "is_controller",
+    "is_worker",
+    "node_id",
+    "put",
+    "received",
+    "send",
+    "worker_id",
+]
 
 _PREFIX = "backends_"
 

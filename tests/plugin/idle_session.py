@@ -18,7 +18,7 @@ from pathlib import Path
 
 TESTS = 4
 
-_CONFTEST = '''
+_CONFTEST = """
 import json, sys, types
 from collections import Counter
 
@@ -50,7 +50,7 @@ def pytest_sessionfinish(session):
     modules = sorted(m for m in sys.modules if m.split(".")[0] == "pytest_backends")
     with open("idle.json", "w") as out:
         json.dump({"calls": CALLS, "tests": len(session.items), "modules": modules}, out)
-'''
+"""
 
 _TESTS = "import torch\n\n" + "\n".join(
     f"def test_{i}():\n    assert torch.backends.cudnn.enabled is not None\n" for i in range(TESTS)
@@ -77,8 +77,14 @@ def measure(root: Path) -> IdleSession:
     (root / "pytest.ini").write_text("[pytest]\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
-        + ["-p", "no:xdist", "-W", "ignore::pytest.PytestAssertRewriteWarning"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            *("-p", "no:randomly", "-p", "no:cacheprovider"),
+            *("-p", "no:xdist", "-W", "ignore::pytest.PytestAssertRewriteWarning"),
+        ],
         cwd=root,
         env=env,
         capture_output=True,

@@ -62,7 +62,9 @@ def test_idle_session_calls_only_the_leak_guard_per_test(idle: IdleSession) -> N
 
 def test_idle_session_imports_within_the_module_budget(idle: IdleSession) -> None:
     assert len(idle.modules) <= MODULE_BUDGET, idle.modules
-    imported = [m for m in NOT_IMPORTED if any(x == m or x.startswith(m + ".") for x in idle.modules)]
+    imported = [
+        m for m in NOT_IMPORTED if any(x == m or x.startswith(m + ".") for x in idle.modules)
+    ]
     assert imported == []
 
 
