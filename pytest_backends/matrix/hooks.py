@@ -1,6 +1,6 @@
 """The matrix's collection hooks: expand marked tests, attach configs to items.
 
-Data flows one way (DESIGN B):
+Data flows one way, from markers to configs to items:
 
 1. :meth:`MatrixPlugin.pytest_generate_tests` binds each test's
    ``@pytest.mark.backends`` markers and, with ``--backends-matrix``,
