@@ -236,8 +236,9 @@ def _racy_index_put(device: str) -> Built:
     return fn, (src,)
 
 
-#: Real CPU races (threads writing the same memory): nondeterministic with two or more threads, caught only
-#: sometimes in a few runs. Not in ``ZOO``, whose entries are all deterministic on CPU.
+#: Real CPU races (threads writing the same memory): nondeterministic with two or
+#: more threads, caught only sometimes in a few runs. Not in ``ZOO``, whose entries
+#: are all deterministic on CPU.
 RACY_CPU: dict[str, Callable[[str], Built]] = {
     "index_put_accumulate_1e6": _racy_index_put,
 }
