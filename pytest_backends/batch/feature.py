@@ -7,10 +7,10 @@ is always on: a test marked ``@pytest.mark.batch_invariant`` is checked
 whether or not a baseline is given. :func:`plugins` loads the baseline and
 returns the hook layer (:mod:`~pytest_backends.batch.plugin`) when it can
 apply: with a baseline, or on the pytest-xdist controller (which sees the
-workers' reports but collects no items), at once; otherwise a collection
-watcher (:class:`CollectionWatch`) registers it at the end of collection
-only if a collected test carries the marker, so an unmarked session runs
-none of its per-test hooks and never imports it.
+workers' reports but collects no items), at once; otherwise :func:`collected`
+asks for it at the end of collection only if a collected test carries the
+marker, so an unmarked session runs none of its per-test hooks and never
+imports it.
 
 Importing this module never imports torch.
 """
@@ -25,7 +25,7 @@ import pytest
 from pytest_backends import _options, _xdist
 from pytest_backends.batch.marker import MARKER
 
-__all__ = ["SETTINGS_KEY", "CollectionWatch", "Settings", "plugins"]
+__all__ = ["SETTINGS_KEY", "Settings", "batch_plugin", "collected", "plugins"]
 
 
 @dataclass(frozen=True)
@@ -61,26 +61,21 @@ SETTINGS_KEY: pytest.StashKey[Settings] = pytest.StashKey()
 
 
 def plugins(config: pytest.Config, settings: Settings) -> list[tuple[object, str]]:
-    """The batch plugin if it can already apply, else a :class:`CollectionWatch`."""
+    """The batch plugin if it can already apply (a baseline; the xdist controller), else none."""
     if settings.baseline is not None or _xdist.is_controller(config):
         return [(batch_plugin(config, settings), "backends-batch")]
-    return [(CollectionWatch(settings), "backends-batch-watch")]
+    return []
 
 
-class CollectionWatch:
-    """Registers the batch plugin once collection ends, if a collected test is marked."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        """Register the batch plugin if any selected item carries the marker."""
-        manager = session.config.pluginmanager
-        if manager.has_plugin("backends-batch"):
-            return
-        if any(item.get_closest_marker(MARKER) is not None for item in session.items):
-            manager.register(batch_plugin(session.config, self.settings), "backends-batch")
+def collected(
+    config: pytest.Config, settings: Settings, items: list[pytest.Item]
+) -> list[tuple[object, str]]:
+    """The batch plugin, once collection ends, if a collected test carries the marker."""
+    if config.pluginmanager.has_plugin("backends-batch"):
+        return []
+    if any(item.get_closest_marker(MARKER) is not None for item in items):
+        return [(batch_plugin(config, settings), "backends-batch")]
+    return []
 
 
 def batch_plugin(config: pytest.Config, settings: Settings) -> object:

@@ -518,11 +518,6 @@ class MatrixPlugin:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         for item in session.items:
             self.collected[item.nodeid] = self._config_id(item)
-        manager = session.config.pluginmanager
-        if not manager.has_plugin("backends-marker-errors") and any(
-            MARKER_ERROR_KEY in item.stash for item in session.items
-        ):
-            manager.register(MarkerErrors(), "backends-marker-errors")
         self._record_selection(session)
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
@@ -603,8 +598,9 @@ class MatrixPlugin:
 class MarkerErrors:
     """Fails, at setup, each test whose ``backends`` marker was wrong.
 
-    Registered at the end of collection only when such a test was collected,
-    so a session without one runs no per-test hook of the matrix.
+    Asked for at the end of collection (:func:`pytest_backends.matrix.feature.collected`)
+    only when such a test was collected, so a session without one runs no
+    per-test hook of the matrix.
     """
 
     @pytest.hookimpl(tryfirst=True)
