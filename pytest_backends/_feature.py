@@ -13,7 +13,10 @@ A feature is a module with three names:
 
 Optional: ``prepare(config, settings)`` runs in ``pytest_cmdline_main``,
 before pytest-xdist starts workers; ``READS_REQUIRED_AXES = True`` makes the
-feature resolve after those whose settings declare ``required_axes``.
+feature resolve after those whose settings declare ``required_axes``;
+``collected(config, settings, items)`` runs when collection finishes and
+returns more ``(plugin, name)`` pairs, so that a feature registers per-test
+hooks only when a collected test needs them.
 
 Nothing but :mod:`pytest_backends.plugin` resolves settings or registers.
 """

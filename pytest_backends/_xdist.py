@@ -17,7 +17,16 @@ from typing import Any
 
 import pytest
 
-__all__ = ["collected", "is_worker", "node_id", "put", "received", "send", "worker_id"]
+__all__ = [
+    "collected",
+    "is_controller",
+    "is_worker",
+    "node_id",
+    "put",
+    "received",
+    "send",
+    "worker_id",
+]
 
 _PREFIX = "backends_"
 
@@ -25,6 +34,15 @@ _PREFIX = "backends_"
 def is_worker(config: pytest.Config) -> bool:
     """Whether this process is a pytest-xdist worker."""
     return hasattr(config, "workerinput")
+
+
+def is_controller(config: pytest.Config) -> bool:
+    """Whether this process is a pytest-xdist controller (``-n``/``--dist``, not a worker).
+
+    Read after ``pytest_cmdline_main``, where pytest-xdist turns ``-n N`` into a
+    distribution mode.
+    """
+    return not is_worker(config) and getattr(config.option, "dist", "no") != "no"
 
 
 def worker_id(config: pytest.Config) -> str | None:

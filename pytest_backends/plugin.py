@@ -138,6 +138,23 @@ def pytest_collection_modifyitems(
         plugin.expand_hook_markers(items)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Register the plugins features ask for once they see the collected items.
+
+    A feature with ``collected(config, settings, items)`` registers its
+    per-test hooks here only when a collected test needs them (a marker).
+    """
+    config = session.config
+    for feature in FEATURES:
+        collected = getattr(feature, "collected", None)
+        if collected is not None:
+            for plugin, name in collected(
+                config, config.stash[feature.SETTINGS_KEY], session.items
+            ):
+                config.pluginmanager.register(plugin, name)
+
+
 @pytest.fixture
 def backend_flags() -> Generator[Any, None, None]:
     """Set torch backend flags inside a test; every flag is restored at teardown.

@@ -5,7 +5,12 @@ their ini twins) are resolved once, through
 :func:`pytest_backends._options.lookup`, into :class:`Settings`. The feature
 is always on: a test marked ``@pytest.mark.batch_invariant`` is checked
 whether or not a baseline is given. :func:`plugins` loads the baseline and
-returns the hook layer (:mod:`~pytest_backends.batch.plugin`).
+returns the hook layer (:mod:`~pytest_backends.batch.plugin`) when it can
+apply: with a baseline, or on the pytest-xdist controller (which sees the
+workers' reports but collects no items), at once; otherwise :func:`collected`
+asks for it at the end of collection only if a collected test carries the
+marker, so an unmarked session runs none of its per-test hooks and never
+imports it.
 
 Importing this module never imports torch.
 """
@@ -18,14 +23,9 @@ from pathlib import Path
 import pytest
 
 from pytest_backends import _options, _xdist
-from pytest_backends.determinism.census import (
-    Baseline,
-    BaselineVersionWarning,
-    CensusFileError,
-    Versions,
-)
+from pytest_backends.batch.marker import MARKER
 
-__all__ = ["SETTINGS_KEY", "Settings", "plugins"]
+__all__ = ["SETTINGS_KEY", "Settings", "batch_plugin", "collected", "plugins"]
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,32 @@ SETTINGS_KEY: pytest.StashKey[Settings] = pytest.StashKey()
 
 
 def plugins(config: pytest.Config, settings: Settings) -> list[tuple[object, str]]:
+    """The batch plugin if it can already apply (a baseline; the xdist controller), else none."""
+    if settings.baseline is not None or _xdist.is_controller(config):
+        return [(batch_plugin(config, settings), "backends-batch")]
+    return []
+
+
+def collected(
+    config: pytest.Config, settings: Settings, items: list[pytest.Item]
+) -> list[tuple[object, str]]:
+    """The batch plugin, once collection ends, if a collected test carries the marker."""
+    if config.pluginmanager.has_plugin("backends-batch"):
+        return []
+    if any(item.get_closest_marker(MARKER) is not None for item in items):
+        return [(batch_plugin(config, settings), "backends-batch")]
+    return []
+
+
+def batch_plugin(config: pytest.Config, settings: Settings) -> object:
     """Load the baseline (warning when it was recorded under other versions); the plugin."""
     from pytest_backends.batch.plugin import BatchPlugin
+    from pytest_backends.determinism.census import (
+        Baseline,
+        BaselineVersionWarning,
+        CensusFileError,
+        Versions,
+    )
 
     baseline = Baseline()
     if settings.baseline is not None:
@@ -77,4 +101,4 @@ def plugins(config: pytest.Config, settings: Settings) -> list[tuple[object, str
             message = baseline.version_mismatch(settings.baseline, Versions.current())
             if message:
                 config.issue_config_time_warning(BaselineVersionWarning(message), stacklevel=2)
-    return [(BatchPlugin(config, settings, baseline), "backends-batch")]
+    return BatchPlugin(config, settings, baseline)

@@ -45,6 +45,7 @@ from pytest_backends import _tree
 from pytest_backends.batch.runs import rows_differ
 from pytest_backends.determinism.compare import Comparison, Divergence, merge_verdict
 from pytest_backends.determinism.locate import Location, locate
+from pytest_backends.determinism.op_tables import UNINITIALIZED
 
 if TYPE_CHECKING:
     from pytest_backends.batch.runs import Case, Plan
@@ -53,18 +54,6 @@ __all__ = ["Finding", "OpLog", "RowRecorder", "compare_ops", "find_op", "record"
 
 #: Verdicts per op, strongest first.
 VERDICTS = ("batch_variant", "no_difference", "inconclusive")
-
-# Ops whose output is uninitialised memory: not data, never compared.
-_UNINITIALIZED = frozenset(
-    {
-        "aten::empty",
-        "aten::empty_like",
-        "aten::empty_strided",
-        "aten::empty_permuted",
-        "aten::new_empty",
-        "aten::new_empty_strided",
-    }
-)
 
 
 @dataclass
@@ -426,7 +415,7 @@ def compare_ops(
             break
         # Follow mixed data: an op fed by a mixing reduction's output carries it on.
         sources = {mixed[p] for p in a.in_ptrs if p in mixed}
-        if a.name in _UNINITIALIZED:
+        if a.name in UNINITIALIZED:
             continue  # not data: neither compared nor blamed
         if a.dropped or b.dropped:
             merge_verdict(verdicts, key, "inconclusive", VERDICTS)

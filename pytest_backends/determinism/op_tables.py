@@ -10,7 +10,7 @@ Importing this module imports nothing.
 
 from __future__ import annotations
 
-__all__ = ["OVERWRITES", "REBINDS", "UNINITIALIZED", "WORKSPACES"]
+__all__ = ["OVERWRITES", "REBINDS", "SLOT_TAGS", "UNINITIALIZED", "WORKSPACES"]
 
 #: Ops whose output is uninitialised memory: compared by dtype and shape only.
 UNINITIALIZED = frozenset(
@@ -65,3 +65,9 @@ OVERWRITES = frozenset(
 #: Ops that point a tensor at other memory (a storage made outside torch ops, shared
 #: memory from a DataLoader worker): the memory is keyed where an op first reads it.
 REBINDS = frozenset({"aten::set_"})
+
+#: The tags a recorded tensor slot starts with (``("digest", h0, h1)``,
+#: ``("uninitialized", dtype, shape)``, ...), written by both recorders.
+SLOT_TAGS = frozenset(
+    {"digest", "view", "uninitialized", "workspace", "empty", "unread", "rebound", "opaque"}
+)

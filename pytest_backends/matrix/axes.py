@@ -32,7 +32,7 @@ def _present(available: frozenset[str], mapping: Mapping[str, object]) -> dict[s
 def _tf32(on: bool) -> Callable[[frozenset[str]], Mapping[str, object]]:
     def flags(available: frozenset[str]) -> Mapping[str, object]:
         # The fp32_precision strings where they exist: writing the legacy bools
-        # after them makes torch raise on the mix (DESIGN A.2.1).
+        # after them makes torch raise on the mix of the two APIs.
         if "cuda.matmul.fp32_precision" in available:
             mode = "tf32" if on else "ieee"
             return _present(
@@ -51,7 +51,7 @@ def _tf32(on: bool) -> Callable[[frozenset[str]], Mapping[str, object]]:
 def _mkldnn_precision(mode: str) -> Callable[[frozenset[str]], Mapping[str, object]]:
     def flags(available: frozenset[str]) -> Mapping[str, object]:
         # Per-op strings, not mkldnn.fp32_precision: that one writes the
-        # generic precision too (DESIGN A.2.3).
+        # generic (``fp32_precision``) precision too.
         return _present(
             available, {f"mkldnn.{op}.fp32_precision": mode for op in ("matmul", "conv", "rnn")}
         )

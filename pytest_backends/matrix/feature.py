@@ -15,7 +15,7 @@ from pytest_backends import _shared, _xdist
 from pytest_backends.matrix.settings import SETTINGS_KEY
 from pytest_backends.matrix.settings import MatrixSettings as Settings
 
-__all__ = ["READS_REQUIRED_AXES", "SETTINGS_KEY", "Settings", "plugins"]
+__all__ = ["READS_REQUIRED_AXES", "SETTINGS_KEY", "Settings", "collected", "plugins"]
 
 #: The settings read the axes other features require: they resolve after those.
 READS_REQUIRED_AXES = True
@@ -77,3 +77,16 @@ def plugins(config: pytest.Config, settings: Settings) -> list[tuple[object, str
 
         found.append((XdistHooks(settings), "backends-xdist"))
     return found
+
+
+def collected(
+    config: pytest.Config, settings: Settings, items: list[pytest.Item]
+) -> list[tuple[object, str]]:
+    """The plugin that fails tests with a wrong marker, if collection kept any."""
+    from pytest_backends.matrix.hooks import MARKER_ERROR_KEY, MarkerErrors
+
+    if config.pluginmanager.has_plugin("backends-marker-errors"):
+        return []
+    if any(MARKER_ERROR_KEY in item.stash for item in items):
+        return [(MarkerErrors(), "backends-marker-errors")]
+    return []

@@ -1,6 +1,6 @@
 """The matrix's collection hooks: expand marked tests, attach configs to items.
 
-Data flows one way (DESIGN B):
+Data flows one way, from markers to configs to items:
 
 1. :meth:`MatrixPlugin.pytest_generate_tests` binds each test's
    ``@pytest.mark.backends`` markers and, with ``--backends-matrix``,
@@ -47,13 +47,12 @@ from pytest_backends.matrix.items import (
     same_params,
 )
 from pytest_backends.matrix.registry import axis_registry
-from pytest_backends.matrix.report import config_in_nodeid
 from pytest_backends.matrix.settings import MatrixSettings, check_axes, check_config_ids
 
 if TYPE_CHECKING:
     from pytest_backends.matrix.availability import Availability
 
-__all__ = ["INVALID_MARKER_ID", "MARKER_ERROR_KEY", "MatrixPlugin"]
+__all__ = ["INVALID_MARKER_ID", "MARKER_ERROR_KEY", "MarkerErrors", "MatrixPlugin"]
 
 #: The matrix report's row for tests whose marker is invalid (they fail at setup).
 INVALID_MARKER_ID = "invalid-marker"
@@ -382,6 +381,10 @@ class MatrixPlugin:
         matrix has expanded the test.
         """
         args = session.config.args
+        if not any("[" in arg for arg in args):
+            return
+        from pytest_backends.matrix.report import config_in_nodeid
+
         plain = set(args)
         for i, arg in enumerate(args):
             head, sep, tail = arg.partition("::")
@@ -591,8 +594,18 @@ class MatrixPlugin:
         ):
             session.exitstatus = pytest.ExitCode.INTERRUPTED
 
+
+class MarkerErrors:
+    """Fails, at setup, each test whose ``backends`` marker was wrong.
+
+    Asked for at the end of collection (:func:`pytest_backends.matrix.feature.collected`)
+    only when such a test was collected, so a session without one runs no
+    per-test hook of the matrix.
+    """
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        """Fail ``item`` with its marker error, if it has one."""
         error = item.stash.get(MARKER_ERROR_KEY, None)
         if error is not None:
             pytest.fail(error, pytrace=False)

@@ -1,7 +1,7 @@
 """Kernel-path verification (``--backends-verify``): did the promised path run?
 
 A flag only *allows* a kernel path; torch still picks kernels per shape, dtype
-and device (DESIGN A.5).  So for configs that promise a path, the op names of
+and device, and may fall back.  So for configs that promise a path, the op names of
 the test's call phase are recorded with ``torch.profiler`` and checked against
 :data:`PROMISES`, a table of ``config token -> promise``:
 

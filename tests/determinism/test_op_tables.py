@@ -119,3 +119,21 @@ def test_a_native_copy_would_be_found() -> None:
         'static const char* kOps[] = {"aten::empty", "aten::zero_", "empty"};\n'
     )
     assert _op_literals(code) == ["aten::empty", "aten::zero_"]
+
+
+def test_the_batch_locator_reads_the_one_op_table() -> None:
+    from pytest_backends.batch import locate as batch_locate
+
+    assert batch_locate.UNINITIALIZED is op_tables.UNINITIALIZED
+    tables = {id(t) for t in (op_tables.UNINITIALIZED, op_tables.OVERWRITES, op_tables.REBINDS)}
+    for name, value in vars(batch_locate).items():
+        if isinstance(value, (frozenset, set, dict)) and any(
+            isinstance(x, str) and x.startswith("aten::") for x in value
+        ):
+            assert id(value) in tables, f"batch/locate.py keeps its own op table {name}"
+
+
+def test_the_native_recorder_writes_the_one_set_of_slot_tags() -> None:
+    source = (NATIVE / "recorder.cpp").read_text()
+    written = set(re.findall(r'\bslot = py::make_tuple\("(\w+)"', source))
+    assert written == op_tables.SLOT_TAGS

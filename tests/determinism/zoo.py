@@ -8,7 +8,7 @@ state builds the same weights and inputs. Sizes are small: the zoo checks
 verdicts, not speed.
 
 ``KNOWN_NONDETERMINISTIC_CUDA`` names the entries whose CUDA kernels are
-nondeterministic by default (atomics; DESIGN A.4), with sizes that give the
+nondeterministic by default (they accumulate with atomics), with sizes that give the
 atomics contention.
 
 The tests load this file as a module, and copy it into pytester runs.
@@ -236,13 +236,14 @@ def _racy_index_put(device: str) -> Built:
     return fn, (src,)
 
 
-#: Real CPU races (DESIGN A.6): nondeterministic with two or more threads, caught only
-#: sometimes in a few runs. Not in ``ZOO``, whose entries are all deterministic on CPU.
+#: Real CPU races (threads writing the same memory): nondeterministic with two or
+#: more threads, caught only sometimes in a few runs. Not in ``ZOO``, whose entries
+#: are all deterministic on CPU.
 RACY_CPU: dict[str, Callable[[str], Built]] = {
     "index_put_accumulate_1e6": _racy_index_put,
 }
 
-#: Entries whose default CUDA kernels are nondeterministic (DESIGN A.4).
+#: Entries whose default CUDA kernels are nondeterministic (atomics).
 KNOWN_NONDETERMINISTIC_CUDA = (
     "index_add",
     "scatter_add",

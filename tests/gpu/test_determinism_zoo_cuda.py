@@ -2,7 +2,7 @@
 
 Under ``torch.use_deterministic_algorithms(True)`` every entry must be
 reproducible. With default flags, the suite-wide recorder must find the
-nondeterministic kernels of DESIGN A.4 (atomics in index/scatter ops and
+known nondeterministic CUDA kernels (atomics in index/scatter ops and
 their backwards) and blame nothing outside the known list.
 """
 

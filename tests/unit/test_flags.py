@@ -196,7 +196,7 @@ def test_absent_flag_names_why() -> None:
 
 
 def test_mkldnn_fp32_precision_writes_its_own_key() -> None:
-    # torch's own setter writes generic/all (DESIGN A.2, item 3); the registry
+    # torch's own setter also writes the generic/all precision; the registry
     # writes the key the name reads, and restores both.
     before = snapshot_flags()
     with override_flags({"mkldnn.fp32_precision": "bf16"}):
