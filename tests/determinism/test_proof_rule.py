@@ -290,7 +290,10 @@ def test_corpus_both_recorders_agree_with_the_oracle(
     cases = len(seen["python"][0])
     # The augmentation thread's draws race with the test's: a run where the thread
     # happened not to draw in between is rightly "checked". Its blame must agree.
-    racy = {"test_corpus.py::test_augmentation_thread"}
+    # Likewise a DataLoader's worker batches and the profiler ranges around them follow
+    # the workers' timing: the native recorder, which sees those ranges, may rightly
+    # call the control flow unproven ("not checked").
+    racy = {"test_corpus.py::test_augmentation_thread", "test_corpus.py::test_dataloader[2]"}
     disagreements = {
         k
         for k in seen["python"][0]
