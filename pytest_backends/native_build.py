@@ -17,15 +17,15 @@ for a digest, so:
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Generator
 from dataclasses import dataclass
 
 import pytest
 
 from pytest_backends import _native, _shared, _xdist
 
-__all__ = ["SETTINGS_KEY", "NativeBuildPlugin", "Settings", "plugins"]
+__all__ = ["SETTINGS_KEY", "NativeBuildPlugin", "Settings", "WorkerNotices", "plugins"]
 
 #: Report property carrying the build notices raised while the test ran (from a worker).
 PROPERTY = "backends_native_build"
@@ -63,17 +63,15 @@ class NativeBuildPlugin:
     """Builds at session start when asked to, and announces builds that tests trigger.
 
     It has no per-test hook: the running test is read from ``PYTEST_CURRENT_TEST``
-    when a build starts, a worker registers :class:`_NoticeCarrier` only once a
-    test has triggered a build, and a controller registers :class:`_WorkerNotices`
-    only when an xdist worker starts.
+    when a build starts, and a worker puts the notice in that item's user
+    properties, which pytest copies into its reports; an xdist controller prints
+    them through :class:`WorkerNotices`, which it has only when workers start.
     """
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.worker = _xdist.is_worker(config)
-        self._notices: list[str] = []
-        self._carrier: _NoticeCarrier | None = None
-        self._relay: _WorkerNotices | None = None
+        self._session: pytest.Session | None = None
         self._inherited = os.environ.get("PYTEST_CURRENT_TEST")
         # An in-process pytester run configures a second session: give the
         # listener back to the outer one when this one ends.
@@ -83,6 +81,7 @@ class NativeBuildPlugin:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self._session = session
         if self.worker or not self._determinism_on():
             return
         _native.prepare(self._progress)
@@ -94,13 +93,6 @@ class NativeBuildPlugin:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(_PREFIX + line)
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_configure_node(self, node: object) -> None:
-        """xdist controller: relay the notices that workers attach to their reports."""
-        if self._relay is None:
-            self._relay = _WorkerNotices(self.config)
-            self.config.pluginmanager.register(self._relay, "backends-native-relay")
 
     # -- a test triggers the build ---------------------------------------------------------
 
@@ -117,10 +109,10 @@ class NativeBuildPlugin:
         if not self.worker:
             self._write_now(line)
             return
-        if self._carrier is None:
-            self._carrier = _NoticeCarrier()
-            self.config.pluginmanager.register(self._carrier, "backends-native-carrier")
-        self._carrier.notices.append(line)
+        items = self._session.items if self._session is not None else []
+        item = next((i for i in items if i.nodeid == nodeid), None)
+        if item is not None:
+            item.user_properties.append((PROPERTY, json.dumps([line])))
 
     def _write_now(self, line: str) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -139,33 +131,20 @@ class NativeBuildPlugin:
         _native.set_build_listener(self.previous_listener)
 
 
-class _NoticeCarrier:
-    """Worker: attaches the build notices to the report of the test that triggered them."""
-
-    def __init__(self) -> None:
-        self.notices: list[str] = []
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(
-        self, item: pytest.Item, call: pytest.CallInfo[None]
-    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        report = yield
-        if self.notices:
-            _shared.add_property(report, PROPERTY, list(self.notices))
-            self.notices.clear()
-        return report
-
-
-class _WorkerNotices:
+class WorkerNotices:
     """xdist controller: prints the build notices carried by workers' reports."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
+        self._printed: set[str] = set()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         notices = _shared.report_data(report, PROPERTY)
         if not isinstance(notices, list):
             return
+        # the item's properties ride on each of its phase reports: print a notice once
+        notices = [line for line in notices if line not in self._printed]
+        self._printed.update(notices)
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
             return
@@ -181,4 +160,10 @@ def plugins(config: pytest.Config, settings: Settings) -> list[tuple[object, str
     """The plugin to register, made the process's build listener."""
     plugin = NativeBuildPlugin(config)
     _native.set_build_listener(plugin.notice)
-    return [(plugin, "backends-native")]
+    plugins: list[tuple[object, str]] = [(plugin, "backends-native")]
+    starts_workers = getattr(config.option, "numprocesses", None) or getattr(
+        config.option, "tx", None
+    )
+    if starts_workers and not _xdist.is_worker(config):
+        plugins.append((WorkerNotices(config), "backends-native-relay"))
+    return plugins
