@@ -116,7 +116,12 @@ class RunSummary:
 
     def closing_line(self) -> str:
         """pytest's closing line: ``1 failed, 2 passed, 1 error``."""
-        parts = [f"{n} {k}" for k, n in self.outcomes.items() if n]
+        first = ("failed", "passed", "skipped", "xfailed", "xpassed", "error")
+        order = sorted(
+            self.outcomes.items(),
+            key=lambda kv: (first.index(kv[0]) if kv[0] in first else len(first), kv[0]),
+        )
+        parts = [f"{n} {k}" for k, n in order if n]
         return ", ".join(parts) or "no tests ran"
 
     def to_plain(self) -> dict[str, Any]:
