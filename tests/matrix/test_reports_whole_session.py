@@ -230,4 +230,3 @@ def test_the_run_says_which_option_won_and_names_every_file_written(
     assert report.exists()
     assert f"report written to {report}" in out
     assert json.loads(report.read_text(encoding="utf-8"))["session"]["outcomes"] == {"passed": 1}
-
