@@ -94,6 +94,47 @@ class BatchCensus:
             elif verdict == "no_difference":
                 entry.same_sizes.update(sizes)
 
+    def merge_data(self, data: object, source: str) -> None:
+        """Add a written section (another job's census) to this one; bad data names ``source``.
+
+        Verdicts combine as within one run (batch-variant anywhere wins), the
+        tests, configs and sizes are joined: the result does not depend on the
+        order in which sections are merged.
+        """
+        if not isinstance(data, Mapping) or not isinstance(data.get("entries", []), list):
+            raise CensusFileError(f"{source}: '{SECTION}' must be an object with an 'entries' list")
+        for i, row in enumerate(data.get("entries", [])):
+            where = f"{source}: {SECTION}.entries[{i}]"
+            if not isinstance(row, Mapping):
+                raise CensusFileError(f"{where} must be an object, got {row!r}")
+            key = _key_of(row, where)
+            verdict = row.get("verdict")
+            if verdict not in VERDICTS:
+                raise CensusFileError(f"{where}: unknown verdict {verdict!r}")
+            configs = row.get("configs", {})
+            if not isinstance(configs, Mapping) or not all(
+                isinstance(c, str) and v in VERDICTS for c, v in configs.items()
+            ):
+                raise CensusFileError(f"{where}: 'configs' must map config ids to verdicts")
+            lists = {}
+            for name in ("tests", "batch_variant_in"):
+                value = row.get(name, [])
+                if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+                    raise CensusFileError(f"{where}: {name!r} must be a list of test ids")
+                lists[name] = value
+            compared = _sizes(row.get("sizes_compared", []), f"{where}: 'sizes_compared'")
+            differing = _sizes(row.get("sizes_differing", []), f"{where}: 'sizes_differing'")
+            if verdict == "batch_variant" and not lists["batch_variant_in"]:
+                raise CensusFileError(f"{where}: a batch-variant entry names no test")
+            entry = self._entries.setdefault(key, _Entry())
+            entry.verdict = _stronger(entry.verdict, str(verdict))
+            entry.tests.update(lists["tests"])
+            entry.variant_in.update(lists["batch_variant_in"])
+            entry.variant_sizes.update(differing)
+            entry.same_sizes.update(set(compared) - set(differing))
+            for config, v in configs.items():
+                entry.configs[config] = _stronger(entry.configs.get(config), str(v))
+
     def verdict(self, key: Key) -> str | None:
         """The verdict for ``key`` (the strongest over tests and configs), or None."""
         entry = self._entries.get(key)

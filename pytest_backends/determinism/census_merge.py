@@ -19,8 +19,11 @@ from typing import Any
 
 from pytest_backends._files import CENSUS, read_json
 from pytest_backends._sources import MergeInputError, unique_label, version_warning
+from pytest_backends.batch.census import SECTION as BATCH_SECTION
+from pytest_backends.batch.census import BatchCensus
 from pytest_backends.determinism.census import (
     Census,
+    CensusFileError,
     Versions,
     atomic_write_json,
     read_census_file,
@@ -92,6 +95,7 @@ def merge_censuses(paths: Sequence[Path]) -> MergedCensus:
     sources: list[dict[str, Any]] = []
     taken: set[str] = set()
     extra: dict[str, Any] = {}
+    batch: BatchCensus | None = None
     for path in map(Path, paths):
         data, versions, one = read_census_file(path)
         nested = data.get("sources")
@@ -121,6 +125,14 @@ def merge_censuses(paths: Sequence[Path]) -> MergedCensus:
         census.merge_data(one.to_data(), source=f"census file {path}")
         _merge_checks(path, data, census)
         _merge_extra(path, data, extra)
+        if BATCH_SECTION in data:
+            batch = batch or BatchCensus()
+            try:
+                batch.merge_data(data[BATCH_SECTION], f"census file {path}")
+            except CensusFileError as exc:
+                raise MergeInputError(str(exc)) from None
+    if batch is not None:
+        extra[BATCH_SECTION] = batch.to_data()
     warnings = [w for w in [version_warning(sources, "censuses")] if w]
     return MergedCensus(census, sources, warnings, extra)
 
@@ -128,7 +140,7 @@ def merge_censuses(paths: Sequence[Path]) -> MergedCensus:
 #: Top-level census fields this module reads or :meth:`Census.write` writes.
 _KNOWN = frozenset(
     ("format", "version", "torch", "cuda", "runs", "label", "sources", "entries")
-) | {"not_checked", "boundary"}
+) | {"not_checked", "boundary", BATCH_SECTION}
 
 
 def _fail(path: Path, message: str) -> MergeInputError:

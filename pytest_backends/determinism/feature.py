@@ -123,6 +123,23 @@ class Settings:
         implied = select_all or census is not None or baseline is not None
         if runs is None:
             if not implied or (raw.from_cli and raw.text.strip().lower() in _OFF):
+                if implied and not _xdist.is_worker(config):
+                    losers = [
+                        name
+                        for name, on in (
+                            ("--backends-determinism-all", select_all),
+                            ("--backends-census", census is not None),
+                            ("--backends-baseline", baseline is not None),
+                        )
+                        if on
+                    ]
+                    config.issue_config_time_warning(
+                        pytest.PytestConfigWarning(
+                            f"--backends-determinism={raw.text.strip()} wins over "
+                            f"{', '.join(losers)}: the determinism check is off"
+                        ),
+                        stacklevel=2,
+                    )
                 return cls()
             runs = DEFAULT_RUNS
         option = "--backends-determinism"

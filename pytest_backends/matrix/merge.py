@@ -41,6 +41,7 @@ from pytest_backends.matrix.report import (
     REPORT_FORMAT,
     ConfigRow,
     Result,
+    RunSummary,
     build_rows,
     render_html,
     render_json,
@@ -66,6 +67,8 @@ class ReportInput:
     results: list[tuple[str, Result]]
     #: The collected items and what ran (``None``: a report without them).
     coverage: Coverage | None = None
+    #: pytest's verdict on the run (``None``: a report written before it was recorded).
+    session: RunSummary | None = None
 
 
 def _fail(path: Path, message: str) -> MergeInputError:
@@ -250,7 +253,15 @@ def read_report(path: Path) -> ReportInput:
         if isinstance(parsed, str):
             raise _fail(path, parsed)
         coverage = parsed
-    return ReportInput(path, sources, [c for c in configs if isinstance(c, str)], pairs, coverage)
+    session = None
+    if "session" in data:
+        summary = RunSummary.from_plain(data["session"])
+        if isinstance(summary, str):
+            raise _fail(path, summary)
+        session = summary
+    return ReportInput(
+        path, sources, [c for c in configs if isinstance(c, str)], pairs, coverage, session
+    )
 
 
 def _conflict_details(
@@ -301,6 +312,8 @@ class MergedReport:
     skipped_elsewhere: list[dict[str, Any]] = field(default_factory=list)
     #: Every source's collected items and what ran (``None``: no source listed them).
     coverage: Coverage | None = None
+    #: The sources' pytest verdicts added up (``None``: no source recorded one).
+    session: RunSummary | None = None
 
     @property
     def gaps(self) -> CoverageGaps:
@@ -342,6 +355,7 @@ class MergedReport:
             environment=self.environment(),
             settings={},
             header=header,
+            session=self.session,
             extra={
                 "conflicts": self.conflicts,
                 "skipped_elsewhere": self.skipped_elsewhere,
@@ -357,6 +371,7 @@ class MergedReport:
             environment=self.environment(),
             verify=self.verify,
             sources=self.sources,
+            session=self.session,
         )
 
     def terminal_lines(self) -> list[str]:
@@ -369,6 +384,12 @@ class MergedReport:
             lines.append(
                 f"  [{i}] {src['label']}: {src.get('tests', '?')} tests from "
                 f"{src.get('file')} ({versions})"
+            )
+        if self.session is not None:
+            lines.append(
+                f"pytest, all sources: {self.session.closing_line()}; exit status "
+                f"{self.session.exitstatus} ({self.session.exit})"
+                + (", interrupted" if self.session.interrupted else "")
             )
         lines.append("")
         lines += render_terminal(self.rows(), self.verify)
@@ -423,12 +444,14 @@ def _merge_reports(paths: Sequence[Path]) -> MergedReport:
     taken: set[str] = set()
     sources: list[dict[str, Any]] = []
     by_nodeid: dict[str, list[tuple[str, Result]]] = {}
+    first_label: dict[Path, dict[str, Any]] = {}
     for item in inputs:
         renamed: dict[str, str] = {}
         for src in item.sources:
             label = unique_label(str(src["label"]), taken, str(src.get("file", item.path)))
             renamed[str(src["label"])] = label
             sources.append({**src, "label": label})
+            first_label.setdefault(item.path, sources[-1])
         for label, result in item.results:
             new = renamed.get(label, label)
             result.sources = [new]
@@ -487,7 +510,13 @@ def _merge_reports(paths: Sequence[Path]) -> MergedReport:
     if coverage is None:
         note = "no input lists its collected tests: coverage is not checked"
     warnings = [w for w in [version_warning(sources, "reports"), note] if w]
-    return MergedReport(sources, results, order, conflicts, warnings, skipped, coverage)
+    summaries = [
+        (str(src["label"]), item.session)
+        for item, src in zip(inputs, (first_label[item.path] for item in inputs))
+        if item.session is not None
+    ]
+    session = RunSummary.merged(summaries) if summaries else None
+    return MergedReport(sources, results, order, conflicts, warnings, skipped, coverage, session)
 
 
 def _config_order(lists: Iterable[Sequence[str]]) -> list[str]:

@@ -29,6 +29,7 @@ __all__ = [
     "REPORT_FORMAT",
     "ConfigRow",
     "Result",
+    "RunSummary",
     "base_test_id",
     "build_rows",
     "render_html",
@@ -38,11 +39,23 @@ __all__ = [
 ]
 
 #: Outcome columns, in display order. ``conflict``: sources of a merged report disagree.
-OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "conflict")
+#: ``interrupted``: the item started and the run stopped (Ctrl-C) before it finished.
+OUTCOMES = (
+    "passed",
+    "failed",
+    "error",
+    "skipped",
+    "xfailed",
+    "xpassed",
+    "interrupted",
+    "conflict",
+)
 #: The ``format`` name of a matrix report file.
 REPORT_FORMAT = _files.REPORT_FORMAT
 #: Outcomes listed under the grid as failures.
-FAILING = ("failed", "error", "xpassed", "conflict")
+FAILING = ("failed", "error", "xpassed", "interrupted", "conflict")
+#: The categories of pytest's closing line that make a run fail.
+SESSION_FAILING = ("failed", "error")
 NOT_EXERCISED = "not exercised"
 _ALWAYS = ("passed", "failed", "skipped")
 
@@ -76,6 +89,105 @@ class ConfigRow:
     failures: list[tuple[str, str]] = field(default_factory=list)
     unexercised: list[tuple[str, str]] = field(default_factory=list)
     skip_reasons: list[str] = field(default_factory=list)
+
+
+_EXIT_NAMES = {int(code): code.name.lower().replace("_", " ") for code in pytest.ExitCode}
+
+
+@dataclass
+class RunSummary:
+    """What pytest said of the whole session: its closing-line counts, exit status and problems.
+
+    ``outcomes`` counts reports the way pytest's terminal summary does (a test
+    that passes and then errors at teardown counts once as passed and once as
+    an error); ``problems`` lists every failed, errored or crashed item of the
+    session, with or without a backend configuration, and failed collections.
+    """
+
+    outcomes: dict[str, int] = field(default_factory=dict)
+    exitstatus: int = 0
+    interrupted: bool = False
+    #: ``{"nodeid", "when", "outcome", "message"}`` (``"source"`` in a merged report).
+    problems: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def exit(self) -> str:
+        """The exit status's name (``tests failed``)."""
+        return _EXIT_NAMES.get(self.exitstatus, f"exit status {self.exitstatus}")
+
+    def closing_line(self) -> str:
+        """pytest's closing line: ``1 failed, 2 passed, 1 error``."""
+        first = ("failed", "passed", "skipped", "xfailed", "xpassed", "error")
+        order = sorted(
+            self.outcomes.items(),
+            key=lambda kv: (first.index(kv[0]) if kv[0] in first else len(first), kv[0]),
+        )
+        parts = [f"{n} {k}" for k, n in order if n]
+        return ", ".join(parts) or "no tests ran"
+
+    def to_plain(self) -> dict[str, Any]:
+        """The JSON report's ``session`` section."""
+        return {
+            "exitstatus": self.exitstatus,
+            "exit": self.exit,
+            "interrupted": self.interrupted,
+            "outcomes": dict(self.outcomes),
+            "problems": [dict(p) for p in self.problems],
+        }
+
+    @classmethod
+    def from_plain(cls, value: object) -> RunSummary | str:
+        """Parse a ``session`` section; a string says what is wrong with it."""
+        if not isinstance(value, dict):
+            return f"'session' must be an object, got {value!r}"
+        status = value.get("exitstatus", 0)
+        if isinstance(status, bool) or not isinstance(status, int) or status < 0:
+            return f"session.exitstatus must be a non-negative integer, got {status!r}"
+        outcomes = value.get("outcomes", {})
+        if not isinstance(outcomes, dict) or not all(
+            isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool) and n >= 0
+            for k, n in outcomes.items()
+        ):
+            return "session.outcomes must map outcomes to non-negative counts"
+        problems = value.get("problems", [])
+        if not isinstance(problems, list) or not all(
+            isinstance(p, dict)
+            and isinstance(p.get("nodeid"), str)
+            and all(isinstance(v, str) for v in p.values())
+            for p in problems
+        ):
+            return "session.problems must be a list of objects with a 'nodeid' string"
+        interrupted = value.get("interrupted", False)
+        if not isinstance(interrupted, bool):
+            return f"session.interrupted must be true or false, got {interrupted!r}"
+        return cls(dict(outcomes), status, interrupted, [dict(p) for p in problems])
+
+    @classmethod
+    def merged(cls, parts: Sequence[tuple[str, RunSummary]]) -> RunSummary:
+        """The sources' summaries added up (the order of ``parts`` does not matter).
+
+        Counts are summed, problems joined (each names its source), and the
+        exit status is the highest non-zero one: a merged run is green only
+        if every source was.
+        """
+        outcomes: dict[str, int] = {}
+        problems: list[dict[str, str]] = []
+        for label, part in parts:
+            for k, n in part.outcomes.items():
+                outcomes[k] = outcomes.get(k, 0) + n
+            problems += [{**p, "source": p.get("source", label)} for p in part.problems]
+        problems.sort(key=lambda p: (p["nodeid"], p.get("when", ""), p.get("source", "")))
+        statuses = [part.exitstatus for _, part in parts]
+        return cls(
+            dict(sorted(outcomes.items(), key=lambda kv: _order_key(kv[0]))),
+            max(statuses, default=0),
+            any(part.interrupted for _, part in parts),
+            problems,
+        )
+
+
+def _order_key(outcome: str) -> tuple[int, str]:
+    return (OUTCOMES.index(outcome) if outcome in OUTCOMES else len(OUTCOMES), outcome)
 
 
 def _short(text: str, limit: int = 300) -> str:
@@ -266,16 +378,20 @@ def render_json(
     settings: dict[str, Any],
     header: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
+    session: RunSummary | None = None,
 ) -> str:
     """The report as JSON text (the same counts as the terminal grid).
 
     ``header`` (label, torch and CUDA versions, merged sources) goes before
     the results, ``extra`` (a merged report's conflicts) after them.
+    ``session`` (pytest's counts, exit status and every problem of the run)
+    goes first, so a reader sees the run's verdict before the matrix.
     """
     data = {
         "format": _files.REPORT_FORMAT,
         "version": 1,
         **(header or {}),
+        **({"session": session.to_plain()} if session is not None else {}),
         "environment": list(environment),
         "settings": settings,
         "configs": [
@@ -383,6 +499,9 @@ th,td{border:1px solid #ddd;padding:4px 8px} th{background:#f6f6f6;font-weight:6
 .error{background:#e07070;color:#fff} .skipped{background:#eee;color:#888}
 .xfailed{background:#fbe7a9;color:#7a5b00} .xpassed{background:#f9c98a;color:#7a3d00}
 .conflict{background:#c9a6f0;color:#3d136e}
+.interrupted{background:#444;color:#fff}
+.run{font-size:15px;font-weight:600;padding:6px 10px;margin:8px 0;border-radius:3px}
+.run.ok{background:#c8f0c8;color:#185c18} .run.bad{background:#e07070;color:#fff}
 .src{font-size:9px;font-weight:normal;vertical-align:super;margin-left:1px}
 .list td{text-align:left;vertical-align:top} .list td.id{font-family:monospace;white-space:nowrap}
 .list td.msg{font-family:monospace;white-space:pre-wrap}
@@ -398,6 +517,7 @@ _SYMBOL = {
     "skipped": "–",
     "xfailed": "x",
     "xpassed": "X",
+    "interrupted": "!",
     "conflict": "≠",
 }
 
@@ -409,11 +529,15 @@ def render_html(
     environment: Sequence[str],
     verify: bool,
     sources: Sequence[Mapping[str, Any]] = (),
+    session: RunSummary | None = None,
 ) -> str:
     """A self-contained HTML page: the summary, a tests x configs grid, failures and skips.
 
     ``sources`` (a merged report's inputs, each with a ``label``) adds a
     table of sources and, on every cell, a badge naming the source it came from.
+    ``session`` puts pytest's verdict (closing line and exit status) at the
+    top and its problems outside the matrix (unmarked tests, collection
+    errors, teardown errors) in the failures.
     """
     esc = html.escape
     columns = _columns(rows, verify)
@@ -426,6 +550,14 @@ def render_html(
         "<h1>Backend matrix</h1>",
     ]
     out += [f'<p class="env">{esc(line)}</p>' for line in environment]
+    if session is not None:
+        ok = session.exitstatus == 0 and not session.interrupted
+        what = "interrupted, " if session.interrupted else ""
+        out.append(
+            f'<p class="run {"ok" if ok else "bad"}" id="run">pytest: '
+            f"{esc(session.closing_line())} &mdash; {what}exit status "
+            f"{session.exitstatus} ({esc(session.exit)})</p>"
+        )
     badges = {str(src.get("label")): str(i) for i, src in enumerate(sources, 1)}
     merged = len(sources) > 1
     summary = ['<h2>Configurations</h2><table class="summary"><thead><tr><th>config</th>']
@@ -451,7 +583,11 @@ def render_html(
         '<p class="legend">'
         + "".join(f'<span class="{o}">{_SYMBOL[o]} {o}</span>' for o in OUTCOMES)
         + '<span class="unexercised">orange frame: not exercised</span>'
-        + (" small numbers: the source (above)" if len(sources) > 1 else "")
+        + (
+            ' small numbers: the source (<a href="#sources">Sources</a>, below)'
+            if len(sources) > 1
+            else ""
+        )
         + "</p>"
     )
     out.append('<table class="grid"><thead><tr><th>test</th>')
@@ -488,7 +624,7 @@ def render_html(
             )
         out.append(f'<tr><th class="test">{esc(test)}</th>{"".join(cells)}</tr>')
     out.append("</tbody></table>")
-    out += _html_failures(results, merged=merged)
+    out += _html_failures(results, merged=merged, session=session)
     if merged:
         # A merged page starts with the grid and the failures; what was merged comes after.
         out += summary
@@ -513,7 +649,7 @@ def printable(text: str) -> str:
 def _html_sources(sources: Sequence[Mapping[str, Any]]) -> list[str]:
     esc = html.escape
     out = [
-        '<h2>Sources</h2><table class="list"><thead><tr><th>#</th><th>label</th>'
+        '<h2 id="sources">Sources</h2><table class="list"><thead><tr><th>#</th><th>label</th>'
         "<th>file</th><th>tests</th><th>environment</th></tr></thead><tbody>"
     ]
     for i, src in enumerate(sources, 1):
@@ -527,9 +663,41 @@ def _html_sources(sources: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def _html_failures(results: Sequence[Result], merged: bool) -> list[str]:
+def _outside(results: Sequence[Result], session: RunSummary | None) -> list[Result]:
+    """The session's problems that no failing matrix cell shows, as rows of the failure list."""
+    if session is None:
+        return []
+    shown = {(r.nodeid, s) for r in results if r.outcome in FAILING for s in r.sources or [""]}
+    shown_any = {r.nodeid for r in results if r.outcome in FAILING}
+    out = []
+    for p in session.problems:
+        source = p.get("source")
+        if (p["nodeid"], source) in shown or (source is None and p["nodeid"] in shown_any):
+            continue
+        when = p.get("when", "")
+        where = {"collect": "collection", "???": "worker crash"}.get(when, when)
+        out.append(
+            Result(
+                p["nodeid"],
+                p["nodeid"],
+                p.get("config") or "(no backend config)",
+                outcome=p.get("outcome", "failed"),
+                message=(f"[{where}] " if where else "") + p.get("message", ""),
+                sources=[source] if source else [],
+                detail=p.get("detail", ""),
+            )
+        )
+    return out
+
+
+def _html_failures(
+    results: Sequence[Result], merged: bool, session: RunSummary | None = None
+) -> list[str]:
     esc = html.escape
-    failing = sorted((r for r in results if r.outcome in FAILING), key=lambda r: (r.test, r.config))
+    failing = sorted(
+        [*(r for r in results if r.outcome in FAILING), *_outside(results, session)],
+        key=lambda r: (r.test, r.config),
+    )
     out = [f'<h2 id="failures">Failures ({len(failing)})</h2>']
     if not failing:
         return [*out, "<p>none</p>"]

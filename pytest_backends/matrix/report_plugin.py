@@ -26,6 +26,9 @@ from pytest_backends.matrix.registry import axis_registry
 from pytest_backends.matrix.report import (
     ConfigRow,
     Result,
+    RunSummary,
+    _failure_detail,
+    _failure_message,
     build_rows,
     config_in_nodeid,
     is_crash,
@@ -58,6 +61,37 @@ class ReportPlugin:
         self.skipped: dict[str, str] = {}
         #: Items whose xdist worker died, and how (``killed by signal SIGSEGV``).
         self.crashes: dict[str, str] = {}
+        #: pytest's verdict on the whole session (every item, not only matrix ones).
+        self.session = RunSummary()
+        #: Matrix items whose setup passed and whose call phase has not been reported.
+        self.started: set[str] = set()
+
+    def _count(self, category: str) -> None:
+        if category:
+            self.session.outcomes[category] = self.session.outcomes.get(category, 0) + 1
+
+    def _problem(self, report: Any, category: str, config: str | None) -> None:
+        problem = {
+            "nodeid": report.nodeid,
+            "when": str(getattr(report, "when", "collect") or "collect"),
+            "outcome": category if category in ("failed", "error") else "failed",
+            "message": _failure_message(report),
+            "detail": _failure_detail(report),
+        }
+        if config:
+            problem["config"] = config
+        how = self.crashes.get(report.nodeid)
+        if how is not None:
+            problem["message"] = f"crashed ({how}): {problem['message']}"
+        self.session.problems.append(problem)
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """Count and list a collection error as pytest's closing line does."""
+        if report.failed:
+            self._count("error")
+            self._problem(report, "error", None)
+        elif report.skipped:
+            self._count("skipped")
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: object) -> None:
@@ -88,6 +122,13 @@ class ReportPlugin:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if str(report.outcome) == "rerun":  # pytest-rerunfailures: a later attempt follows
             return
+        status = self.config.hook.pytest_report_teststatus(report=report, config=self.config)
+        category = str(status[0]) if isinstance(status, tuple) and status else ""
+        self._count(category)
+        if report.failed:
+            props = dict(report.user_properties)
+            config = props.get(_shared.PROPERTY_CONFIG)
+            self._problem(report, category, str(config) if config is not None else None)
         xfail = hasattr(report, "wasxfail")
         if report.failed or (report.when == "call" and (xfail or not report.skipped)):
             self.ran.add(report.nodeid)
@@ -113,6 +154,10 @@ class ReportPlugin:
             )
         result = self.results[report.nodeid]
         update(result, report)
+        if report.when == "setup" and report.passed:
+            self.started.add(report.nodeid)
+        elif report.when != "setup":
+            self.started.discard(report.nodeid)
         how = self.crashes.get(report.nodeid)
         if how is not None and report.failed:
             result.crashed = True
@@ -186,8 +231,32 @@ class ReportPlugin:
                 f"skipped ({len(results)} item(s)): {results[0].message}",
             )
 
+    def _finish_session(self, session: pytest.Session) -> None:
+        """Fix the run's verdict: exit status, and items a Ctrl-C left unfinished."""
+        status = int(session.exitstatus)
+        self.session.exitstatus = status
+        self.session.interrupted = status == int(pytest.ExitCode.INTERRUPTED)
+        if not self.session.interrupted:
+            return
+        for nodeid in sorted(self.started):
+            result = self.results.get(nodeid)
+            if result is not None and result.outcome == "passed":
+                result.outcome = "interrupted"
+                result.message = "interrupted: the run stopped before this test finished"
+                self.session.problems.append(
+                    {
+                        "nodeid": nodeid,
+                        "when": "call",
+                        "outcome": "interrupted",
+                        "message": result.message,
+                        "config": result.config,
+                    }
+                )
+        self.started.clear()
+
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self._finish_session(session)
         if self.settings.report_json is None and self.settings.report_html is None:
             return
         rows = self.rows()
@@ -214,6 +283,7 @@ class ReportPlugin:
                     settings=settings,
                     header=header,
                     extra={"coverage": self.coverage().to_plain()},
+                    session=self.session,
                 ),
                 _files.JSON_REPORT,
             )
@@ -225,6 +295,7 @@ class ReportPlugin:
                     results,
                     environment=[f"label: {header['label']}", *environment],
                     verify=verify,
+                    session=self.session,
                 ),
                 _files.HTML_REPORT,
             )
@@ -244,6 +315,11 @@ class ReportPlugin:
 
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
         if config.option.collectonly or (not self.results and not self.settings.enabled):
+            # The matrix is off, but a report file asked for is still said to be written.
+            for path in self.written:
+                terminalreporter.line(f"report written to {path}")
+            for message in self.write_errors:
+                terminalreporter.line(message, red=True)
             return
         terminalreporter.section("backends matrix")
         for line in render_terminal(self.rows(), self.settings.verify != "off"):

@@ -238,3 +238,39 @@ def test_merge_names_tests_deselected_in_every_job(pytester: pytest.Pytester) ->
     strict = subprocess.run(args, cwd=pytester.path, capture_output=True, text=True)
     assert strict.returncode == 1
     assert "pytest-backends merge: error: --strict:" in strict.stderr
+
+
+PLANTED_OPS = Path(__file__).parents[1] / "determinism" / "planted_ops.py"
+
+RACY_SUITE = """
+import torch
+
+
+def test_unmarked_noisy():
+    torch.ops.pbtest.noisy(torch.ones(4)).sum()
+"""
+
+
+def test_the_recipe_job_fails_on_an_unmarked_nondeterministic_op(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recipe gates the whole suite: an unmarked test's nondeterministic op fails its job.
+
+    The op is planted (different bits on every call), so the verdict does not
+    depend on how a real race falls in this session's runs.
+    """
+    jobs, command, _ = _recipe()
+    name, select = jobs[0]
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "1")
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "off")
+    pytester.makeconftest(PLANTED_OPS.read_text(encoding="utf-8"))
+    pytester.makepyfile(test_racy=RACY_SUITE)
+    (pytester.path / "determinism-baseline.json").write_text(json.dumps(BASELINE))
+    line = command.replace("${{ matrix.select }}", select).replace("${{ matrix.name }}", name)
+    argv = shlex.split(line)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", *argv[1:])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(["*nondeterministic op pbtest::noisy*"])
+    census = _load(pytester.path / "out" / "census.json")
+    verdicts = {row["op"]: row["verdict"] for row in census["entries"]}
+    assert verdicts.get("pbtest::noisy") == "nondeterministic", census["entries"]

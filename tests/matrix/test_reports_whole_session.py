@@ -1,0 +1,232 @@
+"""The JSON and HTML reports count and list every problem of the run, not only matrix items.
+
+One session has a leak error at teardown of an unmarked test, an unmarked
+test's failure and a matrix item's failure: the reports' ``session`` counts
+equal pytest's closing line, all three are listed, the page is not green, and
+``pytest-backends merge`` keeps them (in either argument order). A run
+stopped by Ctrl-C shows the interrupted item as interrupted, never passed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from pytest_backends.matrix.merge import merge_reports
+
+pytest_plugins = ["pytester"]
+
+SUITE = """
+import pytest, torch
+
+def test_leaks():
+    torch.backends.cudnn.benchmark = True
+
+def test_unmarked_fails():
+    assert 1 == 2, "unmarked failure"
+
+def test_unmarked_passes():
+    pass
+
+@pytest.mark.backends("mkldnn")
+def test_matrix(backend_config):
+    assert torch.backends.mkldnn.enabled, "matrix failure"
+"""
+
+INTERRUPTED = """
+import pytest
+
+@pytest.mark.backends("mkldnn")
+def test_a(backend_config):
+    pass
+
+@pytest.mark.backends("mkldnn")
+def test_b(backend_config):
+    if "off" in backend_config.id:
+        raise KeyboardInterrupt
+"""
+
+
+class _Page(HTMLParser):
+    """The run line's text and the failure list's rows of an HTML report."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.run = ""
+        self.failures: list[list[str]] = []
+        self._in_run = False
+        self._in_failures = False
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "p" and a.get("id") == "run":
+            self._in_run = True
+            self.run_class = a.get("class") or ""
+        if tag == "table" and "failures" in (a.get("class") or ""):
+            self._in_failures = True
+        if self._in_failures and tag == "tr":
+            self.failures.append([])
+        if self._in_failures and tag == "td":
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "p":
+            self._in_run = False
+        if tag == "table":
+            self._in_failures = False
+        if tag == "td" and self._cell is not None:
+            self.failures[-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._in_run:
+            self.run += data
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def _closing_counts(stdout: str) -> dict[str, int]:
+    line = [x for x in stdout.splitlines() if re.search(r"=+ .* in [\d.]+s", x)][-1]
+    found = re.findall(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)", line)
+    return {("error" if k.startswith("error") else k): int(n) for n, k in found}
+
+
+def _page(path: Path) -> _Page:
+    page = _Page()
+    page.feed(path.read_text(encoding="utf-8"))
+    return page
+
+
+def test_reports_count_and_list_every_problem_and_merge_keeps_them(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        "--backends-matrix",
+        "--backends-report=a.json",
+        "--backends-html=a.html",
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    pytest_counts = _closing_counts(result.stdout.str())
+    assert pytest_counts == {"failed": 2, "passed": 3, "error": 1}
+
+    report = json.loads((pytester.path / "a.json").read_text(encoding="utf-8"))
+    session = report["session"]
+    assert session["exitstatus"] == 1 and session["interrupted"] is False
+    assert {k: n for k, n in session["outcomes"].items() if n} == pytest_counts
+    listed = {(p["nodeid"], p["when"], p["outcome"]) for p in session["problems"]}
+    assert listed == {
+        ("test_suite.py::test_leaks", "teardown", "error"),
+        ("test_suite.py::test_unmarked_fails", "call", "failed"),
+        ("test_suite.py::test_matrix[mkldnn-off]", "call", "failed"),
+    }
+    assert (
+        "cudnn.benchmark"
+        in next(p for p in session["problems"] if p["when"] == "teardown")["detail"]
+    )
+
+    page = _page(pytester.path / "a.html")
+    assert "bad" in page.run_class and "exit status 1" in page.run
+    assert "2 failed" in page.run and "1 error" in page.run
+    rows = [r for r in page.failures if r]
+    assert {r[0] for r in rows} == {
+        "test_suite.py::test_leaks",
+        "test_suite.py::test_unmarked_fails",
+        "test_suite.py::test_matrix",
+    }
+    assert "Failures (3)" in (pytester.path / "a.html").read_text(encoding="utf-8")
+
+    # A second job: the same suite with the leak fixed and the matrix passing.
+    (pytester.path / "b.json").write_text(
+        json.dumps(
+            {
+                **report,
+                "label": "other",
+                "session": {
+                    "exitstatus": 0,
+                    "interrupted": False,
+                    "outcomes": {"passed": 4},
+                    "problems": [],
+                },
+            }
+        ),
+        encoding="utf-8",
+    )
+    one = merge_reports([pytester.path / "a.json", pytester.path / "b.json"])
+    other = merge_reports([pytester.path / "b.json", pytester.path / "a.json"])
+    for merged in (one, other):
+        assert merged.session is not None
+        assert merged.session.exitstatus == 1
+        assert merged.session.outcomes == {"passed": 7, "failed": 2, "error": 1}
+        assert {(p["nodeid"], p["source"]) for p in merged.session.problems} == {
+            (nodeid, report["label"]) for nodeid, _, _ in listed
+        }
+        again = json.loads(merged.to_json())["session"]
+        assert len(again["problems"]) == 3
+        html = merged.to_html()
+        assert "Failures (3)" in html and 'class="run bad"' in html
+        assert "(above)" not in html and "below" in html
+    assert one.session == other.session
+
+
+def test_an_interrupted_item_is_interrupted_never_passed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_stop=INTERRUPTED)
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        "--backends-matrix",
+        "--backends-report=r.json",
+        "--backends-html=r.html",
+    )
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    report = json.loads((pytester.path / "r.json").read_text(encoding="utf-8"))
+    outcomes = {t["nodeid"]: t["outcome"] for t in report["tests"]}
+    assert outcomes["test_stop.py::test_b[mkldnn-off]"] == "interrupted"
+    assert list(outcomes.values()).count("passed") == _closing_counts(result.stdout.str()).get(
+        "passed", 0
+    )
+    assert report["session"]["interrupted"] is True
+    assert report["session"]["exitstatus"] == 2
+    assert report["totals"]["interrupted"] == 1
+    page = _page(pytester.path / "r.html")
+    assert "interrupted" in page.run and "bad" in page.run_class
+    assert any("test_stop.py::test_b" in r[0] and "interrupted" in r for r in page.failures if r)
+
+
+def test_the_run_says_which_option_won_and_names_every_file_written(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_plain="""
+        def test_plain():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        "--backends-determinism=off",
+        "--backends-determinism-all",
+        "--backends-report=r.json",
+    )
+    assert result.ret == pytest.ExitCode.OK
+    out = result.stdout.str()
+    assert "--backends-determinism=off wins over --backends-determinism-all" in out
+    assert "the determinism check is off" in out
+    report = pytester.path / "r.json"
+    assert report.exists()
+    assert f"report written to {report}" in out
+    assert json.loads(report.read_text(encoding="utf-8"))["session"]["outcomes"] == {"passed": 1}
