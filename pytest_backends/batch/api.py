@@ -21,7 +21,6 @@ from pytest_backends.batch.runs import (
     Case,
     Plan,
     Run,
-    State,
     call,
     differences,
     rows_differ,
@@ -29,6 +28,7 @@ from pytest_backends.batch.runs import (
     sub_batches,
     take_rows,
 )
+from pytest_backends.batch.state import State
 
 if TYPE_CHECKING:
     import torch

@@ -51,7 +51,7 @@ Importing this module imports torch: load it only when the harness runs.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -78,6 +78,13 @@ from pytest_backends.determinism.keys import (
 )
 from pytest_backends.determinism.locate import caller_suffix
 from pytest_backends.determinism.record import Digest, OpCall, RunLog, Slot, dtype_name
+from pytest_backends.determinism.uninitialized import (
+    Taints,
+    clear_taint,
+    reads_tainted,
+    taint,
+    taint_of,
+)
 from pytest_backends.determinism.verdict import unseen_reason
 
 __all__ = ["BoundaryRecorder"]
@@ -110,8 +117,8 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         # (``layer.weight.data = other``) or memory written outside torch ops is seen.
         #: Why ops of this run ran where the recorder cannot see (None: nowhere).
         self.blind: str | None = None
-        # Storage pointer -> (weak reference to a tensor keeping it alive, origin).
-        self._tainted: dict[int, tuple[Any, str]] = {}
+        # Storages that hold uninitialised memory, and its origin.
+        self._tainted: Taints = {}
         self._finished = False
         self._digest_fn = digest_function()
         # Storages shared with something outside torch ops (NumPy): read at every use.
@@ -224,7 +231,7 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 keys.append(key(a))
             inputs = tuple(keys)
             if self._tainted:
-                tainted = self._reads_tainted(info, args, kwargs)
+                tainted = reads_tainted(self._tainted, info, args, kwargs)
         if kwargs:
             inputs += tuple([(k, key(v)) for k, v in sorted(kwargs.items())])
         if info.seeded:
@@ -259,7 +266,7 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 )
             )
             if info.overwrites and self._tainted:
-                self._clear_taint(info, args, kwargs)
+                clear_taint(self._tainted, info, args)
             return out
         if isinstance(out, torch.Tensor):
             tensors: list[torch.Tensor] = [out]
@@ -301,7 +308,7 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             elif out is not None:
                 outputs = (value_key(out),)
         if info.overwrites and self._tainted and passes is None:
-            self._clear_taint(info, args, kwargs)
+            clear_taint(self._tainted, info, args)
         # Only the device and dtype: holding the tensor would keep it alive (and make
         # torch wrap the returned tensor anew with an extra ``detach``).
         ref = tensors[0] if tensors else next(tensors_in([*args, *kwargs.values()]), None)
@@ -352,7 +359,7 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
                 written = info.overwrites and i in info.written
-                origin = self._taint_of(a) if self._tainted else None
+                origin = taint_of(self._tainted, a) if self._tainted else None
                 if origin is not None:
                     if not written and info.overwrites and passes is None:
                         passes = origin
@@ -366,11 +373,7 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _pass_taint(self, t: torch.Tensor, origin: str) -> Slot:
         """Key an overwrite's output that holds bytes copied from uninitialised memory."""
-        ptr = storage_ptr(t)
-        if ptr:
-            entry = self._tainted.get(ptr)
-            if entry is None or entry[0]() is None:
-                self._tainted[ptr] = (weakref.ref(t), origin)
+        taint(self._tainted, t, origin, replace=False)
         return self._remember(t, ("uninitialized", dtype_name(t.dtype), tuple(t.shape)))
 
     def _rebound(self, t: torch.Tensor) -> Slot:
@@ -500,62 +503,8 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _uninitialized(self, t: torch.Tensor, name: str) -> Slot:
         if t.numel():
-            origin = name + caller_suffix()
-            ptr = storage_ptr(t)
-            if ptr:
-                self._tainted[ptr] = (weakref.ref(t), origin)
+            taint(self._tainted, t, name + caller_suffix())
         return self._remember(t, ("uninitialized", dtype_name(t.dtype), tuple(t.shape)))
-
-    def _read_tensors(
-        self, info: OpInfo, args: Sequence[Any], kwargs: dict[str, Any]
-    ) -> Iterator[torch.Tensor]:
-        skip = set(info.out_positions)
-        if info.overwrites:
-            skip.update(info.written)
-        for i, a in enumerate(args):
-            if i not in skip:
-                yield from tensors_in(a)
-        for name, v in kwargs.items():
-            if name not in info.out_names:
-                yield from tensors_in(v)
-
-    def _reads_tainted(
-        self, info: OpInfo, args: Sequence[Any], kwargs: dict[str, Any]
-    ) -> str | None:
-        for t in self._read_tensors(info, args, kwargs):
-            origin = self._taint_of(t)
-            if origin is not None:
-                return origin
-        return None
-
-    def _taint_of(self, t: torch.Tensor) -> str | None:
-        """The origin of the uninitialised memory ``t`` is on, if any.
-
-        An entry counts only while the tensor that created it is alive: after
-        that, its address may belong to a new storage.
-        """
-        if not t.numel():
-            return None
-        ptr = storage_ptr(t)
-        entry = self._tainted.get(ptr)
-        if entry is None:
-            return None
-        if entry[0]() is None:
-            del self._tainted[ptr]
-            return None
-        return entry[1]
-
-    def _clear_taint(self, info: OpInfo, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
-        """A write that covers a whole storage makes its memory initialised."""
-        written = [args[i] for i in info.written if i < len(args)]
-        for t in tensors_in(written):
-            try:
-                storage = t.untyped_storage()
-                whole = t.is_contiguous() and t.numel() * t.element_size() == storage.nbytes()
-            except (RuntimeError, NotImplementedError):
-                continue
-            if whole:
-                self._tainted.pop(int(storage.data_ptr()), None)
 
     def _call_watching(
         self, info: OpInfo, args: Sequence[Any], kwargs: dict[str, Any]

@@ -102,7 +102,7 @@ def test_baseline_update_only_adds_ops() -> None:
 def test_importing_the_plugin_does_not_import_torch() -> None:
     code = (
         "import sys; import pytest_backends.plugin, pytest_backends.batch.plugin, "
-        "pytest_backends.batch.api, pytest_backends.batch.runs; "
+        "pytest_backends.batch.api, pytest_backends.batch.runs, pytest_backends.batch.state; "
         "import pytest_backends as p; p.assert_batch_invariant; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
