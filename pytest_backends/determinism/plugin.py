@@ -85,6 +85,11 @@ class DeterminismPlugin:
         from pytest_backends._selected import record
 
         selected = sum(1 for item in session.items if _selected(item, self.settings.select_all))
+        if self.settings.census is not None:
+            # The census has a batch-invariance section too: its tests are a selection.
+            selected += sum(
+                1 for item in session.items if item.get_closest_marker("batch_invariant")
+            )
         record(
             self.config,
             self.settings.option,

@@ -78,7 +78,7 @@ def test_whole_failure_text_and_crash_signal_in_html_and_json(pytester: pytest.P
     )
     merged = (pytester.path / "m.html").read_text()
     grid = merged.index("<h2>Tests &times; configurations</h2>")
-    assert grid < merged.index('<h2 id="failures">') < merged.index("<h2>Sources</h2>")
+    assert grid < merged.index('<h2 id="failures">') < merged.index('<h2 id="sources">Sources</h2>')
     assert grid < merged.index("<h2>Configurations</h2>")
     assert "Greatest absolute difference: 0.5" in merged
 
