@@ -203,7 +203,7 @@ def _merge(args: argparse.Namespace) -> int:
     except (MergeInputError, CensusFileError, OSError) as exc:
         print(f"pytest-backends merge: error: {exc}", file=sys.stderr)
         return 1
-    from pytest_backends.matrix.report import printable
+    from pytest_backends.matrix.report_html import printable
 
     for warning in warnings:
         print(printable(f"pytest-backends merge: warning: {warning}"), file=sys.stderr)

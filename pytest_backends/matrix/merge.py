@@ -43,10 +43,10 @@ from pytest_backends.matrix.report import (
     Result,
     RunSummary,
     build_rows,
-    render_html,
     render_json,
     render_terminal,
 )
+from pytest_backends.matrix.report_html import render_html
 
 __all__ = ["MergedReport", "ReportInput", "merge_reports", "read_report"]
 

@@ -32,12 +32,12 @@ from pytest_backends.matrix.report import (
     build_rows,
     config_in_nodeid,
     is_crash,
-    render_html,
     render_json,
     render_terminal,
     skip_reason,
     update,
 )
+from pytest_backends.matrix.report_html import render_html
 from pytest_backends.matrix.settings import MatrixSettings
 
 __all__ = ["ReportPlugin"]

@@ -11,10 +11,10 @@ from pytest_backends.matrix.report import (
     Result,
     base_test_id,
     build_rows,
-    render_html,
     render_json,
     render_terminal,
 )
+from pytest_backends.matrix.report_html import render_html
 
 
 @pytest.mark.parametrize(

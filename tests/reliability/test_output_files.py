@@ -26,6 +26,7 @@ from pytest_backends.determinism.census import (
     read_census,
 )
 from pytest_backends.matrix import report as matrix_report
+from pytest_backends.matrix.report_html import render_html
 
 pytest_plugins = ["pytester"]
 
@@ -47,7 +48,7 @@ def _own_report() -> str:
 
 
 def _own_html() -> str:
-    return matrix_report.render_html([], [], environment=[], verify=False)
+    return render_html([], [], environment=[], verify=False)
 
 
 def _census_file(path: Path) -> Path:
