@@ -264,6 +264,11 @@ NOT_STATE: tuple[tuple[tuple[str, ...], str], ...] = (
         "a removed TorchScript fuser: the setter does nothing torch still reads",
     ),
     (
+        ("_getenv", "_setenv"),
+        "the process environment (c10's getenv/setenv): torch reads a variable at start-up "
+        "or first use, so the variable is not a switch of its own",
+    ),
+    (
         (
             "torch.set_rng_state",
             "torch.get_rng_state",
