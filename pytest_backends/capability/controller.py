@@ -25,6 +25,7 @@ from pytest_backends._process import describe_exit, exit_status
 from pytest_backends.capability import levels
 from pytest_backends.capability.notes import Notes, fault_tail
 from pytest_backends.capability.plan import (
+    INPUT_ASKED,
     INPUT_LEVEL,
     INPUT_LEVELS,
     INPUT_NOTES,
@@ -57,6 +58,11 @@ class ControllerPlugin:
             f"backends: CPU capability levels {', '.join(plan.levels)}; "
             f"{plan.per_level} xdist {each} per level"
         )
+        if plan.marker_only:
+            line += (
+                f"; 1 worker each for {', '.join(plan.marker_only)}, for the tests whose "
+                "marker names them"
+            )
         if plan.unsupported:
             line += f" (no workers for {', '.join(plan.unsupported)}: this CPU cannot run them)"
         isas = [(level, levels.onednn_isa_of(level)) for level in plan.runnable]
@@ -74,7 +80,8 @@ class ControllerPlugin:
         """Tell a new worker its level, the levels that have workers and where to leave notes."""
         level = node_level(node)
         _xdist.send(node, INPUT_LEVEL, level)
-        _xdist.send(node, INPUT_LEVELS, list(self.plan.runnable))
+        _xdist.send(node, INPUT_LEVELS, [lv for lv in self.plan.worker_levels if lv])
+        _xdist.send(node, INPUT_ASKED, list(self.plan.runnable))
         _xdist.send(node, INPUT_NOTES, str(self.notes.root))
         home = level == self.plan.worker_levels[0] and not self._warned_home
         _xdist.send(node, INPUT_WARN, home)

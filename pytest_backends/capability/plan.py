@@ -33,6 +33,7 @@ __all__ = [
 #: Channel names: what the controller hands a level's worker.
 INPUT_LEVEL = "cpu_level"
 INPUT_LEVELS = "cpu_levels"
+INPUT_ASKED = "cpu_asked"
 INPUT_NOTES = "cpu_notes"
 INPUT_WARN = "cpu_warn"
 #: Channel name: how many items a worker deselected.
@@ -50,11 +51,14 @@ class WorkerPlan:
     unsupported: Mapping[str, str]
     per_level: int
     specs: tuple[str, ...]
+    #: Levels this CPU can run that the option does not name: one worker each, for
+    #: the tests whose marker names them (a marker keeps its own levels).
+    marker_only: tuple[str, ...] = ()
 
     @property
     def worker_levels(self) -> tuple[str | None, ...]:
         """The levels that have workers, home level first (``None``: one plain worker)."""
-        return self.runnable or (None,)
+        return (*self.runnable, *self.marker_only) or (None,)
 
 
 #: The controller's plan (set by :func:`plan_distribution`).
@@ -95,15 +99,23 @@ def plan_workers(
     per_level: int,
     unsupported: Mapping[str, str | None],
     environ: Mapping[str, str] | None = None,
+    supported: Sequence[str] = (),
 ) -> WorkerPlan:
     """``per_level`` workers for each wanted level this CPU can run.
 
-    With no runnable level, one plain worker reports the skips.
+    Each ``supported`` level the option does not name gets one worker of its
+    own, which runs only the items of markers naming it and stops at once when
+    there are none.  With no runnable level, one plain worker reports the skips.
     """
     missing = {lv: why for lv, why in unsupported.items() if why is not None}
     runnable = tuple(lv for lv in wanted if lv not in missing)
     specs = [level_spec(lv, environ) for lv in runnable for _ in range(per_level)]
-    return WorkerPlan(tuple(wanted), runnable, missing, per_level, tuple(specs or ["popen"]))
+    extra = tuple(lv for lv in supported if lv not in wanted and lv not in missing)
+    if runnable:
+        specs += [level_spec(lv, environ) for lv in extra]
+    else:
+        extra = ()
+    return WorkerPlan(tuple(wanted), runnable, missing, per_level, tuple(specs or ["popen"]), extra)
 
 
 def plan_distribution(config: pytest.Config, wanted: tuple[str, ...] | None) -> None:
@@ -138,6 +150,7 @@ def plan_distribution(config: pytest.Config, wanted: tuple[str, ...] | None) -> 
         wanted,
         per_level,
         {lv: levels.unsupported_reason(lv) for lv in wanted},
+        supported=levels.supported_levels(),
     )
     config.stash[WORKER_PLAN_KEY] = plan
     config.option.tx = list(plan.specs)

@@ -24,6 +24,7 @@ from pytest_backends import _shared, _xdist
 from pytest_backends.capability import levels
 from pytest_backends.capability.notes import Notes
 from pytest_backends.capability.plan import (
+    INPUT_ASKED,
     INPUT_LEVEL,
     INPUT_LEVELS,
     INPUT_NOTES,
@@ -66,6 +67,7 @@ class WorkerPlugin:
         raw = _xdist.received(config, INPUT_LEVEL)
         self.level: str | None = None if raw is None else str(raw)
         self.worker_levels = tuple(str(lv) for lv in _xdist.received(config, INPUT_LEVELS, ()))
+        self.asked = tuple(str(lv) for lv in _xdist.received(config, INPUT_ASKED, ()))
         self.warn = bool(_xdist.received(config, INPUT_WARN))
         self.worker = _xdist.worker_id(config) or "gw"
         self.notes = Notes(Path(str(_xdist.received(config, INPUT_NOTES))))
@@ -103,7 +105,7 @@ class WorkerPlugin:
         else:
             what = f"pytest cannot parametrize a {type(item).__name__} item"
             fix = "run it separately with ATEN_CPU_CAPABILITY=<level> if it depends on the level"
-        others = [lv for lv in self.worker_levels if lv != self.level]
+        others = [lv for lv in self.asked if lv != self.level]
         return (
             f"{item.nodeid} runs once, at CPU capability level {self.level}, not at "
             f"{', '.join(others) or 'the other levels'}: {what}; {fix}"

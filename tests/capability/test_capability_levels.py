@@ -297,6 +297,19 @@ def test_options_that_cannot_work_with_level_workers_are_usage_errors(
     assert message in result.stderr.str()
 
 
+def test_levels_the_option_does_not_name_get_one_worker_each() -> None:
+    plan = planning.plan_workers(
+        ("avx2",), 3, {"avx2": None}, supported=("default", "avx2", "avx512")
+    )
+    assert plan.marker_only == ("default", "avx512")
+    assert plan.worker_levels == ("avx2", "default", "avx512")
+    levels_of = [spec.split("ATEN_CPU_CAPABILITY=")[1].split("//")[0] for spec in plan.specs]
+    assert levels_of == ["avx2", "avx2", "avx2", "default", "avx512"]
+    # With no runnable level, the plain worker only reports the skips.
+    plan = planning.plan_workers(("avx512",), 1, {"avx512": "no"}, supported=("default",))
+    assert plan.marker_only == () and plan.worker_levels == (None,)
+
+
 def test_the_plan_turns_n_into_workers_per_level(pytester: pytest.Pytester) -> None:
     from pytest_backends import plugin as registrar
 
@@ -306,7 +319,10 @@ def test_the_plan_turns_n_into_workers_per_level(pytester: pytest.Pytester) -> N
     planning.plan_distribution(config, ("default", "avx512", "sve256"))
     worker_plan = config.stash[planning.WORKER_PLAN_KEY]
     assert "sve256" in worker_plan.unsupported and "sve256" not in worker_plan.runnable
-    assert len(config.option.tx) == 2 * len(worker_plan.runnable)
+    # Levels the option does not name get one worker each, for the markers naming them.
+    marker_only = [lv for lv in capability.supported_levels() if lv not in worker_plan.levels]
+    assert worker_plan.marker_only == tuple(marker_only)
+    assert len(config.option.tx) == 2 * len(worker_plan.runnable) + len(marker_only)
     assert all(spec.startswith("popen//env:ATEN_CPU_CAPABILITY=") for spec in config.option.tx)
     assert config.option.dist != "no"
     assert config.option.maxworkerrestart == str(4 * len(config.option.tx))

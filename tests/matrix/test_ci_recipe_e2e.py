@@ -54,6 +54,15 @@ def test_device(backend_config):
     assert torch.ones(2, device=backend_config.device).sum() == 2
 """
 
+# A marker naming levels: each level's item must run in some job.
+LEVELS_TEST = """
+
+@pytest.mark.backends(cpu_capability=["default", "avx2"])
+def test_levels(backend_config):
+    level = backend_config.axes["cpu_capability"]
+    assert torch.backends.cpu.get_cpu_capability().lower() == level
+"""
+
 BASELINE = {"format": "pytest-backends-baseline", "version": 1, "accepted": []}
 
 
@@ -80,7 +89,7 @@ def test_the_ci_recipe_runs_every_test_in_some_job(
     assert [name for name, _ in jobs] == ["linux-full", "linux-avx2", "macos", "gpu"]
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "2")
     monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "off")
-    pytester.makepyfile(test_suite=SUITE)
+    pytester.makepyfile(test_suite=SUITE + LEVELS_TEST)
     (pytester.path / "determinism-baseline.json").write_text(json.dumps(BASELINE))
     artifacts = pytester.path / "artifacts"
     for name, select in jobs:
@@ -103,7 +112,7 @@ def test_the_ci_recipe_runs_every_test_in_some_job(
     collected = coverage["collected"]
     ran = set(coverage["ran"])
     # Every test of the suite ran in some job, the unmarked one included.
-    for test in ("test_unmarked_matmul", "test_conv", "test_sdpa", "test_device"):
+    for test in ("test_unmarked_matmul", "test_conv", "test_sdpa", "test_device", "test_levels"):
         ids = [n for n in collected if n.split("::")[1].split("[")[0] == test]
         assert any(n in ran for n in ids), (test, merged.stderr)
     assert "collected test(s) ran in no job" not in merged.stderr
@@ -113,6 +122,9 @@ def test_the_ci_recipe_runs_every_test_in_some_job(
     if levels.unsupported_reason("avx2") is None:
         assert "test_suite.py::test_conv[mkldnn-off,cap-avx2]" in avx2_ran
         assert "test_suite.py::test_unmarked_matmul[cap-avx2]" in avx2_ran
+        # A marker keeps its own levels: the avx2 job starts a default worker for it.
+        assert "test_suite.py::test_levels[cap-default]" in avx2_ran
+        assert "test_suite.py::test_unmarked_matmul[cap-default]" not in set(avx2["collected"])
     # Only configurations this machine cannot run are reported as having run nowhere.
     dead = re.findall(r"^  (\S+) \((?:deselected|skipped)[^\n]*", merged.stderr, re.MULTILINE)
     expected_dead = {
