@@ -8,13 +8,18 @@ in the test it wraps.  That time travels on the call report as the
 property :data:`SECONDS_PROPERTY`, so the xdist controller sums it, and the summary gives
 the total, the mean per verified test and the slowest test, beside the call
 time of those tests (which includes the profiler's per-op cost).
+
+The profiler's one-time start-up (seconds, more on a loaded machine) is paid
+before the first test of each process that will verify one, so no test's
+duration carries it; the summary gives it on a line of its own
+(:data:`STARTUP_PROPERTY`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -23,10 +28,19 @@ from pytest_backends import _shared, _xdist
 from pytest_backends.matrix.configs import BackendConfig
 from pytest_backends.matrix.verify import VerifyPlugin, promises_for
 
-__all__ = ["SECONDS_KEY", "SECONDS_PROPERTY", "CostSummary", "TimedVerifyPlugin"]
+__all__ = [
+    "SECONDS_KEY",
+    "SECONDS_PROPERTY",
+    "STARTUP_PROPERTY",
+    "CostSummary",
+    "TimedVerifyPlugin",
+    "warm_up",
+]
 
 #: Report property: seconds the verifier itself spent around one test's call phase.
 SECONDS_PROPERTY = "backends_verify_seconds"
+#: Report property (first verified test of a process): the profiler's one-time start-up.
+STARTUP_PROPERTY = "backends_verify_startup_seconds"
 #: Those seconds on the item, until its call report is made.
 SECONDS_KEY: pytest.StashKey[float] = pytest.StashKey()
 
@@ -59,8 +73,34 @@ def _drive(
     raise RuntimeError("the verifier's hook wrapper yielded twice")  # pragma: no cover
 
 
+def warm_up() -> float:
+    """Start and stop the profiler once, so its one-time start-up is paid here; the seconds."""
+    from pytest_backends.matrix.op_recorder import ProfilerOpRecorder
+
+    started = time.perf_counter()
+    recorder = ProfilerOpRecorder(shapes=True, cuda=False)
+    if recorder.start():
+        recorder.stop()
+    return time.perf_counter() - started
+
+
 class TimedVerifyPlugin(VerifyPlugin):
     """:class:`~pytest_backends.matrix.verify.VerifyPlugin` with its own time measured."""
+
+    startup: float | None = None
+    _startup_told = False
+
+    # Before the run loop (xdist's worker loop included), not inside any test's phases.
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        if session.config.option.collectonly or self.startup is not None:
+            return
+        if any(self._verifies(item) for item in session.items):
+            self.startup = warm_up()
+
+    def _verifies(self, item: pytest.Item) -> bool:
+        config = item.stash.get(_shared.CONFIG_KEY, None)
+        return isinstance(config, BackendConfig) and bool(promises_for(config, self.table))
 
     # trylast like the verifier it times: inside pytest's capture wrapper, so that the
     # oneDNN primitive log can redirect file descriptor 1 after pytest has.
@@ -79,6 +119,9 @@ class TimedVerifyPlugin(VerifyPlugin):
         seconds = item.stash.get(SECONDS_KEY, None)
         if seconds is not None and call.when == "call" and not hasattr(report, "context"):
             _shared.add_property(report, SECONDS_PROPERTY, seconds)
+            if self.startup is not None and not self._startup_told:
+                self._startup_told = True
+                _shared.add_property(report, STARTUP_PROPERTY, self.startup)
         return report
 
 
@@ -90,10 +133,16 @@ class CostSummary:
     own: float = 0.0
     calls: float = 0.0
     slowest: tuple[float, str] = (0.0, "")
+    startups: list[float] = field(default_factory=list)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         seconds = _shared.report_data(report, SECONDS_PROPERTY)
-        if seconds is None or report.when != "call" or str(report.outcome) == "rerun":
+        if seconds is None or report.when != "call":
+            return
+        startup = _shared.report_data(report, STARTUP_PROPERTY)
+        if startup is not None:
+            self.startups.append(float(startup))
+        if str(report.outcome) == "rerun":
             return
         self.tests += 1
         self.own += float(seconds)
@@ -106,11 +155,19 @@ class CostSummary:
             return []
         mean = self.own / self.tests
         slowest, nodeid = self.slowest
+        startup = []
+        if self.startups:
+            each = "process" if len(self.startups) == 1 else "processes"
+            startup = [
+                f"the profiler's one-time start-up: {sum(self.startups):.2f} s in "
+                f"{len(self.startups)} {each}, before the first test (in no test's time)"
+            ]
         return [
             f"verified {self.tests} test(s): the verifier's own time {self.own:.2f} s "
             f"(mean {mean * 1000:.1f} ms per test, slowest {slowest * 1000:.1f} ms in {nodeid})",
             f"call phases of the verified tests: {self.calls:.2f} s, the profiler's per-op "
             "cost included; run without --backends-verify to compare",
+            *startup,
         ]
 
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:

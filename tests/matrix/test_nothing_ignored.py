@@ -163,8 +163,15 @@ def test_testcase_methods_and_hook_markers_expand_like_functions(
             "*backends verify cost*",
             "verified 10 test(s): the verifier's own time * s (mean * ms per test, slowest *",
             "call phases of the verified tests: * s, the profiler's per-op cost included*",
+            "the profiler's one-time start-up: * s in 1 process, before the first test (in no "
+            "test's time)",
         ]
     )
+    # The start-up (seconds) is not charged to the slowest test (milliseconds).
+    out = result.stdout.str()
+    slowest = float(re.search(r"slowest ([\d.]+) ms in", out).group(1)) / 1000  # type: ignore[union-attr]
+    startup = float(re.search(r"one-time start-up: ([\d.]+) s", out).group(1))  # type: ignore[union-attr]
+    assert slowest < startup, out
 
     # The same collection in every xdist worker (xdist refuses to run otherwise).
     # The verifier's times travel on the reports to the controller.
@@ -404,6 +411,21 @@ def test_cost_summary_lines() -> None:
         "slowest 1500.0 ms in t.py::b)"
     )
     assert summary.lines()[1].startswith("call phases of the verified tests: 4.00 s")
+
+
+def test_cost_summary_gives_the_start_up_apart() -> None:
+    summary = verify_cost.CostSummary()
+    for nodeid, startup in (("t.py::a", 2.5), ("t.py::b", None), ("t.py::c", 1.0)):
+        report = pytest.TestReport(nodeid, ("t.py", 1, nodeid), {}, "passed", None, "call")
+        _shared.add_property(report, verify_cost.SECONDS_PROPERTY, 0.01)
+        if startup is not None:
+            _shared.add_property(report, verify_cost.STARTUP_PROPERTY, startup)
+        summary.pytest_runtest_logreport(report)
+    assert summary.lines()[2] == (
+        "the profiler's one-time start-up: 3.50 s in 2 processes, before the first test "
+        "(in no test's time)"
+    )
+    assert summary.own == pytest.approx(0.03)
 
 
 def test_cost_summary_ignores_reruns_other_phases_and_unverified_reports() -> None:
