@@ -386,6 +386,9 @@ def render_json(
     ``session`` (pytest's counts, exit status and every problem of the run)
     goes first, so a reader sees the run's verdict before the matrix.
     """
+    grid_totals = {o: sum(r.counts.get(o, 0) for r in rows) for o in OUTCOMES} | {
+        "not_exercised": sum(r.not_exercised for r in rows)
+    }
     data = {
         "format": _files.REPORT_FORMAT,
         "version": 1,
@@ -405,8 +408,9 @@ def render_json(
             for row in rows
         ],
         "tests": [_result_data(r) for r in sorted(results, key=lambda r: r.nodeid)],
-        "totals": {o: sum(r.counts.get(o, 0) for r in rows) for o in OUTCOMES}
-        | {"not_exercised": sum(r.not_exercised for r in rows)},
+        "grid_totals": grid_totals,
+        # pytest's own counts when the run's session is known: never greener than the run.
+        "totals": dict(session.outcomes) if session is not None else grid_totals,
         **(extra or {}),
     }
     return dumps_report(data)

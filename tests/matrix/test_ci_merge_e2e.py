@@ -221,7 +221,7 @@ def test_three_shards_merge_to_the_full_run(
     full_report, report = _load(path / "full.json"), _load(path / "merged.json")
     assert by_test(report) == by_test(full_report)
     assert len(report["tests"]) == 12
-    assert report["totals"] == full_report["totals"]
+    assert report["grid_totals"] == full_report["grid_totals"]
     assert [c["id"] for c in report["configs"]] == [c["id"] for c in full_report["configs"]]
     assert [s["label"] for s in report["sources"]] == ["shard-1", "shard-2", r3["label"]]
     assert report["sources"][2]["settings"]["select"] == ["mkldnn-off"]
