@@ -174,9 +174,7 @@ def _gap(a: torch.Tensor, b: torch.Tensor, bound: Bound) -> tuple[bool, float, f
     return within, float(err.max()), float(rel.max())
 
 
-def _op_bound(
-    record: OpRecord, ref: _Run, other: _Run, tensor: torch.Tensor, kernels: Sequence[str] = ()
-) -> Bound:
+def _op_bound(record: OpRecord, ref: _Run, other: _Run, tensor: torch.Tensor) -> Bound:
     k = reduction_length(record.name, record.inputs, record.outputs)
     scale = term_scale(record.name, record.inputs)
     return pair_bound(
@@ -186,7 +184,6 @@ def _op_bound(
         k,
         scale,
         [(ref.config_id, ref.flags), (other.config_id, other.flags)],
-        kernels,
     )
 
 
@@ -224,6 +221,35 @@ def _replay(record: OpRecord, flags: Mapping[str, object]) -> list[torch.Tensor]
     except Exception:
         return None
     return [t.detach() for t in _tensors(out)]
+
+
+def _kernels_of(record: OpRecord, config_id: str, flags: Mapping[str, object]) -> str:
+    """The oneDNN primitives the op runs under ``flags``, from its primitive log.
+
+    The op is replayed alone on the reference's inputs with the log on, so what
+    the log shows is this op's, not its neighbours'.
+    """
+    from pytest_backends.kernels.log import PrimitiveLog
+
+    if any(t.device.type != "cpu" for t in record.inputs):
+        return f"[{config_id}] not logged (the primitive log sees CPU kernels only)"
+    log = PrimitiveLog()
+    if not log.start():
+        return f"[{config_id}] not logged ({log.error})"
+    try:
+        _replay(record, flags)
+    finally:
+        primitives = log.stop()
+    seen = list(dict.fromkeys(f"{p.kind} {p.impl}" for p in primitives if p.computes))
+    return f"[{config_id}] " + (", ".join(seen) or "no oneDNN primitive (ATen's own kernel)")
+
+
+def _with_kernels(bound: Bound, record: OpRecord, ref: _Run, other: _Run) -> Bound:
+    """``bound`` whose certificate names the kernels the op ran under each configuration."""
+    kernels = [_kernels_of(record, run.config_id, run.flags) for run in (ref, other)]
+    lines = bound.certificate.splitlines()
+    lines[-1:-1] = [f"  kernels seen: {'; '.join(kernels)}"]
+    return Bound(bound.rtol, bound.atol, "\n".join(lines))
 
 
 def _with_outputs(record: OpRecord, outputs: list[torch.Tensor]) -> OpRecord:
@@ -304,7 +330,7 @@ def first_divergence(ref: _Run, other: _Run) -> Divergence | None:
             other=other.config_id,
             max_abs=r_err,
             max_rel=r_rel,
-            bound=r_bound,
+            bound=_with_kernels(r_bound, ref_record, ref, other),
             inputs_agreed=_inputs_agree(record, ref_record, ref, other),
         )
     return None

@@ -164,7 +164,6 @@ def pair_bound(
     k: int,
     scale: float,
     configs: Sequence[tuple[str, Mapping[str, object]]],
-    kernels: Sequence[str] = (),
 ) -> Bound:
     """The sum of the model's bounds under each configuration's flags."""
     fam = family(name)
@@ -188,8 +187,6 @@ def pair_bound(
             + (f"; precision from {unit.precision_source}" if unit.precision_source else "")
             + f" -> rtol {unit.rtol:.3g}, atol {tol_atol:.3g}"
         )
-    if kernels:
-        lines.append(f"  kernels seen: {', '.join(kernels)}")
     lines.append(
         f"  two paths, each within its bound of the exact result, differ by at most the "
         f"sum: |a - b| <= {atol:.3g} + {rtol:.3g} * |b|"

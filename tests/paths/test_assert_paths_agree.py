@@ -158,3 +158,26 @@ def test_no_false_blames_on_the_zoo_across_mkldnn() -> None:
         if d is not None:
             blamed[name] = d.describe()
     assert blamed == {}, blamed
+
+
+def test_the_certificate_names_the_kernels_the_op_ran_under_each_config() -> None:
+    from pytest_backends.paths.api import _kernels_of
+
+    x = torch.randn(16, 3, 16, 16)  # batch 16: torch sends the conv to oneDNN
+    run = _run(
+        lambda t: nn.functional.conv2d(t, torch.ones(8, 3, 3, 3)), [x], "a", {}, "cpu", False
+    )
+    conv = next(r for r in run.records if r.name.startswith("aten::convolution"))
+    on = _kernels_of(conv, "mkldnn-on", {"mkldnn.enabled": True})
+    off = _kernels_of(conv, "mkldnn-off", {"mkldnn.enabled": False})
+    # oneDNN's log names the primitive the conv ran under oneDNN, and none without it.
+    assert on.startswith("[mkldnn-on] convolution "), on
+    assert off == "[mkldnn-off] no oneDNN primitive (ATen's own kernel)"
+
+    # A blamed op's certificate says which kernels it ran.
+    torch.manual_seed(2)
+    with pytest.raises(PathsDisagreeError) as info:
+        assert_paths_agree(_planted, torch.randn(2, 3, 10, 10), axes=["mkldnn"], backward=False)
+    assert "  kernels seen: [mkldnn-on] no oneDNN primitive (ATen's own kernel); [mkldnn-off] " in (
+        str(info.value)
+    )
