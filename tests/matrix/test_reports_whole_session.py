@@ -199,9 +199,7 @@ def test_an_interrupted_item_is_interrupted_never_passed(pytester: pytest.Pytest
     assert report["session"]["interrupted"] is True
     assert report["session"]["exitstatus"] == 2
     assert report["grid_totals"]["interrupted"] == 1
-    assert {k: n for k, n in report["totals"].items() if n} == _closing_counts(
-        result.stdout.str()
-    )
+    assert {k: n for k, n in report["totals"].items() if n} == _closing_counts(result.stdout.str())
     page = _page(pytester.path / "r.html")
     assert "interrupted" in page.run and "bad" in page.run_class
     assert any("test_stop.py::test_b" in r[0] and "interrupted" in r for r in page.failures if r)
