@@ -32,7 +32,21 @@ def test_fine():
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
-def test_failing_config_names_the_op_in_failure_and_report(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("recorder", ["none", "python", "native"])
+def test_failing_config_names_the_op_in_failure_and_report(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, recorder: str
+) -> None:
+    """Also while the determinism check records every op, with either recorder."""
+    determinism: tuple[str, ...] = ()
+    if recorder != "none":
+        from pytest_backends import _native
+
+        if recorder == "native":
+            if _native.load() is None:
+                pytest.skip("the native harness is not built here")
+            monkeypatch.setenv("PYTEST_BACKENDS_CACHE_DIR", str(_native._cache_root()))
+        monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "auto" if recorder == "native" else "off")
+        determinism = ("--backends-determinism=2", "--backends-determinism-all")
     path = pytester.makepyfile(test_suite=SUITE)
     planted = next(i for i, s in enumerate(SUITE.splitlines()[1:], 1) if s.endswith("# PLANTED"))
     result = pytester.runpytest_subprocess(
@@ -41,8 +55,13 @@ def test_failing_config_names_the_op_in_failure_and_report(pytester: pytest.Pyte
         "--backends-matrix",
         "--backends-diverge",
         "--backends-report=r.json",
+        *determinism,
     )
     result.assert_outcomes(passed=3, failed=1)
+    if recorder != "none":
+        result.stdout.fnmatch_lines(
+            [f"recorder: {'native' if recorder == 'native' else 'Python'} *"]
+        )
     out = result.stdout.str()
     assert f"the paths part at suite_tests::bump ({path}:{planted}, module <no module>)" in out
     assert "tolerance certificate" in out
