@@ -338,20 +338,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="FILE",
         help="classify the names of a *.names file instead of the running torch's",
     )
+    for command, run in (
+        (merge, _merge),
+        (base, _baseline),
+        (build, _build_native),
+        (div, _diverge),
+        (switches, _switches),
+    ):
+        command.set_defaults(run=run)
     args = parser.parse_args(argv)
-    if args.command == "diverge":
-        return _diverge(args)
-    if args.command == "switches":
-        return _switches(args)
-    if args.command == "build-native":
-        return _build_native(args)
-    if args.command == "merge":
-        return _merge(args)
-    if args.command == "baseline":
-        return _baseline(args)
-    parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse exits
-    return 2  # pragma: no cover
-
+    return int(args.run(args))
 
 if __name__ == "__main__":
     sys.exit(main())
