@@ -284,6 +284,10 @@ def _compile_flags() -> tuple[list[str], list[str]]:
     return cflags, ldflags
 
 
+#: The lock file ``torch.utils.cpp_extension`` keeps in a build directory while building.
+_TORCH_BATON = "lock"
+
+
 def _jit_build(directory: Path, files: list[Path], verbose: bool) -> ModuleType:
     from torch.utils import cpp_extension
 
@@ -388,6 +392,9 @@ def build(*, force: bool = False, verbose: bool = False, announce: bool = False)
             library.unlink(missing_ok=True)
             if announce:
                 _announce(why)
+            # torch's own build lock: a build killed midway leaves it behind, and torch
+            # then waits for it forever. Under this process's flock nobody else builds.
+            (directory / _TORCH_BATON).unlink(missing_ok=True)
             try:
                 module = _jit_build(directory, files, verbose)
                 _write_record(stamp, key, library)

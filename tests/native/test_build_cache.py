@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -192,6 +193,23 @@ def test_truncated_library_is_rebuilt_and_the_test_that_triggered_it_is_named(
     assert "truncated" in notices[0]
     if extra:
         assert "[gw" in notices[0]
+    _assert_record_matches(copied_cache)
+
+
+@pytest.mark.slow
+def test_a_build_killed_midway_does_not_hang_the_next_one(copied_cache: Path) -> None:
+    """torch's build lock, left by a killed build, is stale under the cache's own lock."""
+    (copied_cache / "lock").write_text("")  # what a build killed midway leaves
+    (copied_cache / "build-ok").unlink()  # so the next load relinks
+    code = "from pytest_backends import _native; _native.build(); print('built')"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=600
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the build waited for the stale lock file of a killed build")
+    assert proc.returncode == 0 and "built" in proc.stdout, proc.stderr[-3000:]
+    assert not (copied_cache / "lock").exists()
     _assert_record_matches(copied_cache)
 
 
