@@ -31,7 +31,8 @@ def test_fake_features_remove_and_add() -> None:
     assert {"sve", "bf16", "avx2"} <= edited
 
 
-def test_unsupported_reason_names_the_missing_feature() -> None:
+def test_unsupported_reason_names_the_missing_feature(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(capability.FAKE_FEATURES_ENV, raising=False)
     features = X86_FULL - {"avx512bw"}
     reason = capability.unsupported_reason("avx512", arch="x86_64", features=features)
     assert reason is not None

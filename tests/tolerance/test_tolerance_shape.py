@@ -245,14 +245,17 @@ def test_config(backend_config):
 
 def test_a_reduced_precision_config_captures_the_log_by_default(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_cfg=CONFIG_TEST)
-    result = pytester.runpytest_subprocess("--backends-matrix", "-p", "no:randomly", "-s")
+    result = pytester.runpytest_subprocess("--backends-matrix", "-p", "no:randomly", "-s", "-rs")
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("error", 0) == 0, result.stdout.str()
     found = (re.search(r"SOURCE (\S+) (\S+) (\S+) (.+)$", line) for line in result.stdout.lines)
     seen = {m.group(1): [m.group(2), m.group(3), m.group(4)] for m in found if m is not None}
     assert seen.get("ieee") == ["False", "False", "-"], seen
     reduced = [mode for mode in seen if mode != "ieee"]
-    assert reduced, seen
+    if not reduced:
+        # A CPU without oneDNN bf16 (AVX2 only): the reduced configs skip, saying why.
+        result.stdout.fnmatch_lines(["SKIPPED *needs a CPU with bf16 support in oneDNN*"])
+        pytest.skip("this CPU runs no reduced-precision oneDNN configuration")
     for mode in reduced:
         _, named, source = seen[mode]
         if named == "True":
