@@ -10,6 +10,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from pytest_backends.flags.fast import grouped
 from pytest_backends.flags.row import (
     _ALL_PRECISIONS,
     _CUDA_PRECISIONS,
@@ -34,6 +35,7 @@ from pytest_backends.flags.row import (
     _set_attr,
     _set_default_device,
     _write_unless_mixed,
+    attribute_reader,
 )
 from pytest_backends.flags.rows import (
     _FROZEN_ATTR,
@@ -313,7 +315,7 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     add(
         "opt_einsum.enabled",
         True,
-        lambda: einsum.enabled,
+        attribute_reader(einsum, "enabled"),
         functools.partial(_set_attr, torch, einsum, "enabled"),
         _bool,
         "True, False",
@@ -323,7 +325,7 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     add(
         "opt_einsum.strategy",
         True,
-        lambda: getattr(einsum, "strategy", None),
+        attribute_reader(einsum, "strategy"),
         functools.partial(_set_attr, torch, einsum, "strategy"),
         _choice("auto", "greedy", "optimal"),
         "'auto', 'greedy', 'optimal'",
@@ -445,7 +447,7 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     add(
         "warn_always",
         True,
-        torch.is_warn_always_enabled,
+        getattr(C, "_get_warnAlways", torch.is_warn_always_enabled),
         torch.set_warn_always,
         _bool,
         "True, False",
@@ -481,4 +483,4 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
         order=99,
         last=True,
     )
-    return rows, absent
+    return grouped(torch, rows), absent

@@ -6,7 +6,7 @@ import contextlib
 import difflib
 import functools
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from pytest_backends.flags.catalogue import _catalogue
@@ -22,19 +22,26 @@ class FlagRegistry:
         self.by_name: dict[str, Flag] = {r.name: r for r in self.rows}
         self.absent: dict[str, str] = dict(absent)
         self.snapshot_rows: tuple[Flag, ...] = tuple(r for r in self.rows if r.in_snapshot)
-        self._readers = tuple(r.read for r in self.snapshot_rows)
+        self._readers, self._layout = _plan(self.snapshot_rows)
+        self._read_all = _call_all(self._readers)
 
     def names(self) -> list[str]:
         """Every flag name that can be set in this torch (snapshot rows and aliases)."""
         return [r.name for r in self.rows]
 
     def fingerprint(self) -> tuple[object, ...]:
-        """Raw values of every snapshot row: cheap to take and to compare."""
-        return tuple([read() for read in self._readers])
+        """Raw values of every snapshot row: cheap to take and to compare.
+
+        One entry per reader: a row read alone, or the tuple of a group's rows.
+        """
+        return self._read_all()
 
     def to_plain(self, fingerprint: tuple[object, ...]) -> dict[str, object]:
         """Turn a :meth:`fingerprint` into a ``{name: plain value}`` snapshot."""
-        return {r.name: r.plain(v) for r, v in zip(self.snapshot_rows, fingerprint)}
+        return {
+            r.name: r.plain(fingerprint[i] if j < 0 else fingerprint[i][j])  # type: ignore[index]
+            for r, i, j in self._layout
+        }
 
     def snapshot(self) -> dict[str, object]:
         """Every snapshot row as a plain value."""
@@ -140,6 +147,48 @@ class FlagRegistry:
         """``{name: (before, after)}`` for every flag whose value differs."""
         names = list(before) + [n for n in after if n not in before]
         return {n: (before.get(n), after.get(n)) for n in names if before.get(n) != after.get(n)}
+
+
+def _plan(
+    rows: tuple[Flag, ...],
+) -> tuple[tuple[Callable[[], object], ...], tuple[tuple[Flag, int, int], ...]]:
+    """The fingerprint's readers, and where each row's raw value sits in it.
+
+    A row read alone is at ``fingerprint[i]`` (``j == -1``); a row of a
+    :class:`~pytest_backends.flags.fast.ReadGroup` at ``fingerprint[i][j]``.
+    A group is read once, where its first row is; a group some of whose rows
+    are not snapshot rows here is not used (its rows are read alone).
+    """
+    present = {r.name for r in rows}
+    readers: list[Callable[[], object]] = []
+    at: dict[int, int] = {}
+    layout: list[tuple[Flag, int, int]] = []
+    for row in rows:
+        group = row.group
+        if group is None or not set(group.names) <= present:
+            layout.append((row, len(readers), -1))
+            readers.append(row.read)
+            continue
+        if id(group) not in at:
+            at[id(group)] = len(readers)
+            readers.append(group.read)
+        layout.append((row, at[id(group)], group.names.index(row.name)))
+    return tuple(readers), tuple(layout)
+
+
+def _call_all(readers: tuple[Callable[[], object], ...]) -> Callable[[], tuple[object, ...]]:
+    """One function returning ``(readers[0](), readers[1](), ...)``.
+
+    Generated, because a fingerprint is a loop of about a hundred calls of a few tens
+    of nanoseconds each: a tuple display of calls skips the loop's own bytecode
+    (about a quarter of the cost).
+    """
+    names = [f"r{i}" for i in range(len(readers))]
+    calls = "".join(f"{n}(), " for n in names)
+    source = f"def read_all({', '.join(names)}):\n    return lambda: ({calls})\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<pytest_backends fingerprint>", "exec"), namespace)
+    return namespace["read_all"](*readers)  # type: ignore[no-any-return]
 
 
 @functools.cache
