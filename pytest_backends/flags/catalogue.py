@@ -10,7 +10,6 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from pytest_backends.flags.fast import grouped
 from pytest_backends.flags.row import (
     _ALL_PRECISIONS,
     _CUDA_PRECISIONS,
@@ -483,4 +482,4 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
         order=99,
         last=True,
     )
-    return grouped(torch, rows), absent
+    return rows, absent

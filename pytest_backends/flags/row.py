@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytest_backends.flags.fast import ReadGroup
+    from pytest_backends.flags.registry import ReadGroup
 
 Check = Callable[[object], object]
 
@@ -28,7 +28,7 @@ class Flag:
     allowance (the ``disable_global_flags`` switch itself).  ``unrestorable``
     rows are reported with what the user must do; ``unmanaged`` rows come from
     the runtime net (a switch torch has and the catalogue does not know).
-    ``group`` (set by :func:`~pytest_backends.flags.fast.grouped`) reads this
+    ``group`` (set by :func:`~pytest_backends.flags.registry.grouped`) reads this
     row together with others in one call; ``read`` still reads it alone.
     """
 

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from pytest_backends.flags.not_state import NOT_STATE
-from pytest_backends.flags.python_surface import PY_MANAGED, python_surface
 from pytest_backends.flags.row import Flag, _missing
 
 __all__ = [
@@ -289,13 +288,21 @@ def discover(torch: Any) -> list[str]:
             if callable(value) or isinstance(value, types.ModuleType):
                 continue
             names.add(f"torch.backends.{mod_name}.{attr}")
+    from pytest_backends.flags.python_surface import python_surface
+
     names.update(python_surface(torch))
     return sorted(names)
 
 
 def declared_row(name: str) -> str | None:
     """The catalogue row that declares it manages the torch name ``name``, if one does."""
-    return _MANAGED.get(name) or PY_MANAGED.get(name)
+    row = _MANAGED.get(name)
+    if row is not None or SURFACE.match(name):
+        return row
+    # a Python-level name: its table is loaded by discovery, not by the registry
+    from pytest_backends.flags.python_surface import PY_MANAGED
+
+    return PY_MANAGED.get(name)
 
 
 def classify(names: Iterable[str], rows: Iterable[str]) -> Surface:

@@ -1,7 +1,7 @@
 """The fast fingerprint agrees with the slow, obviously right one: every row read alone.
 
 The fingerprint reads groups of rows in one call and skips the rows of a closed gate
-(:mod:`pytest_backends.flags.fast`).  The oracle is each row's own ``read``.  A corpus
+(:mod:`pytest_backends.flags.registry`).  The oracle is each row's own ``read``.  A corpus
 of states (hypothesis, combinations of changes that open each gate and change rows
 behind it) must give the same plain values both ways, and two states whose plain
 values differ must give different fingerprints.
