@@ -8,10 +8,11 @@ the fixed cost (plugin import and setup), so the per-test figure is the slope
 ``((on - on_1) - (off - off_1)) / (tests - 1)``, on the minima and on the
 medians.  A fixed cost not clearly above the run-to-run noise is printed as such,
 never as a negative figure.  One registry fingerprint (the guard takes one
-before a test's setup and one after its teardown) is also timed directly, in
-this process, on CPU time.  With ``--before DIR`` an older source tree is
-measured in the same interleaved rounds, for a before/after comparison under
-the same load.
+before a test's setup and one after its teardown) is also timed directly, in a
+fresh interpreter, on CPU time (min and median of rounds).  With ``--before DIR``
+an older source tree is measured in the same interleaved rounds, for a
+before/after comparison under the same load.  ``--parametrized`` writes the suite
+as one parametrized function (pytest sets up a stand-in fixture per parameter).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -33,9 +33,17 @@ TESTS = 2000
 RESULT = Path(__file__).resolve().parent / "results" / "overhead-cpu.txt"
 
 
-def _write_suite(root: Path, count: int) -> None:
-    body = ["import torch", ""]
-    body += [f"def test_{i}():\n    assert torch.backends.cudnn.enabled\n" for i in range(count)]
+def _write_suite(root: Path, count: int, parametrized: bool = False) -> None:
+    body = ["import pytest", "import torch", ""]
+    if parametrized:
+        body += [
+            f"@pytest.mark.parametrize('case', range({count}))",
+            "def test_case(case):\n    assert torch.backends.cudnn.enabled\n",
+        ]
+    else:
+        body += [
+            f"def test_{i}():\n    assert torch.backends.cudnn.enabled\n" for i in range(count)
+        ]
     (root / "test_trivial.py").write_text("\n".join(body))
     (root / "pytest.ini").write_text("[pytest]\naddopts = -p no:randomly -p no:cacheprovider\n")
 
@@ -67,16 +75,42 @@ def _cpu_seconds(root: Path, extra: list[str], source: Path | None = None) -> fl
     return usage.ru_utime + usage.ru_stime
 
 
-def _guard_cost(rounds: int = 20000) -> float:
-    """CPU microseconds of one registry fingerprint (the guard takes two per plain test)."""
-    from pytest_backends.flags import registry
-
-    reg = registry()
-    reg.fingerprint()
+_FINGERPRINT = """
+import statistics, sys, time
+from pytest_backends.flags import registry
+reg = registry()
+reg.fingerprint()
+rounds = []
+for _ in range(int(sys.argv[1])):
     start = time.process_time()
-    for _ in range(rounds):
+    for _ in range(2000):
         reg.fingerprint()
-    return (time.process_time() - start) / rounds * 1e6
+    rounds.append((time.process_time() - start) / 2000 * 1e6)
+print(min(rounds), statistics.median(rounds), len(reg.snapshot_rows), len(reg.fingerprint()))
+"""
+
+
+def _guard_cost(source: Path | None = None, rounds: int = 15) -> tuple[float, float, int, int]:
+    """CPU microseconds of one registry fingerprint (min and median of ``rounds``), rows, reads.
+
+    Run in a fresh interpreter, so that ``source`` (an older tree) can be timed the same way.
+    """
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(source), env.get("PYTHONPATH", "")])
+    out = subprocess.run(
+        [sys.executable, "-c", _FINGERPRINT, str(rounds)],
+        env=env,
+        cwd=tempfile.gettempdir(),  # not a source tree: its package would come first
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return float(out[0]), float(out[1]), int(out[2]), int(out[3])
+
+
+def _guard_line(cost: tuple[float, float, int, int]) -> str:
+    return f"{cost[0]:.1f} us CPU min, {cost[1]:.1f} median ({cost[2]} rows in {cost[3]} reads)"
 
 
 def _summary(name: str, values: list[float]) -> str:
@@ -113,6 +147,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", dest="output", type=Path, default=RESULT)
     parser.add_argument(
+        "--parametrized",
+        action="store_true",
+        help="one test function parametrized over the cases instead of one function per test",
+    )
+    parser.add_argument(
         "--before",
         type=Path,
         default=None,
@@ -128,8 +167,8 @@ def main() -> None:
     before1: list[float] = []
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as tmp1:
         root, single = Path(tmp), Path(tmp1)
-        _write_suite(root, args.tests)
-        _write_suite(single, 1)
+        _write_suite(root, args.tests, args.parametrized)
+        _write_suite(single, 1, args.parametrized)
         _cpu_seconds(root, [])  # warm the file cache and bytecode
         _cpu_seconds(root, ["-p", "no:backends"])
         for round_ in range(args.repeats):
@@ -150,7 +189,9 @@ def main() -> None:
     text = "\n".join(
         [
             f"machine: {describe(('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile'))}",
-            f"overhead: {args.tests} trivial torch tests, process CPU time (user+sys), "
+            f"overhead: {args.tests} trivial torch tests"
+            + (" (one parametrized function)" if args.parametrized else "")
+            + ", process CPU time (user+sys), "
             f"{args.repeats} interleaved runs per side and suite size",
             f"  bare pytest (-p no:backends): {_summary('bare', off)}",
             f"  with pytest-backends:         {_summary('plugin', on)}",
@@ -161,8 +202,8 @@ def main() -> None:
             f"{per_median:.0f} on the medians ({per_min / per_bare * 100:.1f} % of a bare "
             f"trivial test's {per_bare:.0f} us; noise of the {args.tests}-test runs "
             f"{_spread(on, off) / args.tests * 1e6:.0f} us/test)",
-            f"  one registry fingerprint:     {_guard_cost():.1f} us CPU (direct; "
-            "the guard takes two per plain test)",
+            f"  one registry fingerprint:     {_guard_line(_guard_cost())} (direct; "
+            "the guard takes two per test)",
         ]
     )
     if args.before is not None:
@@ -181,6 +222,7 @@ def main() -> None:
                 f"{before_median:.0f} on the medians",
                 f"  now/before session CPU:       {min(on) / min(before):.3f} on the minima, "
                 f"{statistics.median(on) / statistics.median(before):.3f} on the medians",
+                f"  one registry fingerprint (before): {_guard_line(_guard_cost(args.before))}",
             ]
         )
     write_result(text, args.output)

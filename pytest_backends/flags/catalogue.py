@@ -34,6 +34,7 @@ from pytest_backends.flags.row import (
     _set_attr,
     _set_default_device,
     _write_unless_mixed,
+    attribute_reader,
 )
 from pytest_backends.flags.rows import (
     _FROZEN_ATTR,
@@ -313,7 +314,7 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     add(
         "opt_einsum.enabled",
         True,
-        lambda: einsum.enabled,
+        attribute_reader(einsum, "enabled"),
         functools.partial(_set_attr, torch, einsum, "enabled"),
         _bool,
         "True, False",
@@ -323,7 +324,7 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     add(
         "opt_einsum.strategy",
         True,
-        lambda: getattr(einsum, "strategy", None),
+        attribute_reader(einsum, "strategy"),
         functools.partial(_set_attr, torch, einsum, "strategy"),
         _choice("auto", "greedy", "optimal"),
         "'auto', 'greedy', 'optimal'",
@@ -445,7 +446,7 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     add(
         "warn_always",
         True,
-        torch.is_warn_always_enabled,
+        getattr(C, "_get_warnAlways", torch.is_warn_always_enabled),
         torch.set_warn_always,
         _bool,
         "True, False",

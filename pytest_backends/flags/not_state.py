@@ -275,7 +275,41 @@ NOT_STATE: tuple[tuple[tuple[str, ...], str], ...] = (
         ),
         "the RNG state: seeded per test by the determinism harness, not a switch",
     ),
-    (("torch.backends.*.is_available", "torch.backends.*.VERBOSE_*"), _CAPABILITY),
+    (
+        (
+            "torch.backends.*.is_available",
+            "torch.backends.*.VERBOSE_*",
+            "torch.backends.cpu.get_cpu_capability",
+            "torch.backends.cusparselt.get_max_alg_id",
+            "torch.backends.mps.get_core_count",
+            "torch.backends.mps.get_name",
+            "torch.backends.cudnn.CUDNN_TENSOR_DTYPES",
+            "torch.backends.*.TYPE_CHECKING",
+        ),
+        _CAPABILITY,
+    ),
+    (
+        ("torch.backends.*.set_flags", "torch.backends.set_flags"),
+        "a wrapper that sets several switches at once, each a row of its own",
+    ),
+    (
+        ("torch.set_printoptions(profile=)",),
+        "a preset of the other print options, each a row of its own",
+    ),
+    (
+        ("torch.cuda.tunable.get_validators",),
+        "TunableOp's validators recorded beside the results (the results are a row): a query",
+    ),
+    (("torch.cuda.tunable.set_numerical_check_tolerances",), _SETTER_ONLY),
+    (
+        ("_push_node_creation_hook", "_pop_node_creation_hook"),
+        "the hook stack of torch.autograd.graph.node_creation_hook, a context manager: torch "
+        "has no reader for it, so it cannot be fingerprinted; a test that enters it must exit it",
+    ),
+    (
+        ("torch.backends.opt_einsum.get_opt_einsum", "torch.backends.python_native.get_dsl_*"),
+        "a query: the opt_einsum package (or None), the operations a DSL registers",
+    ),
     (
         ("torch.backends.mkl.verbose", "torch.backends.mkldnn.verbose"),
         _SETTER_ONLY,
@@ -286,8 +320,6 @@ NOT_STATE: tuple[tuple[tuple[str, ...], str], ...] = (
             "torch.backends.python_native.all_dsls",
             "torch.backends.python_native.available_dsls",
             "torch.backends.cuda.matmul",
-            "torch.backends.cuda.cufft_plan_cache",
-            "torch.backends.python_native.*",
         ),
         "a namespace whose switches are rows of their own (python_native.*, cuda.matmul.*)",
     ),

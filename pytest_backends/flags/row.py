@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_backends.flags.registry import ReadGroup
 
 Check = Callable[[object], object]
 
@@ -24,6 +28,8 @@ class Flag:
     allowance (the ``disable_global_flags`` switch itself).  ``unrestorable``
     rows are reported with what the user must do; ``unmanaged`` rows come from
     the runtime net (a switch torch has and the catalogue does not know).
+    ``group`` (set by :func:`~pytest_backends.flags.registry.grouped`) reads this
+    row together with others in one call; ``read`` still reads it alone.
     """
 
     name: str
@@ -41,6 +47,8 @@ class Flag:
     unrestorable: str | None = None
     #: a switch discovery found and no row manages: reported, never restored
     unmanaged: bool = False
+    #: rows whose raw values one call reads together, for the fingerprint
+    group: ReadGroup | None = None
 
 
 class _Invalid(ValueError):
@@ -212,7 +220,8 @@ def _default_device_reader(torch: Any) -> tuple[Callable[[], object], Callable[[
         return getattr(torch, "get_default_device", _missing), str
 
     def read() -> object:
-        return getattr(holder, "device_context", None)
+        # the calling thread's dict of the thread-local: a missed getattr raises inside
+        return holder.__dict__.get("device_context")
 
     def plain(context: Any) -> object:
         return "cpu" if context is None else str(context.device)
@@ -230,6 +239,38 @@ def _pair_writer(setter: Callable[..., None], paired: bool) -> Callable[[Any], N
     if paired:
         return lambda v: setter(*v)
     return setter
+
+
+def attribute_reader(obj: object, attr: str) -> Callable[[], object]:
+    """The cheapest exact read of ``obj.attr`` for a ``torch.backends`` module wrapper.
+
+    The wrappers define ``__getattr__``, which makes every attribute read go through a
+    slow hook; a ``ContextProp`` is read through its getter, a plain class default
+    through the instance dictionary that an assignment writes.
+    """
+    cls = type(obj)
+    prop = cls.__dict__.get(attr)
+    getter = getattr(prop, "getter", None)
+    if callable(getter) and hasattr(prop, "__set__"):
+        return getter  # type: ignore[no-any-return]
+    namespace = getattr(obj, "__dict__", None)
+    inner = getattr(getattr(obj, "m", None), "__dict__", None)
+    if not isinstance(namespace, dict) or any(attr in vars(k) for k in cls.__mro__[1:]):
+        return functools.partial(getattr, obj, attr)
+    if attr in cls.__dict__:
+        if hasattr(prop, "__get__"):
+            return functools.partial(getattr, obj, attr)
+        return functools.partial(namespace.get, attr, prop)
+    if not isinstance(inner, dict):
+        return functools.partial(getattr, obj, attr)
+    # an assignment to the wrapper lands in its own dictionary; else the wrapped module's
+    own, wrapped, missing = namespace, inner, object()
+
+    def read() -> object:
+        value = own.get(attr, missing)
+        return wrapped.get(attr) if value is missing else value
+
+    return read
 
 
 def _set_attr(torch: Any, obj: object, attr: str, value: object) -> None:

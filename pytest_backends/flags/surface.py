@@ -28,7 +28,15 @@ from typing import Any
 from pytest_backends.flags.not_state import NOT_STATE
 from pytest_backends.flags.row import Flag, _missing
 
-__all__ = ["NOT_STATE", "Surface", "classify", "discover", "name_list", "unmanaged_rows"]
+__all__ = [
+    "NOT_STATE",
+    "Surface",
+    "classify",
+    "declared_row",
+    "discover",
+    "name_list",
+    "unmanaged_rows",
+]
 
 #: The pybind names counted as switch surface (the same rule as the name lists).
 SURFACE = re.compile(
@@ -211,6 +219,12 @@ _MANAGED: dict[str, str] = {
     "torch.utils.deterministic.fill_uninitialized_memory": "deterministic.fill_uninitialized_memory",
 }
 
+#: A torch attribute under ``prefix`` is managed by the row of the same name under ``rows``.
+_CANDIDATES = (
+    ("torch.backends.", ""),
+    ("torch.utils.serialization.config.", "serialization."),
+)
+
 _EXPLICIT = {p: reason for patterns, reason in NOT_STATE for p in patterns if "*" not in p}
 _GLOBS = tuple((p, reason) for patterns, reason in NOT_STATE for p in patterns if "*" in p)
 
@@ -274,7 +288,21 @@ def discover(torch: Any) -> list[str]:
             if callable(value) or isinstance(value, types.ModuleType):
                 continue
             names.add(f"torch.backends.{mod_name}.{attr}")
+    from pytest_backends.flags.python_surface import python_surface
+
+    names.update(python_surface(torch))
     return sorted(names)
+
+
+def declared_row(name: str) -> str | None:
+    """The catalogue row that declares it manages the torch name ``name``, if one does."""
+    row = _MANAGED.get(name)
+    if row is not None or SURFACE.match(name):
+        return row
+    # a Python-level name: its table is loaded by discovery, not by the registry
+    from pytest_backends.flags.python_surface import PY_MANAGED
+
+    return PY_MANAGED.get(name)
 
 
 def classify(names: Iterable[str], rows: Iterable[str]) -> Surface:
@@ -282,10 +310,11 @@ def classify(names: Iterable[str], rows: Iterable[str]) -> Surface:
     known_rows = set(rows)
     surface = Surface()
     for name in sorted(set(names)):
-        row = _MANAGED.get(name)
-        if row is None and name.startswith("torch.backends."):
-            candidate = name.removeprefix("torch.backends.")
-            row = candidate if candidate in known_rows else None
+        row = declared_row(name)
+        for prefix, rows_prefix in _CANDIDATES:
+            if row is None and name.startswith(prefix):
+                candidate = rows_prefix + name.removeprefix(prefix)
+                row = candidate if candidate in known_rows else None
         if row is not None:
             # a name a row manages is never excused by the not-state list
             if row in known_rows:

@@ -75,8 +75,8 @@ def _dual_level_write(forward_ad: Any, value: int) -> None:
         raise RuntimeError("forward-AD dual levels can only be exited")
 
 
-def _saved_hooks_read(autograd: Any) -> object:
-    return autograd._top_saved_tensors_default_hooks(True)
+def _saved_hooks_read(autograd: Any, ok: bool) -> Callable[[], object]:
+    return functools.partial(autograd._top_saved_tensors_default_hooks, True) if ok else _missing
 
 
 def _saved_hooks_write(autograd: Any, value: object) -> None:
@@ -120,9 +120,17 @@ def _handles(value: object) -> object:
     return list(value) if isinstance(value, tuple) else value
 
 
-def _module_attr_read(module: str, attr: str) -> object:
+def _module_attr_get(module: str, attr: str) -> object:
     mod = sys.modules.get(module)
     return None if mod is None else getattr(mod, attr, None)
+
+
+def _module_attr_read(module: str, attr: str) -> Callable[[], object]:
+    """A module attribute: None (torch's default) until the module is imported."""
+    mod = sys.modules.get(module)
+    if mod is None:
+        return functools.partial(_module_attr_get, module, attr)
+    return functools.partial(vars(mod).get, attr)  # imported: its dictionary, read directly
 
 
 class _ConfigOption:

@@ -369,8 +369,7 @@ def _process_state_rows(torch: Any, add: Add) -> None:
         add(
             "checkpoint.early_stop" if "early" in attr else "checkpoint.debug",
             (checkpoint is None or hasattr(checkpoint, attr)) or "not in this torch",
-            # None (torch's default) until torch.utils.checkpoint is imported
-            functools.partial(_module_attr_read, "torch.utils.checkpoint", attr),
+            _module_attr_read("torch.utils.checkpoint", attr),
             functools.partial(_module_attr_write, "torch.utils.checkpoint", attr),
             _any_value,
             "None, True, False",
@@ -457,7 +456,7 @@ def _hook_rows(torch: Any, add: Add) -> None:
     add(
         "autograd.saved_tensors_hooks",
         ok or "not in this torch",
-        functools.partial(_saved_hooks_read, autograd),
+        _saved_hooks_read(autograd, ok),
         functools.partial(_saved_hooks_write, autograd),
         _any_value,
         "None (contexts can only be exited)",

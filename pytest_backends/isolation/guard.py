@@ -329,7 +329,7 @@ class IsolationPlugin:
         self, fixturedef: Any, request: pytest.FixtureRequest
     ) -> Generator[None, object, object]:
         state = self._current
-        if state is None:
+        if state is None or _is_parameter(fixturedef):
             return (yield)
         before_fp = registry().fingerprint() if self.watch.ready() else None
         result = yield
@@ -546,6 +546,14 @@ class IsolationPlugin:
                 fails=False,
             )
         self.findings.write(terminalreporter)
+
+
+def _is_parameter(fixturedef: Any) -> bool:
+    """A ``parametrize`` argument's stand-in fixture: it returns the parameter, runs no code."""
+    func = getattr(fixturedef, "func", None)
+    return getattr(func, "__name__", "") == "get_direct_param_fixture_func" and getattr(
+        func, "__module__", ""
+    ).startswith("_pytest")
 
 
 def _reduces_onednn_precision(flags: Mapping[str, object]) -> bool:
