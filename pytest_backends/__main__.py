@@ -349,5 +349,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     return int(args.run(args))
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -289,6 +289,13 @@ NOT_STATE: tuple[tuple[tuple[str, ...], str], ...] = (
         _CAPABILITY,
     ),
     (
+        ("torch._inductor.config.*",),
+        "an inductor compile option (fusion, autotuning, codegen, caching, logging): it "
+        "shapes how torch.compile builds code; the options that decide compiled numerics "
+        "(deterministic, batch_invariant, numerics, emulate_precision_casts, "
+        "fallback_random, eager_numerics.*) are rows",
+    ),
+    (
         ("torch.backends.*.set_flags", "torch.backends.set_flags"),
         "a wrapper that sets several switches at once, each a row of its own",
     ),
