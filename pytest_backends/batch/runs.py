@@ -531,14 +531,17 @@ def row_differences(a: torch.Tensor, b: torch.Tensor, d: int) -> tuple[list[floa
     wide = torch.complex128 if a.is_complex() else torch.float64
     x, y = a.detach().to(wide), b.detach().to(wide)
     diff = (x - y).abs()
-    if not bool(torch.isfinite(diff).all()):
-        same_nan = torch.isnan(x) & torch.isnan(y)
-        diff = torch.where(same_nan, torch.zeros_like(diff), diff)
-        diff = torch.nan_to_num(diff, nan=math.inf)
     scale = y.abs()
-    rel = torch.where(scale > 0, diff / scale, diff)
-    both = torch.stack([_per_row(diff, d).amax(1), _per_row(rel, d).amax(1)])
-    abs_rows, rel_rows = both.tolist()
+    for finite in (True, False):
+        if not finite:  # a NaN or infinity somewhere (amax propagates NaN)
+            same_nan = torch.isnan(x) & torch.isnan(y)
+            diff = torch.where(same_nan, torch.zeros_like(diff), diff)
+            diff = torch.nan_to_num(diff, nan=math.inf)
+        rel = torch.where(scale > 0, diff / scale, diff)
+        both = torch.stack([_per_row(diff, d).amax(1), _per_row(rel, d).amax(1)])
+        abs_rows, rel_rows = both.tolist()
+        if not finite or all(math.isfinite(v) for v in abs_rows):
+            break
     return abs_rows, rel_rows
 
 
