@@ -34,83 +34,27 @@ import contextlib
 import os
 import platform
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from pytest_backends import BatchInvarianceError, assert_batch_invariant
-from pytest_backends.batch import api as batch_api
-from pytest_backends.batch.plugin import TestCheck
-from pytest_backends.batch.runs import sub_batches
-from pytest_backends.determinism.census import Baseline
 
 sys.path.append(str(Path(__file__).resolve().parent))
+from batch_setup import (
+    FEATURES,
+    check,
+    check_rows,
+    interleaved,
+    marked,
+    mlp,
+    same_calls,
+    transformer,
+)
 from bench_machine import describe, write_result
 
 OUT = Path(__file__).parent / "results" / "batch-invariance-cpu.txt"
-FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
-CLOCK = time.process_time
-
-
-def mlp() -> torch.nn.Module:
-    layers: list[torch.nn.Module] = []
-    for _ in range(4):
-        layers += [torch.nn.Linear(512, 512), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers).eval()
-
-
-def transformer() -> torch.nn.Module:
-    return torch.nn.TransformerEncoderLayer(256, 4, 512, dropout=0.0, batch_first=True).eval()
-
-
-def _bare(model: torch.nn.Module, x: torch.Tensor, backward: bool) -> Callable[[], None]:
-    """The calls the check makes, on sub-batches selected ahead of time."""
-    n = x.shape[0]
-    rows = [None, *[c.rows for c in sub_batches(n, sorted({1, 2, n // 2}), None, True, 0)]]
-    inputs = [x if r is None else x[list(r)] for r in rows]
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        grad = torch.randn(model(x).shape, generator=gen)
-    grads = [grad if r is None else grad[list(r)] for r in rows]
-
-    def run() -> None:
-        if not backward:
-            with torch.no_grad():
-                for inp in inputs:
-                    model(inp)
-            return
-        for inp, g in zip(inputs, grads):
-            leaf = inp.detach().requires_grad_(True)
-            torch.autograd.grad(model(leaf), leaf, g)
-
-    return run
-
-
-def _check(model: torch.nn.Module, x: torch.Tensor, backward: bool) -> Callable[[], None]:
-    def run() -> None:
-        if backward:
-            assert_batch_invariant(model, x.detach().requires_grad_(True), tolerance="report")
-        else:
-            with torch.no_grad():
-                assert_batch_invariant(model, x, backward=False, tolerance="report")
-
-    return run
-
-
-def _marked(model: torch.nn.Module, x: torch.Tensor) -> Callable[[], None]:
-    spec = {"sizes": None, "rtol": None, "atol": None, "tolerance": "report", "permute": True}
-
-    def run() -> None:
-        token = batch_api._SESSION.set(TestCheck(spec, Baseline(), update=False))
-        try:
-            with torch.no_grad():
-                assert_batch_invariant(model, x, backward=False)
-        finally:
-            batch_api._SESSION.reset(token)
-
-    return run
 
 
 def _failing(model: torch.nn.Module, x: torch.Tensor) -> Callable[[], None]:
@@ -122,15 +66,7 @@ def _failing(model: torch.nn.Module, x: torch.Tensor) -> Callable[[], None]:
 
 
 def _time(variants: dict[str, Callable[[], None]], repeat: int) -> dict[str, float]:
-    best = {name: float("inf") for name in variants}
-    for fn in variants.values():
-        fn()  # warm-up
-    for _ in range(repeat):
-        for name, fn in variants.items():
-            start = CLOCK()
-            fn()
-            best[name] = min(best[name], CLOCK() - start)
-    return best
+    return {name: min(times) for name, times in interleaved(variants, repeat).items()}
 
 
 def _ms(seconds: float) -> str:
@@ -151,17 +87,21 @@ def bench(name: str, model: torch.nn.Module, x: torch.Tensor, repeat: int) -> li
     found += f"; with autograd: max abs {graded.max_abs:.3g} (outputs and input gradients)"
     forward = _time(
         {
-            "bare": _bare(model, x, backward=False),
-            "check": _check(model, x, backward=False),
-            "marked": _marked(model, x),
+            "bare": same_calls(model, x),
+            "check": check(model, x, tolerance="report"),
+            "marked": marked(model, x),
             "failing": _failing(model, x),
         },
         repeat,
     )
     both = _time(
-        {"bare": _bare(model, x, backward=True), "check": _check(model, x, backward=True)}, repeat
+        {
+            "bare": same_calls(model, x, backward=True),
+            "check": check(model, x, backward=True, tolerance="report"),
+        },
+        repeat,
     )
-    calls = 1 + len(sub_batches(x.shape[0], sorted({1, 2, x.shape[0] // 2}), None, True, 0))
+    calls = len(check_rows(x.shape[0]))
     bare = forward["bare"]
     return [
         f"{name}: input {tuple(x.shape)}, {calls} calls of the model per check; {found}",

@@ -22,8 +22,9 @@ from pytest_backends.batch.runs import (
     Plan,
     Run,
     call,
-    differences,
+    row_differences,
     rows_differ,
+    rows_within,
     same_bits,
     sub_batches,
     take_rows,
@@ -217,14 +218,6 @@ def _tolerance(
     return (float(rtol or 0.0), float(atol or 0.0))
 
 
-def _within(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> bool:
-    import torch
-
-    if not (a.is_floating_point() or a.is_complex()):
-        return bool(torch.equal(a, b))
-    return bool(torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True).all())
-
-
 def _structure(full: Run, sub: Run) -> str | None:
     """How the sub-batch's outputs differ from the full batch's in structure, or None."""
 
@@ -250,53 +243,123 @@ def _structure(full: Run, sub: Run) -> str | None:
 def _compare(
     full: Run, sub: Run, case: Case, tol: tuple[float, float] | str | None
 ) -> list[CaseResult]:
+    """The results of one sub-batch's parts against the full batch's rows."""
+    return _compare_all(full, [(sub, case)], tol)
+
+
+def _compare_all(
+    full: Run, runs: Sequence[tuple[Run, Case]], tol: tuple[float, float] | str | None
+) -> list[CaseResult]:
+    """The results of every sub-batch's parts, in order, from a few tensor ops per part.
+
+    The sub-batches' tensors of one part are joined along the batch dimension
+    and compared with the full batch's rows gathered in the same order: one
+    bitwise comparison for all sub-batches, and the per-row figures only where
+    a row differs. The figures of a sub-batch are those of its rows.
+    """
     import math
 
+    slots: list[list[CaseResult] | tuple[str, int]] = []
+    groups: dict[tuple[str, int], list[tuple[Case, torch.Tensor]]] = {}
+    for sub, case in runs:
+        mismatch = _structure(full, sub)
+        if mismatch is not None:
+            slots.append(
+                [
+                    CaseResult(
+                        case.label,
+                        case.size,
+                        case.rows,
+                        f"output structure ({mismatch})",
+                        case.rows[0],
+                        case.size,
+                        math.inf,
+                        math.inf,
+                        False if isinstance(tol, tuple) else None,
+                    )
+                ]
+            )
+            continue
+        for label, t, d in sub.parts:
+            ref = full.by_label.get(label)
+            if ref is None:
+                continue
+            shape = list(ref.shape)
+            shape[d] = case.size
+            if list(t.shape) != shape or ref.dtype != t.dtype:
+                raise AssertionError(
+                    f"assert_batch_invariant: {label} of {case.label} has shape "
+                    f"{list(t.shape)} ({t.dtype}), but the full batch's rows have "
+                    f"{shape} ({ref.dtype})"
+                )
+            key = (label, d)
+            slots.append(key)
+            groups.setdefault(key, []).append((case, t))
+    compared = {
+        key: _compare_part(full.by_label[key[0]], key, group, tol) for key, group in groups.items()
+    }
     results: list[CaseResult] = []
-    mismatch = _structure(full, sub)
-    if mismatch is not None:
+    for slot in slots:
+        if isinstance(slot, list):
+            results.extend(slot)
+        else:
+            results.append(compared[slot].pop(0))
+    return results
+
+
+def _compare_part(
+    ref: torch.Tensor,
+    key: tuple[str, int],
+    group: list[tuple[Case, torch.Tensor]],
+    tol: tuple[float, float] | str | None,
+) -> list[CaseResult]:
+    """One part of every sub-batch in ``group`` against the full batch's rows ``ref``."""
+    import torch
+
+    label, d = key
+    rows = [r for case, _ in group for r in case.rows]
+    if len(group) == 1:
+        joined = group[0][1]
+        ref_rows = take_rows(ref, d, rows)
+    else:
+        joined = torch.cat([t.detach() for _, t in group], d)
+        index = torch.tensor(rows, dtype=torch.long, device=ref.device)
+        ref_rows = ref.detach().index_select(d, index)
+    within_ok = True if isinstance(tol, tuple) else None
+    if same_bits(ref_rows, joined):
         return [
-            CaseResult(
-                case.label,
-                case.size,
-                case.rows,
-                f"output structure ({mismatch})",
-                case.rows[0],
-                case.size,
-                math.inf,
-                math.inf,
-                False if isinstance(tol, tuple) else None,
-            )
+            CaseResult(case.label, case.size, case.rows, label, None, 0, 0.0, 0.0, within_ok)
+            for case, _ in group
         ]
-    for label, t, d in sub.parts:
-        ref = full.by_label.get(label)
-        if ref is None:
-            continue
-        ref_rows = take_rows(ref, d, case.rows)
-        if ref_rows.shape != t.shape or ref_rows.dtype != t.dtype:
-            raise AssertionError(
-                f"assert_batch_invariant: {label} of {case.label} has shape "
-                f"{list(t.shape)} ({t.dtype}), but the full batch's rows have "
-                f"{list(ref_rows.shape)} ({ref_rows.dtype})"
-            )
-        if same_bits(ref_rows, t):
-            within_ok = True if isinstance(tol, tuple) else None
+    differ = rows_differ(ref_rows, joined, d).cpu().tolist()
+    # The figures of the differing rows only: identical rows add nothing to a maximum.
+    bad_at = [k for k, x in enumerate(differ) if x]
+    abs_rows: dict[int, float] = {}
+    rel_rows: dict[int, float] = {}
+    within_rows: dict[int, bool] = {}
+    if bad_at:
+        a, b = joined, ref_rows
+        if len(bad_at) < len(differ):
+            index = torch.tensor(bad_at, dtype=torch.long, device=ref.device)
+            a, b = a.index_select(d, index), b.index_select(d, index)
+        figures = row_differences(a, b, d)
+        abs_rows, rel_rows = dict(zip(bad_at, figures[0])), dict(zip(bad_at, figures[1]))
+        if isinstance(tol, tuple):
+            within_rows = dict(zip(bad_at, rows_within(a, b, d, tol[0], tol[1])))
+    results: list[CaseResult] = []
+    at = 0
+    for case, _ in group:
+        span = range(at, at + case.size)
+        at += case.size
+        bad = [case.rows[j] for j, k in enumerate(span) if differ[k]]
+        if not bad:
             results.append(
                 CaseResult(case.label, case.size, case.rows, label, None, 0, 0.0, 0.0, within_ok)
             )
             continue
-        differ = rows_differ(ref_rows, t, d)
-        if not bool(differ.any()):
-            within_ok = True if isinstance(tol, tuple) else None
-            results.append(
-                CaseResult(case.label, case.size, case.rows, label, None, 0, 0.0, 0.0, within_ok)
-            )
-            continue
-        bad = [case.rows[j] for j, x in enumerate(differ.cpu().tolist()) if x]
-        max_abs, max_rel = differences(t, ref_rows)
         within = None
         if isinstance(tol, tuple):
-            within = _within(t, ref_rows, tol[0], tol[1])
+            within = all(within_rows.get(k, True) for k in span)
         results.append(
             CaseResult(
                 case.label,
@@ -305,12 +368,20 @@ def _compare(
                 label,
                 bad[0],
                 len(bad),
-                max_abs,
-                max_rel,
+                max(abs_rows.get(k, 0.0) for k in span),
+                max(rel_rows.get(k, 0.0) for k in span),
                 within,
             )
         )
     return results
+
+
+# Sub-batch outputs held for one joined comparison at most (bytes); more are compared first.
+_HELD = 64 * 2**20
+
+
+def _nbytes(run: Run) -> int:
+    return sum(t.numel() * t.element_size() for _, t, _ in run.parts)
 
 
 def assert_batch_invariant(
@@ -413,10 +484,18 @@ def assert_batch_invariant(
         full, grads = call(plan, None, None)
         if backward:
             result.backward = _backward_note(plan, grads)
+        pending: list[tuple[Run, Case]] = []
+        held = 0
         for case in cases:
             start.restore()
             sub, _ = call(plan, case.rows, grads)
-            result.cases.extend(_compare(full, sub, case, tol))
+            pending.append((sub, case))
+            held += _nbytes(sub)
+            if held > _HELD:
+                result.cases.extend(_compare_all(full, pending, tol))
+                pending, held = [], 0
+        result.cases.extend(_compare_all(full, pending, tol))
+        del pending
         if per_sample_grads:
             _per_sample(plan, full, cases, grads, result, tol, start)
         findings: dict[str, Finding] = {}

@@ -27,7 +27,9 @@ __all__ = [
     "arguments",
     "call",
     "differences",
+    "row_differences",
     "rows_differ",
+    "rows_within",
     "same_bits",
     "sub_batches",
 ]
@@ -500,3 +502,62 @@ def differences(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     scale = y.abs()
     rel = torch.where(scale > 0, diff / scale, diff)
     return float(diff.max()), float(rel.max())
+
+
+def _per_row(t: torch.Tensor, d: int) -> torch.Tensor:
+    """``t`` (non-empty) as one row per index along ``d``: shape ``(rows, elements per row)``."""
+    import torch
+
+    if t.dim() == 1:
+        return t.reshape(-1, 1)
+    return torch.movedim(t, d, 0).reshape(t.shape[d], -1)
+
+
+def row_differences(a: torch.Tensor, b: torch.Tensor, d: int) -> tuple[list[float], list[float]]:
+    """Per row along ``d``: :func:`differences` of that row of ``a`` from that row of ``b``.
+
+    One pass over the tensors for every row at once; the max over a set of
+    rows is the :func:`differences` of those rows.
+    """
+    import torch
+
+    n = a.shape[d]
+    if a.numel() == 0:
+        return [0.0] * n, [0.0] * n
+    if not (a.is_floating_point() or a.is_complex()):
+        diff = (a.double() - b.double()).abs()
+        m = _per_row(diff, d).amax(1).tolist()
+        return m, list(m)
+    wide = torch.complex128 if a.is_complex() else torch.float64
+    x, y = a.detach().to(wide), b.detach().to(wide)
+    diff = (x - y).abs()
+    scale = y.abs()
+    for finite in (True, False):
+        if not finite:  # a NaN or infinity somewhere (amax propagates NaN)
+            same_nan = torch.isnan(x) & torch.isnan(y)
+            diff = torch.where(same_nan, torch.zeros_like(diff), diff)
+            diff = torch.nan_to_num(diff, nan=math.inf)
+        rel = torch.where(scale > 0, diff / scale, diff)
+        both = torch.stack([_per_row(diff, d).amax(1), _per_row(rel, d).amax(1)])
+        abs_rows, rel_rows = both.tolist()
+        if not finite or all(math.isfinite(v) for v in abs_rows):
+            break
+    return abs_rows, rel_rows
+
+
+def rows_within(a: torch.Tensor, b: torch.Tensor, d: int, rtol: float, atol: float) -> list[bool]:
+    """Per row along ``d``: whether ``|a - b| <= atol + rtol * |b|`` everywhere (NaN equals NaN).
+
+    Integer and bool rows are within only when equal.
+    """
+    import torch
+
+    n = a.shape[d]
+    if a.numel() == 0:
+        return [True] * n
+    if not (a.is_floating_point() or a.is_complex()):
+        return (~rows_differ(b, a, d)).tolist()
+    close = torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
+    if close.dim() == 0:
+        close = close.reshape(1)
+    return _per_row(close, d).all(1).tolist()
