@@ -275,6 +275,7 @@ struct OpContext {
   c10::SmallVector<at::Tensor, 2> written;
   std::optional<AlertHandler> alerts;
   int32_t passes = -1;  // an overwrite copying uninitialised memory on: its origin
+  bool outside = false;  // the op read memory shared outside torch: its caller is noted
 };
 
 const c10::StorageImpl* storage_of(const at::Tensor& t) {
@@ -589,6 +590,12 @@ class Recorder {
     return outside_;
   }
 
+  // (op index, " (file:line)") of the ops that read memory shared outside torch.
+  std::vector<std::pair<int64_t, std::string>> outside_places() {
+    std::lock_guard<SpinLock> lock(mutex_);
+    return outside_places_;
+  }
+
   // The record, op by op, as recorder.py's OpCall fields (after finish()).
   py::list rows() {
     std::lock_guard<SpinLock> lock(mutex_);
@@ -700,6 +707,11 @@ class Recorder {
         // GIL may be waiting for that lock.
         ctx.where = where();
       }
+      if (ctx.outside) {
+        std::string place = where();
+        std::lock_guard<SpinLock> lock(mutex_);
+        outside_places_.emplace_back(ctx.index, std::move(place));
+      }
       end_op(ctx, outputs, raised);
     } catch (const std::exception& e) {
       fail(e.what());
@@ -754,6 +766,7 @@ class Recorder {
     if (info.seeded) {
       add_default_generator(inputs);
     }
+    ctx.outside = !outside_.empty() && outside_.back() == index;
     rec.inputs_end = static_cast<uint32_t>(slots_.size());
     if (info.overwrites && slot_taint_ >= 0) {
       rec.taint = static_cast<int32_t>(slot_taint_);
@@ -1519,6 +1532,7 @@ class Recorder {
   // Tensor.numpy(), memory torch did not allocate), and the ops that read one.
   std::unordered_set<const void*> shared_;
   std::vector<int64_t> outside_;
+  std::vector<std::pair<int64_t, std::string>> outside_places_;
   bool hooked_ = false;  // the key is in the included set of thread_
   bool was_excluded_ = true;
   std::thread::id thread_;
@@ -1682,6 +1696,8 @@ void register_recorder(py::module_& m) {
            "Note a storage (its data pointer) as shared with something outside torch.")
       .def("outside", &Recorder::outside,
            "Indices of the ops that read memory shared outside torch.")
+      .def("outside_places", &Recorder::outside_places,
+           "(op index, ' (file:line)') of the ops that read memory shared outside torch.")
       .def("note_alert", &Recorder::note_alert,
            "Mark the last op that raised as a determinism alert.");
   m.def("set_op_tables", &set_op_tables, py::arg("uninitialized"), py::arg("overwrites"),

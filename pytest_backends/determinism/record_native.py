@@ -92,6 +92,8 @@ class NativeRecorder:
         self.blind: str | None = None
         #: Indices of the ops that read memory shared outside torch (after :meth:`finish`).
         self.outside: list[int] = []
+        #: Op index -> ``"test_x.py:6"``: where each op that read shared memory was called.
+        self.outside_places: dict[int, str] = {}
         self._shares = hasattr(self._recorder, "add_shared")
 
     def __enter__(self) -> NativeRecorder:
@@ -122,6 +124,13 @@ class NativeRecorder:
         fingerprint, keys, self.first_uses, self.failure = self._recorder.finish()
         if self._shares:
             self.outside = list(self._recorder.outside())
+            if hasattr(self._recorder, "outside_places"):
+                # The locator gives " (test_x.py:6)", as for uninitialised memory.
+                self.outside_places = {
+                    int(index): place.strip()[1:-1]
+                    for index, place in self._recorder.outside_places()
+                    if place.strip()
+                }
         blind = self._recorder.blind() if hasattr(self._recorder, "blind") else None
         if blind:
             self.blind = unseen_reason(str(blind))

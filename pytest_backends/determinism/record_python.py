@@ -76,7 +76,7 @@ from pytest_backends.determinism.keys import (
     tensors_in,
     value_key,
 )
-from pytest_backends.determinism.locate import caller_suffix
+from pytest_backends.determinism.locate import caller_place, caller_suffix
 from pytest_backends.determinism.record import Digest, OpCall, RunLog, Slot, dtype_name
 from pytest_backends.determinism.uninitialized import (
     Taints,
@@ -125,6 +125,8 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._shared = outside.SHARED
         #: Indices of the ops that read memory shared outside torch.
         self.outside: list[int] = []
+        #: Op index -> ``"test_x.py:6"``: where each op that read shared memory was called.
+        self.outside_places: dict[int, str] = {}
         self._prune_at = 4096
         #: The recorder's own exception (one line), after which it stopped recording.
         self.failure: str | None = None
@@ -432,6 +434,7 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             outside_at = self.outside
             if not outside_at or outside_at[-1] != self._index:
                 outside_at.append(self._index)
+                self.outside_places[self._index] = caller_place()
         return key
 
     def _output(self, t: torch.Tensor) -> Slot:

@@ -110,6 +110,7 @@ class Runs:
                 recorder.keep(),
                 blind=blind,
                 outside=frozenset(getattr(recorder, "outside", ())),
+                outside_places=dict(getattr(recorder, "outside_places", {})),
                 threads=threads,
             )
         )
