@@ -79,12 +79,18 @@ class NativeRecorder:
     """One run under the native recorder, with :class:`BoundaryRecorder`'s interface.
 
     ``first_uses`` and ``failure`` are filled in by :meth:`finish`. ``previous``
-    (the previous run's recorder) only sizes the record; no key is carried
-    from it.
+    (the previous run's recorder) sizes the record and, with ``carry``, lends
+    the keys of tensors from outside the run that it proved unchanged.
     """
 
-    def __init__(self, module: Any, previous: NativeRecorder | None = None) -> None:
-        self._recorder: Any = module.RunRecorder(None if previous is None else previous._recorder)
+    def __init__(
+        self, module: Any, previous: NativeRecorder | None = None, carry: bool = True
+    ) -> None:
+        prior = None if previous is None else previous._recorder
+        try:
+            self._recorder: Any = module.RunRecorder(prior, carry)
+        except TypeError:  # an extension built before keys were carried
+            self._recorder = module.RunRecorder(prior)
         self._recorder.set_locator(caller_suffix)
         self.first_uses: list[tuple[int, Any]] = []
         self.failure: str | None = None
