@@ -61,9 +61,13 @@ def interleaved(
     return {name: (min(ts), statistics.median(ts)) for name, ts in times.items()}
 
 
-def plugin_runs(model: torch.nn.Module, x: torch.Tensor, runs: int, carry: bool) -> Any:
+def plugin_runs(
+    model: torch.nn.Module, x: torch.Tensor, runs: int, carry: bool, python: bool = False
+) -> Any:
     """What ``--backends-determinism`` runs: the plugin's runner over ``runs`` runs."""
     runner = Runs(CompileWatch())
+    if python:
+        runner._native = False  # the fallback recorder, as where the extension is not built
     for _ in range(runs):
         runner.begin()
         with torch.no_grad():
@@ -96,15 +100,9 @@ def main() -> None:
         for carry in (False, True):
 
             def run(carry: bool = carry, kind: str = kind) -> None:
-                if kind == "python":
-                    os.environ["PYTEST_BACKENDS_NATIVE"] = "off"
-                try:
-                    plugin_runs(model, x, args.runs, carry)
-                finally:
-                    os.environ.pop("PYTEST_BACKENDS_NATIVE", None)
+                plugin_runs(model, x, args.runs, carry, python=kind == "python")
 
             variants[f"{kind} recorder, {'carried' if carry else 'read again'}"] = run
-    # The recorder choice is cached per runner: check both kinds really ran.
     ops = len(plugin_runs(model, x, 2, True).records[1].log.loaded().calls)
     found = interleaved(variants, args.repeat)
     base = found["bare"]
