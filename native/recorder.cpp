@@ -212,6 +212,21 @@ struct Known {
   int64_t key;
 };
 
+// A key carried from the previous run, for a tensor from outside the run whose bytes
+// are proven unchanged since: the same tensor (the weak references keep both
+// addresses from being reused), its version counter not moved, the same storage,
+// offset, sizes and strides, no recorded op writing that storage (through any alias,
+// such as ``.data``) and the storage not shared with something outside torch.
+struct Carried {
+  c10::weak_intrusive_ptr<c10::TensorImpl> weak;
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  int64_t version;
+  int64_t offset;
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::SmallVector<int64_t, 5> strides;
+  Key key;
+};
+
 // An input: a tensor's key, a plain value, or a list of inputs. Kept flat in
 // Recorder::slots_, a list followed by its items (and theirs).
 struct Slot {
@@ -275,6 +290,7 @@ struct OpContext {
   c10::SmallVector<at::Tensor, 2> written;
   std::optional<AlertHandler> alerts;
   int32_t passes = -1;  // an overwrite copying uninitialised memory on: its origin
+  bool outside = false;  // the op read memory shared outside torch: its caller is noted
 };
 
 const c10::StorageImpl* storage_of(const at::Tensor& t) {
@@ -471,17 +487,19 @@ const std::string& hook_error() {
 
 class Recorder {
  public:
-  explicit Recorder(const Recorder* previous) {
+  explicit Recorder(const Recorder* previous, bool carry = true) {
     if (previous != nullptr) {
+      if (carry) {
+        carried_ = previous->carry_out_;
+      }
       // The next run of a test records about as many ops: no regrowth while recording.
       ops_.reserve(previous->ops_.size() + 16);
       keys_.reserve(previous->keys_.size() + 16);
       slots_.reserve(previous->slots_.size() + 16);
       outputs_.reserve(previous->outputs_.size() + 16);
       values_.reserve(previous->values_.size() + 16);
-      // No key is carried over: a tensor from outside the run is keyed by its contents
-      // at its first use in every run (a storage swapped between runs, or written
-      // outside torch ops, would otherwise keep a stale key).
+      // Only keys proven still true are carried over (see Carried); any other tensor
+      // from outside the run is keyed by its contents at its first use in every run.
     }
   }
 
@@ -529,7 +547,9 @@ class Recorder {
     std::lock_guard<SpinLock> lock(mutex_);
     resolve_pending();
     finished_ = true;
+    carry_out();
     known_.clear();
+    carried_.clear();
     std::vector<uint64_t> key_memo(keys_.size(), 0);
     std::vector<uint64_t> input_memo(ops_.size(), 0);
     uint64_t fp = kSeed0;
@@ -577,6 +597,60 @@ class Recorder {
     return py::make_tuple(py::int_(fp), keys, uses, failure);
   }
 
+  // The keys the next run may reuse: digests of tensors from outside the run that
+  // are still alive, unchanged and unwritten (see Carried).
+  void carry_out() {
+    carry_out_.clear();
+    for (const auto& entry : known_) {
+      const Known& known = entry.second;
+      const Key& key = keys_[static_cast<size_t>(known.key)];
+      if (key.kind != KeyKind::Digest || !key.external || key.storage == nullptr ||
+          written_.count(key.storage) > 0) {
+        continue;
+      }
+      c10::intrusive_ptr<c10::TensorImpl> impl = known.weak.lock();
+      if (!impl || !impl->has_storage() || impl->is_python_dispatch() ||
+          static_cast<int64_t>(impl->version_counter().current_version()) != known.version) {
+        continue;
+      }
+      const c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
+      if (storage != key.storage || !storage->resizable() ||
+          shared_.count(storage->data()) > 0) {
+        continue;
+      }
+      Carried c{known.weak,
+                impl->storage().getWeakStorageImpl(),
+                known.version,
+                impl->storage_offset(),
+                c10::SmallVector<int64_t, 5>(impl->sizes().begin(), impl->sizes().end()),
+                c10::SmallVector<int64_t, 5>(impl->strides().begin(), impl->strides().end()),
+                key};
+      carry_out_.emplace(impl.get(), std::move(c));
+    }
+  }
+
+  // The key carried for t from the previous run when it is proven still true, else -1.
+  int64_t carried_key(const at::Tensor& t, c10::TensorImpl* impl) {
+    auto it = carried_.find(impl);
+    if (it == carried_.end()) {
+      return -1;
+    }
+    const Carried& c = it->second;
+    const c10::StorageImpl* storage = storage_of(t);
+    const bool same = !c.weak.expired() && !c.storage.expired() &&
+                      storage == c.storage._unsafe_get_target() &&
+                      written_.count(storage) == 0 &&
+                      static_cast<int64_t>(impl->version_counter().current_version()) ==
+                          c.version &&
+                      t.storage_offset() == c.offset && t.sizes().equals(c.sizes) &&
+                      t.strides().equals(c.strides);
+    if (!same) {
+      carried_.erase(it);
+      return -1;
+    }
+    return add_key(c.key);
+  }
+
   // Note a storage (by its data pointer) as shared with something outside torch.
   void add_shared(uintptr_t data) {
     std::lock_guard<SpinLock> lock(mutex_);
@@ -587,6 +661,12 @@ class Recorder {
   std::vector<int64_t> outside() {
     std::lock_guard<SpinLock> lock(mutex_);
     return outside_;
+  }
+
+  // (op index, " (file:line)") of the ops that read memory shared outside torch.
+  std::vector<std::pair<int64_t, std::string>> outside_places() {
+    std::lock_guard<SpinLock> lock(mutex_);
+    return outside_places_;
   }
 
   // The record, op by op, as recorder.py's OpCall fields (after finish()).
@@ -700,6 +780,11 @@ class Recorder {
         // GIL may be waiting for that lock.
         ctx.where = where();
       }
+      if (ctx.outside) {
+        std::string place = where();
+        std::lock_guard<SpinLock> lock(mutex_);
+        outside_places_.emplace_back(ctx.index, std::move(place));
+      }
       end_op(ctx, outputs, raised);
     } catch (const std::exception& e) {
       fail(e.what());
@@ -753,6 +838,13 @@ class Recorder {
     }
     if (info.seeded) {
       add_default_generator(inputs);
+    }
+    ctx.outside = !outside_.empty() && outside_.back() == index;
+    for (const at::Tensor& w : ctx.written) {
+      const c10::StorageImpl* storage = storage_of(w);
+      if (storage != nullptr) {
+        written_.insert(storage);  // a carried key on this storage is no longer proof
+      }
     }
     rec.inputs_end = static_cast<uint32_t>(slots_.size());
     if (info.overwrites && slot_taint_ >= 0) {
@@ -1044,12 +1136,16 @@ class Recorder {
         !outside) {
       return it->second.key;
     }
-    // From outside the run, or changed since: digested at this first use. Memory
-    // shared with something outside torch (NumPy) is read again at every use, since
-    // a write there moves no version counter.
+    // From outside the run, or changed since: digested at this first use unless the
+    // previous run's key is proven still true. Memory shared with something outside
+    // torch (NumPy) is read again at every use, since a write there moves no version
+    // counter.
     first_uses_.emplace_back(index, impl);
     first_use_refs_.emplace_back(t.getIntrusivePtr());
-    const int64_t key = digest(t, true);
+    int64_t key = versioned && !outside && !carried_.empty() ? carried_key(t, impl) : -1;
+    if (key < 0) {
+      key = digest(t, true);
+    }
     remember(t, key);
     if ((outside || !shared_.empty()) && shared_.count(data_of(t)) > 0 &&
         (outside_.empty() || outside_.back() != index)) {
@@ -1519,6 +1615,7 @@ class Recorder {
   // Tensor.numpy(), memory torch did not allocate), and the ops that read one.
   std::unordered_set<const void*> shared_;
   std::vector<int64_t> outside_;
+  std::vector<std::pair<int64_t, std::string>> outside_places_;
   bool hooked_ = false;  // the key is in the included set of thread_
   bool was_excluded_ = true;
   std::thread::id thread_;
@@ -1538,6 +1635,11 @@ class Recorder {
   std::vector<at::Tensor> pending_;
   // Open addressing: no allocation per remembered tensor.
   ska::flat_hash_map<c10::TensorImpl*, Known> known_;
+  // Keys carried from the previous run, and those this run leaves to the next one.
+  ska::flat_hash_map<c10::TensorImpl*, Carried> carried_;
+  ska::flat_hash_map<c10::TensorImpl*, Carried> carry_out_;
+  // Storages a recorded op of this run wrote (its mutable arguments).
+  std::unordered_set<const c10::StorageImpl*> written_;
   std::unordered_map<const c10::StorageImpl*,
                      std::pair<c10::weak_intrusive_ptr<c10::StorageImpl>, int64_t>>
       tainted_;
@@ -1665,8 +1767,10 @@ py::tuple get_op_tables() {
 void register_recorder(py::module_& m) {
   py::class_<Recorder>(m, "RunRecorder",
                        "Records the ops of one run at the dispatcher (see recorder.cpp).")
-      .def(py::init([](const Recorder* previous) { return new Recorder(previous); }),
-           py::arg("previous") = nullptr)
+      .def(py::init([](const Recorder* previous, bool carry) {
+             return new Recorder(previous, carry);
+           }),
+           py::arg("previous") = nullptr, py::arg("carry") = true)
       .def("start", &Recorder::start, "Start recording on this thread.")
       .def("stop", &Recorder::stop, "Stop recording.")
       .def("set_locator", &Recorder::set_locator,
@@ -1682,6 +1786,8 @@ void register_recorder(py::module_& m) {
            "Note a storage (its data pointer) as shared with something outside torch.")
       .def("outside", &Recorder::outside,
            "Indices of the ops that read memory shared outside torch.")
+      .def("outside_places", &Recorder::outside_places,
+           "(op index, ' (file:line)') of the ops that read memory shared outside torch.")
       .def("note_alert", &Recorder::note_alert,
            "Mark the last op that raised as a determinism alert.");
   m.def("set_op_tables", &set_op_tables, py::arg("uninitialized"), py::arg("overwrites"),

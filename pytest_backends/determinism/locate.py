@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 if TYPE_CHECKING:
     from pytest_backends.determinism.compare import Comparison, Divergence
 
-__all__ = ["Location", "caller_suffix", "locate"]
+__all__ = ["Location", "caller_place", "caller_suffix", "locate"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,12 @@ def caller_suffix() -> str:
     """``" (test_x.py:12)"``: where the innermost frame outside torch and this plugin is."""
     location = _user_frame(sys._getframe(1))
     return "" if location is None else f" ({Path(location[0]).name}:{location[1]})"
+
+
+def caller_place() -> str:
+    """``"test_x.py:12"``: :func:`caller_suffix` without its parentheses ("" when unknown)."""
+    location = _user_frame(sys._getframe(1))
+    return "" if location is None else f"{Path(location[0]).name}:{location[1]}"
 
 
 def _module_path(frame: Any) -> tuple[str, str] | None:

@@ -129,6 +129,8 @@ class RunRecord:
     blind: str | None = None
     #: Indices of the ops that read memory shared with something outside torch (NumPy).
     outside: frozenset[int] = frozenset()
+    #: Op index -> ``"test_x.py:6"``: where the ops in ``outside`` were called (where known).
+    outside_places: dict[int, str] = field(default_factory=dict)
     #: Names of the other threads alive when the run began or ended.
     threads: tuple[str, ...] = ()
 

@@ -79,12 +79,18 @@ class NativeRecorder:
     """One run under the native recorder, with :class:`BoundaryRecorder`'s interface.
 
     ``first_uses`` and ``failure`` are filled in by :meth:`finish`. ``previous``
-    (the previous run's recorder) only sizes the record; no key is carried
-    from it.
+    (the previous run's recorder) sizes the record and, with ``carry``, lends
+    the keys of tensors from outside the run that it proved unchanged.
     """
 
-    def __init__(self, module: Any, previous: NativeRecorder | None = None) -> None:
-        self._recorder: Any = module.RunRecorder(None if previous is None else previous._recorder)
+    def __init__(
+        self, module: Any, previous: NativeRecorder | None = None, carry: bool = True
+    ) -> None:
+        prior = None if previous is None else previous._recorder
+        try:
+            self._recorder: Any = module.RunRecorder(prior, carry)
+        except TypeError:  # an extension built before keys were carried
+            self._recorder = module.RunRecorder(prior)
         self._recorder.set_locator(caller_suffix)
         self.first_uses: list[tuple[int, Any]] = []
         self.failure: str | None = None
@@ -92,6 +98,8 @@ class NativeRecorder:
         self.blind: str | None = None
         #: Indices of the ops that read memory shared outside torch (after :meth:`finish`).
         self.outside: list[int] = []
+        #: Op index -> ``"test_x.py:6"``: where each op that read shared memory was called.
+        self.outside_places: dict[int, str] = {}
         self._shares = hasattr(self._recorder, "add_shared")
 
     def __enter__(self) -> NativeRecorder:
@@ -122,6 +130,13 @@ class NativeRecorder:
         fingerprint, keys, self.first_uses, self.failure = self._recorder.finish()
         if self._shares:
             self.outside = list(self._recorder.outside())
+            if hasattr(self._recorder, "outside_places"):
+                # The locator gives " (test_x.py:6)", as for uninitialised memory.
+                self.outside_places = {
+                    int(index): place.strip()[1:-1]
+                    for index, place in self._recorder.outside_places()
+                    if place.strip()
+                }
         blind = self._recorder.blind() if hasattr(self._recorder, "blind") else None
         if blind:
             self.blind = unseen_reason(str(blind))

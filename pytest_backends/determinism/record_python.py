@@ -13,10 +13,15 @@ a suite:
   ``select``, ...) are keyed by the view op and its inputs' keys, never
   digested.
 * Tensors that come from outside the run (parameters, fixture values) are
-  digested on their first use, in every run: a key is never carried from one
-  run to the next, so a storage swapped between runs
-  (``layer.weight.data = other``), a write that bypasses the version counter
-  (``p.data.add_()``) or memory written outside torch ops is seen by content.
+  digested on their first use in every run, unless the previous run's key is
+  proven still true: the same tensor with its version counter not moved, the
+  same storage, offset, sizes and strides, no recorded op writing that storage
+  through any alias (``p.data.add_()`` moves no version counter of ``p``), the
+  storage not shared outside torch, and no other thread started, compiled
+  kernel or unseen wrapper subclass in the previous run. So a storage swapped
+  between runs (``layer.weight.data = other``), a write that bypasses the
+  version counter or memory written outside torch ops is seen by content,
+  and a parameter no one wrote is read once per test.
   Overlapping views (``expand``) are digested by the memory they cover, and a
   view whose storage is too small for it (freed with ``resize_(0)``) is not
   read at all: it is "opaque", an input that cannot be proven equal.
@@ -76,7 +81,7 @@ from pytest_backends.determinism.keys import (
     tensors_in,
     value_key,
 )
-from pytest_backends.determinism.locate import caller_suffix
+from pytest_backends.determinism.locate import caller_place, caller_suffix
 from pytest_backends.determinism.record import Digest, OpCall, RunLog, Slot, dtype_name
 from pytest_backends.determinism.uninitialized import (
     Taints,
@@ -96,14 +101,14 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records every op dispatched while the mode is active; steps aside where it cannot see.
 
     Use one recorder per run: ``with BoundaryRecorder() as rec: ...`` then
-    ``rec.finish()``. ``previous`` (the previous run's recorder) is accepted for
-    the native recorder's interface; no key is carried from it. ``failure`` is
+    ``rec.finish()``. ``previous`` (the previous run's recorder) lends, with
+    ``carry``, the keys of outside tensors it proved unchanged. ``failure`` is
     None, or the recorder's own exception (one line) after which it stopped
     recording. ``first_uses`` lists, per op index, the tensors that entered the
     record there (made before the run or outside the recorded ops).
     """
 
-    def __init__(self, previous: BoundaryRecorder | None = None) -> None:
+    def __init__(self, previous: BoundaryRecorder | None = None, carry: bool = True) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         # Per call: (info, inputs, outputs, (device type, dtype) or None, alerted, tainted)
         self._calls: list[tuple[Any, ...]] = []
@@ -112,9 +117,16 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         # id(tensor) -> (weak reference, version counter, key); the reference guards
         # against a dead tensor's id being reused within the run.
         self._known: dict[int, tuple[Any, int, Slot]] = {}
-        # Keys are never carried from the previous run: an outside tensor is keyed by
-        # its contents at its first use in every run, so a storage swapped between runs
-        # (``layer.weight.data = other``) or memory written outside torch ops is seen.
+        # Keys carried from the previous run (see ``_carried``): an outside tensor is
+        # otherwise keyed by its contents at its first use in every run, so a storage
+        # swapped between runs (``layer.weight.data = other``) or memory written
+        # outside torch ops is seen.
+        self._carried: dict[int, tuple[Any, ...]] = (
+            previous._carry_out if previous is not None and carry else {}
+        )
+        self._carry_out: dict[int, tuple[Any, ...]] = {}
+        # Storages (data pointers) a recorded op of this run wrote, through any alias.
+        self._written: set[int] = set()
         #: Why ops of this run ran where the recorder cannot see (None: nowhere).
         self.blind: str | None = None
         # Storages that hold uninitialised memory, and its origin.
@@ -125,6 +137,8 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._shared = outside.SHARED
         #: Indices of the ops that read memory shared outside torch.
         self.outside: list[int] = []
+        #: Op index -> ``"test_x.py:6"``: where each op that read shared memory was called.
+        self.outside_places: dict[int, str] = {}
         self._prune_at = 4096
         #: The recorder's own exception (one line), after which it stopped recording.
         self.failure: str | None = None
@@ -234,6 +248,8 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 tainted = reads_tainted(self._tainted, info, args, kwargs)
         if kwargs:
             inputs += tuple([(k, key(v)) for k, v in sorted(kwargs.items())])
+        if info.written:
+            self._note_written(info, args, kwargs)
         if info.seeded:
             inputs += self._default_generator(args, kwargs)
         try:
@@ -424,14 +440,77 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return ("object", "Generator")
         return ("generator", gen.device.type, self._digest(state))
 
+    def _note_written(self, info: OpInfo, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        """Note the storages the op writes: a key carried for them is no longer proof."""
+        written = self._written
+        for t in tensors_in([args[i] for i in info.written if i < len(args)]):
+            written.add(storage_ptr(t))
+        if kwargs:
+            for t in tensors_in(list(kwargs.values())):
+                written.add(storage_ptr(t))
+
+    def _carried_key(self, t: torch.Tensor) -> Slot | None:
+        """The previous run's key of ``t`` where it is proven still true, else None.
+
+        Proof that the bytes did not change: the same tensor, its version counter
+        not moved, the same storage (the entry holds the old one, so its address is
+        not reused), offset, sizes and strides, no recorded op of this run writing
+        that storage through any alias (``.data``), and the storage not shared with
+        something outside torch (checked by the caller).
+        """
+        entry = self._carried.pop(id(t), None)
+        if entry is None:
+            return None
+        ref, version, key, storage, meta = entry
+        try:
+            ptr = storage.data_ptr()
+            if (
+                ref() is not t
+                or t._version != version
+                or storage_ptr(t) != ptr
+                or ptr in self._written
+                or (t.storage_offset(), t.shape, t.stride()) != meta
+            ):
+                return None
+        except (RuntimeError, TypeError, NotImplementedError):
+            return None
+        return key
+
+    def carry(self) -> None:
+        """Keep the keys the next run may reuse: outside tensors alive, unchanged, unwritten."""
+        carry: dict[int, tuple[Any, ...]] = {}
+        shared = self._shared
+        for ident, (ref, version, key) in self._known.items():
+            if type(key) is not Digest or not key.external or not key.storage:
+                continue
+            t = ref()
+            if t is None or key.storage in self._written or key.storage in shared:
+                continue
+            try:
+                if t._version != version or storage_ptr(t) != key.storage:
+                    continue
+                storage = t.untyped_storage()
+                if not storage.resizable():
+                    continue  # memory torch did not allocate: its owner may write it
+                meta = (t.storage_offset(), t.shape, t.stride())
+            except (RuntimeError, TypeError, NotImplementedError):
+                continue
+            carry[ident] = (ref, version, key, storage, meta)
+        self._carry_out = carry
+
     def _input(self, t: torch.Tensor) -> Slot:
         """The key of a tensor no op of this run produced (or that changed since)."""
         self._first_use(t)
+        shared_now = self._shared and storage_ptr(t) in self._shared
+        carried = self._carried_key(t) if self._carried and not shared_now else None
+        if carried is not None:
+            return self._remember(t, carried)
         key = self._remember(t, self._digest(t, external=True))
         if self._shared and storage_ptr(t) in self._shared:
             outside_at = self.outside
             if not outside_at or outside_at[-1] != self._index:
                 outside_at.append(self._index)
+                self.outside_places[self._index] = caller_place()
         return key
 
     def _output(self, t: torch.Tensor) -> Slot:
@@ -540,6 +619,8 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             for i, row in zip(indices, rows):
                 key = self._pending_keys[i]
                 key.value = tuple(row) + key.extra
+        self.carry()
+        self._carried = {}
         calls = []
         for info, inputs, outputs, where, alerted, tainted in self._calls:
             if where is None:

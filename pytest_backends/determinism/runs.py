@@ -48,6 +48,8 @@ class Runs:
         self._native: Any = None
         self._threads: list[str] = []
         self._started = 0
+        # Whether the next run may reuse keys the previous run proved (see the recorders).
+        self._carry = True
         #: Which recorder recorded the runs, and why not the native one, in words.
         self.described: str | None = None
 
@@ -73,9 +75,9 @@ class Runs:
             if self._native:
                 from pytest_backends.determinism.record_native import NativeRecorder
 
-                recorder: Any = NativeRecorder(self._native, self._previous)
+                recorder: Any = NativeRecorder(self._native, self._previous, self._carry)
             else:
-                recorder = BoundaryRecorder(self._previous)
+                recorder = BoundaryRecorder(self._previous, self._carry)
             recorder.__enter__()
         except Exception as exc:
             self.fail(exc)
@@ -101,6 +103,10 @@ class Runs:
         from pytest_backends.determinism import outside
 
         started = outside.started_since(self._started)
+        # Writes no recorder sees (another thread's ops, compiled kernels, a wrapper
+        # subclass's inner ops) may have changed a tensor from outside the run: the next
+        # run reads every such tensor again.
+        self._carry = not (compiled or started or blind)
         threads = tuple(dict.fromkeys([*self._threads, *started, *_other_threads()]))
         self.records.append(
             RunRecord(
@@ -110,6 +116,7 @@ class Runs:
                 recorder.keep(),
                 blind=blind,
                 outside=frozenset(getattr(recorder, "outside", ())),
+                outside_places=dict(getattr(recorder, "outside_places", {})),
                 threads=threads,
             )
         )

@@ -298,11 +298,15 @@ def explain_unchecked(comparison: Comparison, runs: Sequence[RunRecord]) -> str 
             None,
         )
         if shared is not None:
+            place = ref.outside_places.get(d.op_index) or other.outside_places.get(d.op_index)
+            if d.location is not None:
+                place = f"{d.location.file}:{d.location.line}"
+            where = f" at {place}" if place else ""
             return (
-                f"{INPUTS_DIFFER}: input {shared} of {d.op}{at} (op #{d.op_index}) is memory "
-                "shared with something outside torch (NumPy?) and changed outside torch ops; "
-                "its bytes were read at the op and differ between run 0 and run "
-                f"{d.run}"
+                f"{INPUTS_DIFFER}: input {shared} of {d.op} changed outside torch ops "
+                f"(NumPy?){where} (op #{d.op_index}): it is memory shared with something "
+                "outside torch, its bytes were read at the op and differ between run 0 and "
+                f"run {d.run}"
             )
     generators = [(x, y) for x, y in pairs if _is_generator_key(x) or _is_generator_key(y)]
     threads = sorted({name for r in (ref, other) for name in r.threads})

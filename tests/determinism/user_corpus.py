@@ -174,22 +174,68 @@ def test_from_numpy_buffer_seeded() -> None:
 
 
 def test_augmentation_thread() -> None:
+    # A thread draws from the global generator while the test draws from it too. Each
+    # of the test's draws and each of the thread's holds a lock, so the number of the
+    # thread's draws before each of the test's draws is known exactly: that sequence
+    # fixes the generator's state at every draw of the test. With THREAD_LOG set, each
+    # run appends its sequence there, for the corpus test to tell which verdict the
+    # interleaving of that session calls for.
     import threading
 
     stop = threading.Event()
+    lock = threading.Lock()
+    drawn = [0]
 
     def augment() -> None:
         while not stop.is_set():
-            torch.rand(1)
+            with lock:
+                torch.rand(1)
+                drawn[0] += 1
 
     worker = threading.Thread(target=augment, name="augmenter", daemon=True)
     worker.start()
+    seen = []
     try:
-        noise = [torch.randn(8) for _ in range(50)]
+        noise = []
+        for _ in range(50):
+            with lock:
+                seen.append(drawn[0])
+                noise.append(torch.randn(8))
     finally:
         stop.set()
         worker.join()
+    log = os.environ.get("THREAD_LOG")
+    if log:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(" ".join(map(str, seen)) + "\n")
     plant(noise[-1])
+
+
+_DRAWS = itertools.count(1)
+
+
+def test_augmentation_thread_before_draws() -> None:
+    # The thread draws a different number of times in every run (a count kept between
+    # runs) and ends before the test draws: the generator's state at the test's first
+    # draw differs between runs in every session, so "not checked", naming the thread.
+    import threading
+
+    draws = next(_DRAWS)
+    worker = threading.Thread(target=lambda: [torch.rand(1) for _ in range(draws)], name="aug2")
+    worker.start()
+    worker.join()
+    plant(torch.randn(8))
+
+
+def test_augmentation_thread_fixed_draws() -> None:
+    # The same thread drawing the same count in every run: every run's draws start from
+    # the same state, so the test is checked in every session.
+    import threading
+
+    worker = threading.Thread(target=lambda: [torch.rand(1) for _ in range(3)], name="aug3")
+    worker.start()
+    worker.join()
+    plant(torch.randn(8))
 
 
 @pytest.mark.backends_leaks("off")

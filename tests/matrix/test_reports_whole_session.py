@@ -231,3 +231,67 @@ def test_the_run_says_which_option_won_and_names_every_file_written(
     assert report.exists()
     assert f"report written to {report}" in out
     assert json.loads(report.read_text(encoding="utf-8"))["session"]["outcomes"] == {"passed": 1}
+
+
+SLEEPER = """
+import os, time
+import pytest
+
+@pytest.mark.backends("mkldnn")
+def test_quick(backend_config):
+    pass
+
+@pytest.mark.backends("mkldnn")
+def test_sleeps(backend_config):
+    if "off" in backend_config.id:
+        with open(os.environ["SLEEP_MARKER"], "w") as f:
+            f.write("sleeping")
+        time.sleep(60)
+"""
+
+
+def test_an_interrupted_item_is_interrupted_never_passed_under_xdist(
+    pytester: pytest.Pytester,
+) -> None:
+    """Ctrl-C (SIGINT to the controller) under ``-n 2`` while an item runs on a worker."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_stop=SLEEPER)
+    marker = pytester.path / "sleeping"
+    env = {**os.environ, "SLEEP_MARKER": str(marker)}
+    args = ["-p", "no:randomly", "-p", "no:cacheprovider", "-n", "2", "--backends-matrix"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", *args, "--backends-report=r.json"],
+        cwd=pytester.path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "the sleeping test never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
+    report = json.loads((pytester.path / "r.json").read_text(encoding="utf-8"))
+    outcomes = {t["nodeid"]: t["outcome"] for t in report["tests"]}
+    assert outcomes.get("test_stop.py::test_sleeps[mkldnn-off]") == "interrupted", (outcomes, out)
+    assert list(outcomes.values()).count("passed") == _closing_counts(out).get("passed", 0), (
+        outcomes,
+        out,
+    )
+    assert report["session"]["interrupted"] is True
+    assert report["session"]["exitstatus"] == 2
