@@ -32,9 +32,9 @@ from pytest_backends.determinism.census import Baseline, CensusFileError, Key, V
 
 if TYPE_CHECKING:
     from pytest_backends.batch.api import BatchInvariance
-    from pytest_backends.batch.feature import Settings
     from pytest_backends.batch.locate import Finding
     from pytest_backends.batch.runs import Case, Plan
+    from pytest_backends.batch.settings import Settings
 
 __all__ = ["BatchPlugin", "TestCheck"]
 

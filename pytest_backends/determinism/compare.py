@@ -24,7 +24,7 @@ from pytest_backends.determinism.census import VERDICTS
 from pytest_backends.determinism.record import UNPROVEN_TAGS, Digest, RunLog, Slot
 
 if TYPE_CHECKING:
-    from pytest_backends.determinism.locate import Location
+    from pytest_backends.determinism.location import Location
 
 __all__ = ["Comparison", "Divergence", "compare_runs", "merge_verdict", "unproven_input"]
 
@@ -53,12 +53,6 @@ class Divergence:
     other_op: str | None = None
     origin: str | None = None
     location: Location | None = None
-
-    def describe(self, runs: int) -> str:
-        """A sentence for a failure message (written by :mod:`.verdict`, like every message)."""
-        from pytest_backends.determinism.verdict import describe_divergence
-
-        return describe_divergence(self, runs)
 
 
 @dataclass

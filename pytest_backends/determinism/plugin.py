@@ -43,8 +43,8 @@ from pytest_backends.determinism.census import Baseline, Census, CensusFileError
 
 if TYPE_CHECKING:
     from pytest_backends.determinism.compare import Comparison
-    from pytest_backends.determinism.feature import Settings
     from pytest_backends.determinism.runs import CompileWatch, Runs
+    from pytest_backends.determinism.settings import Settings
 
 __all__ = ["DeterminismPlugin"]
 

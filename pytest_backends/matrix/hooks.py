@@ -35,7 +35,13 @@ import pytest
 
 from pytest_backends import _selected, _shared, _xdist
 from pytest_backends.matrix import availability, coverage, markers, testcase
-from pytest_backends.matrix.configs import DEFAULT_CONFIG, AxisRegistry, BackendConfig, ConfigError
+from pytest_backends.matrix.configs import (
+    DEFAULT_CONFIG,
+    AxisRegistry,
+    BackendConfig,
+    ConfigError,
+    unavailable_reason,
+)
 from pytest_backends.matrix.expand import expand
 from pytest_backends.matrix.items import (
     PARAM,
@@ -122,9 +128,7 @@ class MatrixPlugin:
         if not config.choices:
             return None
         if config not in self._reasons:
-            self._reasons[config] = availability.unavailable_reason(
-                config, self.registry(), self.availability()
-            )
+            self._reasons[config] = unavailable_reason(config, self.registry(), self.availability())
         return self._reasons[config]
 
     # hooks ---------------------------------------------------------------------------------

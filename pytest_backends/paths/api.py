@@ -327,6 +327,7 @@ def _result_bound(run: _Run, ref: _Run, tensor: torch.Tensor) -> Bound:
 def _configs(axes: Sequence[str] | Mapping[str, Sequence[str]]) -> list[Any]:
     from pytest_backends.matrix import availability, markers
     from pytest_backends.matrix.axes import builtin_registry
+    from pytest_backends.matrix.configs import unavailable_reason
 
     registry = builtin_registry()
     if isinstance(axes, str):
@@ -349,7 +350,7 @@ def _configs(axes: Sequence[str] | Mapping[str, Sequence[str]]) -> list[Any]:
         registry.make(c, available_flags=avail.flags, cuda_available=avail.cuda)
         for c in registry.product(selection)
     ]
-    runnable = [c for c in configs if availability.unavailable_reason(c, registry, avail) is None]
+    runnable = [c for c in configs if unavailable_reason(c, registry, avail) is None]
     return runnable
 
 

@@ -1,6 +1,8 @@
 """The package's import graph: no circles (function-level imports included), one registrar.
 
-Imports under ``if TYPE_CHECKING:`` are left out: they never run.
+Imports under ``if TYPE_CHECKING:`` are left out of the runtime graph (they
+never run), but a second graph counts them: a circle of type-level imports
+(two modules that each name the other's types) is forbidden too.
 """
 
 from __future__ import annotations
@@ -217,6 +219,62 @@ def all_imports_of(module: str, path: Path, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
     return {name for name in found if name in known and name != module}
+
+
+def type_level_imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """The package modules ``module`` imports, ``if TYPE_CHECKING:`` and function bodies included.
+
+    ``from package import submodule`` is an edge to the submodule alone: a
+    package's face re-exports lazily and is no party to a circle of types.
+    """
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            subs = [f"{base}.{alias.name}" for alias in node.names]
+            names = [name for name in subs if name in known]
+            if len(names) < len(subs):
+                names.append(base)
+        else:
+            continue
+        found |= {name for name in names if name in known and name != module}
+    return found
+
+
+def type_level_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    return {name: type_level_imports_of(name, path, known) for name, path in modules.items()}
+
+
+def test_type_level_imports_are_counted(tmp_path: Path) -> None:
+    source = tmp_path / "mod.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from pytest_backends.b import T\n"
+        "from pytest_backends import c\n"
+    )
+    known = {"pytest_backends", "pytest_backends.b", "pytest_backends.c"}
+    got = type_level_imports_of("pytest_backends.a", source, known)
+    assert got == {"pytest_backends.b", "pytest_backends.c"}
+    graph = {"pytest_backends.a": got, "pytest_backends.b": {"pytest_backends.a"}}
+    assert find_cycles(graph) == [["pytest_backends.a", "pytest_backends.b"]]
+
+
+def test_the_package_has_no_type_level_circle() -> None:
+    """A feature's settings live in a leaf both its feature module and hook layer import."""
+    cycles = find_cycles(type_level_graph())
+    assert len(cycles) == 0, "type-level import circles: " + "; ".join(
+        " -> ".join(cycle) for cycle in cycles
+    )
 
 
 def test_every_feature_root_exists_and_the_hook_layer_is_found() -> None:
