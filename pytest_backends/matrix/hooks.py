@@ -356,7 +356,7 @@ class MatrixPlugin:
                 # As Node.add_marker does, without re-checking the mark's registration.
                 new.own_markers.extend(added)
                 new.keywords.update((mark.name, mark) for mark in added)
-                new.user_properties.extend(item.user_properties)
+                _shared.copy_properties(item, new)
             self.late.append(item.nodeid)
             out.extend(fresh)
             if len(fresh) > 1:
@@ -473,7 +473,7 @@ class MatrixPlugin:
             if error is not None:
                 item.stash[MARKER_ERROR_KEY] = error
                 # In the matrix report too, so a failed run never reads as all green there.
-                item.user_properties.append((_shared.PROPERTY_CONFIG, INVALID_MARKER_ID))
+                _shared.attach(item, _shared.PROPERTY_CONFIG, INVALID_MARKER_ID)
                 kept.append(item)
                 continue
             if defid not in self._selections:
@@ -496,7 +496,7 @@ class MatrixPlugin:
                     self._matched += 1
             kept.append(item)
             item.stash[_shared.CONFIG_KEY] = backend
-            item.user_properties.append((_shared.PROPERTY_CONFIG, backend.id))
+            _shared.attach(item, _shared.PROPERTY_CONFIG, backend.id)
             why = self.reason(backend)
             if why is not None:
                 item.add_marker(pytest.mark.skip(reason=why))

@@ -78,7 +78,7 @@ class TimedVerifyPlugin(VerifyPlugin):
         report = yield
         seconds = item.stash.get(SECONDS_KEY, None)
         if seconds is not None and call.when == "call" and not hasattr(report, "context"):
-            _shared.add_property(report, SECONDS_PROPERTY, seconds)
+            _shared.attach(report, SECONDS_PROPERTY, seconds)
         return report
 
 
@@ -92,7 +92,7 @@ class CostSummary:
     slowest: tuple[float, str] = (0.0, "")
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        seconds = _shared.report_data(report, SECONDS_PROPERTY)
+        seconds = _shared.read(report, SECONDS_PROPERTY)
         if seconds is None or report.when != "call" or str(report.outcome) == "rerun":
             return
         self.tests += 1

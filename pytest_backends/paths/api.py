@@ -24,7 +24,7 @@ from pytest_backends.paths.record import OpRecord, Recorder, module_tracking
 
 __all__ = ["Divergence", "PathsDisagreeError", "assert_paths_agree", "first_divergence"]
 
-_SEED = 20240611
+SEED = 20240611
 
 
 class PathsDisagreeError(AssertionError):
@@ -81,7 +81,7 @@ class Divergence:
 
 
 @dataclass
-class _Run:
+class ConfigRun:
     config_id: str
     flags: Mapping[str, object]
     device: str
@@ -116,7 +116,7 @@ def _run(
     flags: Mapping[str, object],
     device: str,
     backward: bool,
-) -> _Run:
+) -> ConfigRun:
     from pytest_backends.flags import override_flags
 
     args = _clone_inputs(inputs)
@@ -125,7 +125,7 @@ def _run(
     )
     leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad] + params
     with torch.random.fork_rng(devices=[]), override_flags(flags), module_tracking() as mods:
-        torch.manual_seed(_SEED)
+        torch.manual_seed(SEED)
         recorder = Recorder(mods)
         with recorder:
             out = fn(*args)
@@ -133,7 +133,7 @@ def _run(
         results = [(f"output {i}", o.detach().clone()) for i, o in enumerate(outs)]
         diff = [o for o in outs if o.requires_grad]
         if backward and diff and leaves:
-            gen = torch.Generator().manual_seed(_SEED)
+            gen = torch.Generator().manual_seed(SEED)
             grads_out = [
                 torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) for o in diff
             ]
@@ -148,7 +148,7 @@ def _run(
             for label, g in zip(names, grads, strict=False):
                 if g is not None:
                     results.append((label, g.detach().clone()))
-    return _Run(config_id, dict(flags), device, results, recorder.records)
+    return ConfigRun(config_id, dict(flags), device, results, recorder.records)
 
 
 def _gap(a: torch.Tensor, b: torch.Tensor, bound: Bound) -> tuple[bool, float, float]:
@@ -175,7 +175,11 @@ def _gap(a: torch.Tensor, b: torch.Tensor, bound: Bound) -> tuple[bool, float, f
 
 
 def _op_bound(
-    record: OpRecord, ref: _Run, other: _Run, tensor: torch.Tensor, kernels: Sequence[str] = ()
+    record: OpRecord,
+    ref: ConfigRun,
+    other: ConfigRun,
+    tensor: torch.Tensor,
+    kernels: Sequence[str] = (),
 ) -> Bound:
     k = reduction_length(record.name, record.inputs, record.outputs)
     scale = term_scale(record.name, record.inputs)
@@ -191,7 +195,11 @@ def _op_bound(
 
 
 def _compare_outputs(
-    record: OpRecord, outputs: Sequence[torch.Tensor], ref_record: OpRecord, ref: _Run, other: _Run
+    record: OpRecord,
+    outputs: Sequence[torch.Tensor],
+    ref_record: OpRecord,
+    ref: ConfigRun,
+    other: ConfigRun,
 ) -> tuple[bool, float, float, Bound | None]:
     worst: tuple[bool, float, float, Bound | None] = (True, 0.0, 0.0, None)
     if len(outputs) != len(ref_record.outputs):
@@ -214,16 +222,16 @@ def _compare_outputs(
 def _replay(record: OpRecord, flags: Mapping[str, object]) -> list[torch.Tensor] | None:
     """Run the reference's recorded op call again, on copies of its inputs, under ``flags``."""
     from pytest_backends.flags import override_flags
-    from pytest_backends.paths.record import _copy_tree, _tensors
+    from pytest_backends.paths.record import copy_tree, tensors_of
 
-    args, kwargs = _copy_tree(record.args), _copy_tree(record.kwargs)
+    args, kwargs = copy_tree(record.args), copy_tree(record.kwargs)
     try:
         with torch.random.fork_rng(devices=[]), override_flags(flags):
-            torch.manual_seed(_SEED)
+            torch.manual_seed(SEED)
             out = record.func(*args, **kwargs)
     except Exception:
         return None
-    return [t.detach() for t in _tensors(out)]
+    return [t.detach() for t in tensors_of(out)]
 
 
 def _with_outputs(record: OpRecord, outputs: list[torch.Tensor]) -> OpRecord:
@@ -239,7 +247,7 @@ def _with_outputs(record: OpRecord, outputs: list[torch.Tensor]) -> OpRecord:
     )
 
 
-def _inputs_agree(record: OpRecord, ref_record: OpRecord, ref: _Run, other: _Run) -> bool:
+def _inputs_agree(record: OpRecord, ref_record: OpRecord, ref: ConfigRun, other: ConfigRun) -> bool:
     if len(record.inputs) != len(ref_record.inputs):
         return False
     for a, b in zip(record.inputs, ref_record.inputs, strict=True):
@@ -270,7 +278,7 @@ _SKIPPED = (
 )
 
 
-def first_divergence(ref: _Run, other: _Run) -> Divergence | None:
+def first_divergence(ref: ConfigRun, other: ConfigRun) -> Divergence | None:
     """The first op of ``other`` (in its order) that parts from the reference on its own."""
     by_identity = {r.identity: r for r in ref.records}
     for record in other.records:
@@ -310,7 +318,7 @@ def first_divergence(ref: _Run, other: _Run) -> Divergence | None:
     return None
 
 
-def _result_bound(run: _Run, ref: _Run, tensor: torch.Tensor) -> Bound:
+def _result_bound(run: ConfigRun, ref: ConfigRun, tensor: torch.Tensor) -> Bound:
     k = max(
         [reduction_length(r.name, r.inputs, r.outputs) for r in ref.records] or [1],
     )

@@ -397,7 +397,7 @@ def test_cost_summary_lines() -> None:
         report = pytest.TestReport(
             nodeid, ("t.py", 1, nodeid), {}, "passed", None, "call", duration=2.0
         )
-        _shared.add_property(report, verify_cost.SECONDS_PROPERTY, seconds)
+        _shared.attach(report, verify_cost.SECONDS_PROPERTY, seconds)
         summary.pytest_runtest_logreport(report)
     assert summary.lines()[0] == (
         "verified 2 test(s): the verifier's own time 2.00 s (mean 1000.0 ms per test, "
@@ -415,7 +415,7 @@ def test_cost_summary_ignores_reruns_other_phases_and_unverified_reports() -> No
     ):
         report = pytest.TestReport("t.py::a", ("t.py", 1, "a"), {}, outcome, None, when)
         if tagged:
-            _shared.add_property(report, verify_cost.SECONDS_PROPERTY, 1.0)
+            _shared.attach(report, verify_cost.SECONDS_PROPERTY, 1.0)
         summary.pytest_runtest_logreport(report)
     assert summary.tests == 0 and summary.lines() == []
 

@@ -391,6 +391,38 @@ def test_verdicts_travel_as_report_properties_not_attributes() -> None:
     assert offenders == []
 
 
+def test_properties_have_one_writer_and_one_reader() -> None:
+    """Only ``_shared.attach`` writes ``user_properties`` and only ``_shared.read`` reads them."""
+    shared = f"{NAME}._shared"
+    offenders = []
+    for name, path in _modules().items():
+        if name == shared:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "user_properties":
+                offenders.append(f"{name}:{node.lineno}")
+            if isinstance(node, ast.Attribute) and node.attr in (
+                "add_property",
+                "carry",
+                "call_data",
+                "report_data",
+                "report_property",
+            ):
+                offenders.append(f"{name}:{node.lineno} {node.attr}")
+    assert offenders == []
+
+
+def test_shipped_files_cite_no_design_notes_users_do_not_have() -> None:
+    shipped = [
+        path
+        for path in sorted(PACKAGE.rglob("*"))
+        if path.suffix in (".py", ".cpp", ".h", ".cu", ".cuh")
+    ]
+    assert shipped
+    citing = [str(p.relative_to(PACKAGE)) for p in shipped if "DESIGN" in p.read_text()]
+    assert citing == []
+
+
 def test_no_module_is_over_600_lines_except_declarative_tables() -> None:
     tables = {f"{NAME}._options"}
     long = {
