@@ -199,14 +199,14 @@ class BatchPlugin:
         spec = item.stash.get(_SPEC_KEY, None)
         if spec is None:
             return (yield)
-        from pytest_backends.batch.api import _SESSION
+        from pytest_backends.batch.api import ACTIVE_CHECK
 
         check = TestCheck(spec, self.baseline, self.settings.baseline_update)
-        token = _SESSION.set(check)
+        token = ACTIVE_CHECK.set(check)
         try:
             result = yield
         finally:
-            _SESSION.reset(token)
+            ACTIVE_CHECK.reset(token)
             # On the item: pytest copies it onto the call and teardown reports.
             _shared.attach(
                 item,

@@ -412,6 +412,33 @@ def test_properties_have_one_writer_and_one_reader() -> None:
     assert offenders == []
 
 
+def private_imports() -> list[str]:
+    """``from pytest_backends.x import _name`` where ``_name`` is not a module: a private
+    name traded between modules (pluggy's rule: modules trade public names)."""
+    modules = _modules()
+    found = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(NAME):
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and f"{node.module}.{alias.name}" not in modules:
+                    found.append(f"{name}: {node.module}.{alias.name}")
+    return found
+
+
+#: Private names the flag modules still trade among themselves (none elsewhere).
+FLAGS_PRIVATE_IMPORTS = 80
+
+
+def test_modules_trade_public_names() -> None:
+    found = private_imports()
+    outside = [entry for entry in found if not entry.startswith(f"{NAME}.flags.")]
+    assert outside == []
+    assert len(found) <= FLAGS_PRIVATE_IMPORTS
+
+
 def test_shipped_files_cite_no_design_notes_users_do_not_have() -> None:
     shipped = [
         path
