@@ -104,12 +104,12 @@ def marked(model: torch.nn.Module, x: torch.Tensor) -> Variant:
     spec = {"sizes": None, "rtol": None, "atol": None, "tolerance": "report", "permute": True}
 
     def run() -> None:
-        token = batch_api._SESSION.set(TestCheck(spec, Baseline(), update=False))
+        token = batch_api.ACTIVE_CHECK.set(TestCheck(spec, Baseline(), update=False))
         try:
             with torch.no_grad():
                 assert_batch_invariant(model, x, backward=False)
         finally:
-            batch_api._SESSION.reset(token)
+            batch_api.ACTIVE_CHECK.reset(token)
 
     return run
 

@@ -88,9 +88,9 @@ with torch.no_grad():
         assert_batch_invariant(model, x, backward=False, tolerance="report")
     else:
         spec = {"sizes": None, "rtol": None, "atol": None, "tolerance": "report", "permute": True}
-        token = api._SESSION.set(TestCheck(spec, Baseline(), update=False))
+        token = api.ACTIVE_CHECK.set(TestCheck(spec, Baseline(), update=False))
         assert_batch_invariant(model, x, backward=False)
-        api._SESSION.reset(token)
+        api.ACTIVE_CHECK.reset(token)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 

@@ -35,12 +35,10 @@ __all__ = [
     "LabelChoice",
     "RunningConfig",
     "Strictness",
-    "add_property",
-    "call_data",
-    "carry",
+    "attach",
+    "copy_properties",
     "explicit_label",
-    "report_data",
-    "report_property",
+    "read",
     "strict",
 ]
 
@@ -129,54 +127,48 @@ def explicit_label(config: pytest.Config) -> str | None:
     return None if settings is None else settings.explicit
 
 
-def add_property(report: pytest.TestReport, name: str, value: Any) -> None:
-    """Attach ``value`` to ``report`` as the property ``name`` (replacing an earlier one).
+def attach(target: Any, name: str, value: Any) -> None:
+    """Attach ``value`` as the property ``name`` (replacing an earlier one): the one writer.
 
-    A string is kept as it is; other plain data (JSON-ready) is stored as
-    JSON text, so that JUnit XML's ``<property>`` holds something a program
-    can read back.  Properties travel with the report from a pytest-xdist
-    worker to the controller.
+    ``target`` is a test report (that report alone) or an item: pytest copies
+    an item's properties onto every report it makes of the item from then on,
+    so a verdict attached during the call travels on the call and teardown
+    reports (JUnit XML writes a test's properties from its teardown report).
+    A string is kept as it is; other plain data (JSON-ready) is stored as JSON
+    text, so that JUnit XML's ``<property>`` holds something a program can
+    read back. Properties travel with the report from a pytest-xdist worker to
+    the controller.
     """
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    report.user_properties = [(n, v) for n, v in report.user_properties if n != name]
-    report.user_properties.append((name, text))
+    target.user_properties = [(n, v) for n, v in target.user_properties if n != name]
+    target.user_properties.append((name, text))
 
 
-def report_property(report: Any, name: str) -> str | None:
-    """The text of the property ``name`` on ``report`` (None when absent)."""
+def copy_properties(source: Any, target: Any) -> None:
+    """Attach every property of ``source`` (an item or a report) to ``target``."""
+    for name, text in list(source.user_properties):
+        attach(target, name, text)
+
+
+def read(report: Any, name: str, *, text: bool = False, call: bool = False) -> Any:
+    """The property ``name`` that :func:`attach` put on ``report``: the one reader.
+
+    None when absent. ``text``: the text as stored (a config id, a status);
+    otherwise the plain data it encodes (None when it is not JSON). ``call``:
+    read only a call report (a verdict is counted once per test); a report
+    pytest-rerunfailures replaces (outcome ``rerun``) counts for nothing.
+    """
+    if call and (
+        getattr(report, "when", None) != "call" or str(getattr(report, "outcome", "")) == "rerun"
+    ):
+        return None
+    found: str | None = None
     for key, value in getattr(report, "user_properties", ()) or ():
         if key == name:
-            return str(value)
-    return None
-
-
-def report_data(report: Any, name: str) -> Any:
-    """The plain data :func:`add_property` stored as ``name`` (None when absent or not JSON)."""
-    text = report_property(report, name)
-    if text is None:
-        return None
+            found = str(value)
+    if found is None or text:
+        return found
     try:
-        return json.loads(text)
+        return json.loads(found)
     except ValueError:
         return None
-
-
-def carry(report: pytest.TestReport, name: str, value: Any) -> None:
-    """Carry one test's verdict ``value`` on its call and teardown reports as property ``name``.
-
-    Readers (the controller's counts, the report, ``merge``) take it from the
-    call report (:func:`call_data`); JUnit XML writes a test's properties from
-    its teardown report.  Setup reports carry nothing.
-    """
-    if report.when in ("call", "teardown"):
-        add_property(report, name, value)
-
-
-def call_data(report: Any, name: str) -> Any:
-    """The data :func:`carry` put on a call report as ``name`` (None on other reports).
-
-    A report pytest-rerunfailures replaces (outcome ``rerun``) counts for nothing.
-    """
-    if getattr(report, "when", None) != "call" or str(getattr(report, "outcome", "")) == "rerun":
-        return None
-    return report_data(report, name)

@@ -17,7 +17,6 @@ for a digest, so:
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
@@ -112,7 +111,7 @@ class NativeBuildPlugin:
         items = self._session.items if self._session is not None else []
         item = next((i for i in items if i.nodeid == nodeid), None)
         if item is not None:
-            item.user_properties.append((PROPERTY, json.dumps([line])))
+            _shared.attach(item, PROPERTY, [line])
 
     def _write_now(self, line: str) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -139,7 +138,7 @@ class WorkerNotices:
         self._printed: set[str] = set()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        notices = _shared.report_data(report, PROPERTY)
+        notices = _shared.read(report, PROPERTY)
         if not isinstance(notices, list):
             return
         # the item's properties ride on each of its phase reports: print a notice once

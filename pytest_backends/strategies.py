@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from pytest_backends.matrix import availability, markers
 from pytest_backends.matrix.axes import builtin_registry
-from pytest_backends.matrix.configs import AxisRegistry, BackendConfig
+from pytest_backends.matrix.configs import AxisRegistry, BackendConfig, unavailable_reason
 
 # The largest product of axes a strategy enumerates: the limit of the matrix itself.
 from pytest_backends.matrix.expand import MAX_CONFIGS
@@ -74,7 +74,7 @@ def backend_configs(
     ]
     if not available_only:
         return st.sampled_from(configs)
-    reasons = {c: availability.unavailable_reason(c, registry, avail) for c in configs}
+    reasons = {c: unavailable_reason(c, registry, avail) for c in configs}
     runnable = [c for c in configs if reasons[c] is None]
     if not runnable:
         details = sorted({r for r in reasons.values() if r})

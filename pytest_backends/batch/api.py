@@ -144,7 +144,7 @@ class BatchInvariance:
 
 
 # Set by the batch_invariant marker for the duration of a test's call phase.
-_SESSION: contextvars.ContextVar[Any] = contextvars.ContextVar("batch_invariance", default=None)
+ACTIVE_CHECK: contextvars.ContextVar[Any] = contextvars.ContextVar("batch_invariance", default=None)
 
 
 def _dims(inputs: Sequence[object], dim: int | Sequence[int | None] | None) -> list[int | None]:
@@ -446,7 +446,7 @@ def assert_batch_invariant(
     inputs are put back as they were at the call, and after the check too:
     a train-mode BatchNorm's running statistics are left as found.
     """
-    session = _SESSION.get()
+    session = ACTIVE_CHECK.get()
     if session is not None:
         overrides = session.defaults(
             sizes=sizes, rtol=rtol, atol=atol, tolerance=tolerance, permute=permute

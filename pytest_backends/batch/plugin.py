@@ -32,16 +32,14 @@ from pytest_backends.determinism.census import Baseline, CensusFileError, Key, V
 
 if TYPE_CHECKING:
     from pytest_backends.batch.api import BatchInvariance
-    from pytest_backends.batch.feature import Settings
     from pytest_backends.batch.locate import Finding
     from pytest_backends.batch.runs import Case, Plan
+    from pytest_backends.batch.settings import Settings
 
 __all__ = ["BatchPlugin", "TestCheck"]
 
 #: The bound arguments of an item's ``@pytest.mark.batch_invariant`` marker.
 _SPEC_KEY: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
-#: One item's batch-invariance census rows and config, until its report is made.
-_ROWS_KEY: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
 
 
 class TestCheck:
@@ -201,19 +199,20 @@ class BatchPlugin:
         spec = item.stash.get(_SPEC_KEY, None)
         if spec is None:
             return (yield)
-        from pytest_backends.batch.api import _SESSION
+        from pytest_backends.batch.api import ACTIVE_CHECK
 
         check = TestCheck(spec, self.baseline, self.settings.baseline_update)
-        token = _SESSION.set(check)
+        token = ACTIVE_CHECK.set(check)
         try:
             result = yield
         finally:
-            _SESSION.reset(token)
-            item.stash[_ROWS_KEY] = {
-                "config": _config_id(item),
-                "rows": check.rows(),
-                "failure": check.failure,
-            }
+            ACTIVE_CHECK.reset(token)
+            # On the item: pytest copies it onto the call and teardown reports.
+            _shared.attach(
+                item,
+                _shared.PROPERTY_BATCH,
+                {"config": _config_id(item), "rows": check.rows(), "failure": check.failure},
+            )
         if check.calls == 0:
             pytest.fail(
                 f"{item.nodeid} is marked @pytest.mark.{MARKER} but never called "
@@ -222,20 +221,10 @@ class BatchPlugin:
             )
         return result
 
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(
-        self, item: pytest.Item, call: pytest.CallInfo[None]
-    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        report = yield
-        data = item.stash.get(_ROWS_KEY, None)
-        if data is not None:
-            _shared.carry(report, _shared.PROPERTY_BATCH, data)
-        return report
-
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if _xdist.is_worker(self.config):
             return
-        data = _shared.call_data(report, _shared.PROPERTY_BATCH)
+        data = _shared.read(report, _shared.PROPERTY_BATCH, call=True)
         if not isinstance(data, dict):
             return
         self._marked += 1

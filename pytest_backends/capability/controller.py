@@ -130,7 +130,7 @@ class ControllerPlugin:
         path, _, name = crashitem.partition("::")
         report.location = (path, None, name.replace("::", ".") or path)
         if config_id is not None:
-            report.user_properties = [(_shared.PROPERTY_CONFIG, str(config_id))]
+            _shared.attach(report, _shared.PROPERTY_CONFIG, str(config_id))
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         # SIGTERM would end the controller at once and leave its workers behind;

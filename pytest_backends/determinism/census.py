@@ -38,6 +38,7 @@ __all__ = [
     "add_section",
     "atomic_write_json",
     "evidence",
+    "load_baseline",
     "read_census",
     "read_census_file",
 ]
@@ -489,3 +490,29 @@ def add_section(path: Path, name: str, section: Any) -> None:
     data = _load(path, "census", CENSUS_FORMAT)
     data[name] = section
     atomic_write_json(path, data, _files.CENSUS)
+
+
+def load_baseline(config: Any, path: Path, update: bool, option: str) -> Baseline:
+    """The baseline ``option`` names, read and validated once, when the options resolve.
+
+    A missing file is fine only when ``update`` is to create it; any other
+    unreadable file is a usage error naming ``option``. Outside pytest-xdist
+    workers, a baseline recorded under other torch or CUDA versions warns.
+    """
+    import pytest
+
+    from pytest_backends import _xdist
+
+    baseline = Baseline()
+    try:
+        baseline = Baseline.load(path)
+    except CensusFileError as exc:
+        missing = not path.exists()
+        if not (missing and update):
+            hint = f" (create it with {option}-update)" if missing else ""
+            raise pytest.UsageError(f"{option}: {exc}{hint}") from None
+    if not _xdist.is_worker(config):
+        message = baseline.version_mismatch(path, Versions.current())
+        if message:
+            config.issue_config_time_warning(BaselineVersionWarning(message), stacklevel=2)
+    return baseline

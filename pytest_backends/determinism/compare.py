@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pytest_backends.determinism.census import VERDICTS
+from pytest_backends.determinism.op_tables import SLOT_TAGS, SlotTag
 from pytest_backends.determinism.record import UNPROVEN_TAGS, Digest, RunLog, Slot
 
 if TYPE_CHECKING:
-    from pytest_backends.determinism.locate import Location
+    from pytest_backends.determinism.location import Location
 
 __all__ = ["Comparison", "Divergence", "compare_runs", "merge_verdict", "unproven_input"]
 
@@ -53,12 +54,6 @@ class Divergence:
     other_op: str | None = None
     origin: str | None = None
     location: Location | None = None
-
-    def describe(self, runs: int) -> str:
-        """A sentence for a failure message (written by :mod:`.verdict`, like every message)."""
-        from pytest_backends.determinism.verdict import describe_divergence
-
-        return describe_divergence(self, runs)
 
 
 @dataclass
@@ -94,7 +89,7 @@ def _first_difference(a: tuple[Slot, ...], b: tuple[Slot, ...]) -> int | None:
 
 def _has_uninitialized(slot: Slot) -> bool:
     if type(slot) is tuple and slot:
-        if slot[0] == "uninitialized":
+        if slot[0] == SlotTag.UNINITIALIZED:
             return True
         return any(_has_uninitialized(s) for s in slot)
     return False
@@ -103,8 +98,8 @@ def _has_uninitialized(slot: Slot) -> bool:
 def _describe_unproven(slot: Slot) -> str | None:
     if type(slot) is tuple and slot:
         tag = slot[0]
-        if tag == "opaque":
-            what = slot[3] if len(slot) > 3 else "opaque"
+        if tag == SlotTag.OPAQUE:
+            what = slot[3] if len(slot) > 3 else SlotTag.OPAQUE
             reason = {
                 "unreadable": "a tensor whose storage is too small for it (freed?)",
                 "meta": "a meta tensor",
@@ -112,7 +107,7 @@ def _describe_unproven(slot: Slot) -> str | None:
             return f"{reason}, {slot[1]} of shape {tuple(slot[2])}"
         if tag == "object":
             return f"a {slot[1]} object, which the recorder cannot compare"
-        if tag in ("digest", "uninitialized", "unread", "workspace", "empty", "rebound"):
+        if tag in SLOT_TAGS and tag != SlotTag.VIEW:
             return None
         for item in slot:
             found = _describe_unproven(item)

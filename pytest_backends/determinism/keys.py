@@ -193,7 +193,13 @@ def covered_memory(t: torch.Tensor) -> tuple[torch.Tensor, tuple[Any, ...]] | No
 
 def opaque(t: torch.Tensor) -> Slot:
     """The key of a tensor the recorder cannot read: only what it is, never its contents."""
-    return ("opaque", dtype_name(t.dtype), tuple(t.shape), str(t.layout), type(t).__name__)
+    return (
+        op_tables.SlotTag.OPAQUE,
+        dtype_name(t.dtype),
+        tuple(t.shape),
+        str(t.layout),
+        type(t).__name__,
+    )
 
 
 def value_key(a: object) -> Slot:

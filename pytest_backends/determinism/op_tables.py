@@ -10,7 +10,9 @@ Importing this module imports nothing.
 
 from __future__ import annotations
 
-__all__ = ["OVERWRITES", "REBINDS", "SLOT_TAGS", "UNINITIALIZED", "WORKSPACES"]
+from typing import Final
+
+__all__ = ["OVERWRITES", "REBINDS", "SLOT_TAGS", "UNINITIALIZED", "WORKSPACES", "SlotTag"]
 
 #: Ops whose output is uninitialised memory: compared by dtype and shape only.
 UNINITIALIZED = frozenset(
@@ -66,8 +68,36 @@ OVERWRITES = frozenset(
 #: memory from a DataLoader worker): the memory is keyed where an op first reads it.
 REBINDS = frozenset({"aten::set_"})
 
-#: The tags a recorded tensor slot starts with (``("digest", h0, h1)``,
-#: ``("uninitialized", dtype, shape)``, ...), written by both recorders.
+
+class SlotTag:
+    """The tags a recorded tensor slot starts with (``("digest", h0, h1)``,
+    ``("uninitialized", dtype, shape)``, ...): the one spelling of each.
+
+    Both recorders write them (``native/recorder.cpp`` spells them in C++; its
+    parity test holds them to :data:`SLOT_TAGS`); the comparison and the
+    verdict read them from here.
+    """
+
+    DIGEST: Final = "digest"
+    VIEW: Final = "view"
+    UNINITIALIZED: Final = "uninitialized"
+    WORKSPACE: Final = "workspace"
+    EMPTY: Final = "empty"
+    UNREAD: Final = "unread"
+    REBOUND: Final = "rebound"
+    OPAQUE: Final = "opaque"
+
+
+#: Every :class:`SlotTag`.
 SLOT_TAGS = frozenset(
-    {"digest", "view", "uninitialized", "workspace", "empty", "unread", "rebound", "opaque"}
+    {
+        SlotTag.DIGEST,
+        SlotTag.VIEW,
+        SlotTag.UNINITIALIZED,
+        SlotTag.WORKSPACE,
+        SlotTag.EMPTY,
+        SlotTag.UNREAD,
+        SlotTag.REBOUND,
+        SlotTag.OPAQUE,
+    }
 )

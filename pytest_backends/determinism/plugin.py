@@ -43,8 +43,8 @@ from pytest_backends.determinism.census import Baseline, Census, CensusFileError
 
 if TYPE_CHECKING:
     from pytest_backends.determinism.compare import Comparison
-    from pytest_backends.determinism.feature import Settings
     from pytest_backends.determinism.runs import CompileWatch, Runs
+    from pytest_backends.determinism.settings import Settings
 
 __all__ = ["DeterminismPlugin"]
 
@@ -252,10 +252,10 @@ class DeterminismPlugin:
         report = yield
         rows = item.stash.get(_VERDICTS_KEY, None)
         if rows is not None:
-            _shared.carry(report, _shared.PROPERTY_CENSUS, rows)
+            _shared.attach(report, _shared.PROPERTY_CENSUS, rows)
         check = item.stash.get(_CHECK_KEY, None)
         if check is not None:
-            _shared.carry(report, _shared.PROPERTY_CHECK, check)
+            _shared.attach(report, _shared.PROPERTY_CHECK, check)
         if call.excinfo is not None and isinstance(call.excinfo.value, NondeterministicOpError):
             # The harness's own frames say nothing useful: show the finding alone.
             report.longrepr = str(call.excinfo.value)
@@ -278,7 +278,7 @@ class DeterminismPlugin:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if _xdist.is_worker(self.config):
             return
-        check = _shared.call_data(report, _shared.PROPERTY_CHECK)
+        check = _shared.read(report, _shared.PROPERTY_CHECK, call=True)
         if isinstance(check, dict):
             reason, notes = check.get("reason"), list(check.get("boundary") or [])
             if check.get("recorder"):
@@ -290,7 +290,7 @@ class DeterminismPlugin:
             if notes:
                 self._boundary[report.nodeid] = [str(n) for n in notes]
             self.census.add_check(report.nodeid, reason, notes)
-        rows = _shared.call_data(report, _shared.PROPERTY_CENSUS)
+        rows = _shared.read(report, _shared.PROPERTY_CENSUS, call=True)
         if not rows:
             return
         self.census.add_test(

@@ -18,11 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_backends.determinism.op_tables import SlotTag
+
 __all__ = ["UNPROVEN_TAGS", "Digest", "OpCall", "RunLog", "RunRecord", "Slot", "dtype_name"]
 
 #: Key tags of inputs that cannot be proven equal between runs: an op whose
 #: inputs hold one is never blamed (see :func:`~pytest_backends.determinism.compare.compare_runs`).
-UNPROVEN_TAGS = frozenset({"opaque", "object"})
+UNPROVEN_TAGS = frozenset({SlotTag.OPAQUE, "object"})
 
 #: A key: a Digest, a tagged tuple, a plain value, or a tuple of keys.
 Slot = Any

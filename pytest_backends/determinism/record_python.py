@@ -82,6 +82,7 @@ from pytest_backends.determinism.keys import (
     value_key,
 )
 from pytest_backends.determinism.locate import caller_place, caller_suffix
+from pytest_backends.determinism.op_tables import SlotTag
 from pytest_backends.determinism.record import Digest, OpCall, RunLog, Slot, dtype_name
 from pytest_backends.determinism.uninitialized import (
     Taints,
@@ -301,12 +302,15 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             # A view's contents follow from its inputs, so its key is derived from
             # theirs instead of digesting (and first copying) the viewed data.
             outputs = tuple(
-                [self._remember(t, ("view", info.name, j, inputs)) for j, t in enumerate(tensors)]
+                [
+                    self._remember(t, (SlotTag.VIEW, info.name, j, inputs))
+                    for j, t in enumerate(tensors)
+                ]
             )
         elif info.workspaces:
             outputs = tuple(
                 [
-                    self._remember(t, ("workspace", dtype_name(t.dtype), tuple(t.shape)))
+                    self._remember(t, (SlotTag.WORKSPACE, dtype_name(t.dtype), tuple(t.shape)))
                     if j in info.workspaces
                     else self._output(t)
                     for j, t in enumerate(tensors)
@@ -379,10 +383,10 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 if origin is not None:
                     if not written and info.overwrites and passes is None:
                         passes = origin
-                    keys.append(("uninitialized", dtype_name(a.dtype), tuple(a.shape)))
+                    keys.append((SlotTag.UNINITIALIZED, dtype_name(a.dtype), tuple(a.shape)))
                     continue
                 if written:
-                    keys.append(("unread", dtype_name(a.dtype), tuple(a.shape)))
+                    keys.append((SlotTag.UNREAD, dtype_name(a.dtype), tuple(a.shape)))
                     continue
             keys.append(self._key(a))
         return tuple(keys), passes
@@ -390,12 +394,12 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _pass_taint(self, t: torch.Tensor, origin: str) -> Slot:
         """Key an overwrite's output that holds bytes copied from uninitialised memory."""
         taint(self._tainted, t, origin, replace=False)
-        return self._remember(t, ("uninitialized", dtype_name(t.dtype), tuple(t.shape)))
+        return self._remember(t, (SlotTag.UNINITIALIZED, dtype_name(t.dtype), tuple(t.shape)))
 
     def _rebound(self, t: torch.Tensor) -> Slot:
         """Key ``set_``'s output by shape: its new memory is keyed where an op first reads it."""
         self._known.pop(id(t), None)
-        return ("rebound", dtype_name(t.dtype), tuple(t.shape))
+        return (SlotTag.REBOUND, dtype_name(t.dtype), tuple(t.shape))
 
     def _unseen(self, t: torch.Tensor) -> bool:
         """Whether ops on ``t`` run inside a ``__torch_dispatch__`` that no recorder sees."""
@@ -528,17 +532,17 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self._pending_keys.append(key)
         else:
             # Nothing to read: the dtype and shape are the whole digest.
-            key.value = ("empty", dtype_name(t.dtype), tuple(t.shape))
+            key.value = (SlotTag.EMPTY, dtype_name(t.dtype), tuple(t.shape))
         return self._remember(t, key)
 
     def _digest(self, t: torch.Tensor, external: bool = False) -> Slot:
         if t.is_meta:
-            return ("opaque", dtype_name(t.dtype), tuple(t.shape), "meta")
+            return (SlotTag.OPAQUE, dtype_name(t.dtype), tuple(t.shape), "meta")
         if type(t) is not _Tensor and self._unseen(t):
             return opaque(t)
         covered = covered_memory(t)
         if covered is None:
-            return ("opaque", dtype_name(t.dtype), tuple(t.shape), "unreadable")
+            return (SlotTag.OPAQUE, dtype_name(t.dtype), tuple(t.shape), "unreadable")
         view, extra = covered
         try:
             d = self._digest_fn(view)
@@ -583,7 +587,7 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _uninitialized(self, t: torch.Tensor, name: str) -> Slot:
         if t.numel():
             taint(self._tainted, t, name + caller_suffix())
-        return self._remember(t, ("uninitialized", dtype_name(t.dtype), tuple(t.shape)))
+        return self._remember(t, (SlotTag.UNINITIALIZED, dtype_name(t.dtype), tuple(t.shape)))
 
     def _call_watching(
         self, info: OpInfo, args: Sequence[Any], kwargs: dict[str, Any]

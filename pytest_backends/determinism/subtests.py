@@ -62,12 +62,12 @@ def _context(report: pytest.TestReport) -> tuple[object, tuple[tuple[str, str], 
 
 def tag(report: pytest.TestReport, run: int) -> None:
     """Tag ``report`` as made by determinism run ``run``."""
-    _shared.add_property(report, RUN_PROPERTY, run)
+    _shared.attach(report, RUN_PROPERTY, run)
 
 
 def run_of(report: pytest.TestReport) -> int | None:
     """The determinism run that made ``report`` (None: not made by one)."""
-    run = _shared.report_data(report, RUN_PROPERTY)
+    run = _shared.read(report, RUN_PROPERTY)
     return run if isinstance(run, int) else None
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_backends.determinism.api import NondeterministicOpError
+from pytest_backends.determinism.op_tables import SLOT_TAGS
 from pytest_backends.determinism.record import Digest, RunRecord
 
 if TYPE_CHECKING:
@@ -46,10 +47,6 @@ __all__ = [
 
 #: The verdict's reason when runs differ only because their inputs did.
 INPUTS_DIFFER = "its inputs differ between runs (Python state outside torch ops)"
-
-_TENSOR_TAGS = frozenset(
-    {"digest", "opaque", "uninitialized", "workspace", "view", "empty", "unread", "rebound"}
-)
 
 
 def describe_divergence(d: Divergence, runs: int) -> str:
@@ -253,7 +250,7 @@ def _is_generator_key(key: Any) -> bool:
 def _is_tensor_key(key: Any) -> bool:
     if isinstance(key, Digest):
         return True
-    return isinstance(key, tuple) and bool(key) and key[0] in _TENSOR_TAGS
+    return isinstance(key, tuple) and bool(key) and key[0] in SLOT_TAGS
 
 
 def _show(key: Any) -> str:

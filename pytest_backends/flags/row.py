@@ -99,7 +99,7 @@ def _unfrozen(torch: Any) -> contextlib.AbstractContextManager[object]:
     return allow() if allow is not None else contextlib.nullcontext()
 
 
-# Precision strings accepted per fp32_precision backend (DESIGN A.2, item 5).
+# Precision strings accepted per fp32_precision backend.
 _CUDA_PRECISIONS = ("ieee", "tf32", "none")
 _ALL_PRECISIONS = ("ieee", "tf32", "bf16", "none")
 _FP32_ROWS: tuple[tuple[str, str, str, str | None], ...] = (

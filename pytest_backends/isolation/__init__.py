@@ -33,11 +33,11 @@ leak modes and ``@pytest.mark.backends_leaks``) and :mod:`.setter` (the
 
 from __future__ import annotations
 
-from pytest_backends.isolation.feature import SETTINGS_KEY, Settings
 from pytest_backends.isolation.findings import BackendsLeakWarning
 from pytest_backends.isolation.guard import IsolationPlugin
 from pytest_backends.isolation.markers import LEAK_MODES, marker_mode, parse_leak_mode
 from pytest_backends.isolation.setter import FlagSetter
+from pytest_backends.isolation.settings import SETTINGS_KEY, Settings
 from pytest_backends.isolation.watch import WATCH, TorchStateWatch, watch_torch
 
 __all__ = [

@@ -29,7 +29,7 @@ from pytest_backends.isolation.threads import hint as thread_hint
 from pytest_backends.isolation.watch import HOOK_SOURCE, WATCH, TorchStateWatch
 
 if TYPE_CHECKING:
-    from pytest_backends.isolation.feature import Settings
+    from pytest_backends.isolation.settings import Settings
 
 __all__ = ["DRIFT_KEY", "SETUP_ERROR_KEY", "IsolationPlugin"]
 

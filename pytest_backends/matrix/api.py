@@ -16,7 +16,12 @@ import pytest
 from pytest_backends._shared import CONFIG_KEY
 from pytest_backends.matrix import availability
 from pytest_backends.matrix.axes import builtin_registry
-from pytest_backends.matrix.configs import DEFAULT_CONFIG, AxisRegistry, BackendConfig
+from pytest_backends.matrix.configs import (
+    DEFAULT_CONFIG,
+    AxisRegistry,
+    BackendConfig,
+    unavailable_reason,
+)
 
 # CONFIG_KEY (from the shared module, where every feature reads it) is public here: the
 # ``pytest.StashKey`` under which each item's config is stored, for other plugins
@@ -60,7 +65,7 @@ def use_config(
             "pass registry= the registry that defines them"
         )
     if config.choices:
-        why = availability.unavailable_reason(config, registry, availability.probe())
+        why = unavailable_reason(config, registry, availability.probe())
         if why is not None:
             pytest.skip(why)
     with override_flags(config.flags):

@@ -16,7 +16,7 @@ import functools
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
@@ -24,17 +24,11 @@ from pytest_backends import _shared
 from pytest_backends.capability import levels as capability
 from pytest_backends.flags import torch_imported as torch_imported
 
-if TYPE_CHECKING:
-    from pytest_backends.matrix.configs import AxisRegistry, BackendConfig
-
 __all__ = [
     "Availability",
     "header_lines",
     "probe",
-    "unavailable_reason",
 ]
-
-_DEVICE_NAMES = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}
 
 
 @dataclass(frozen=True)
@@ -206,56 +200,6 @@ def probe() -> Availability:
         flags=frozenset(flags.names()),
         absent_flags=dict(flags.absent),
     )
-
-
-def unavailable_reason(
-    config: BackendConfig, registry: AxisRegistry, avail: Availability
-) -> str | None:
-    """Why ``config`` cannot run here (a skip reason), or ``None`` if it can.
-
-    The device comes first: a config whose device is missing is skipped for
-    that reason alone, naming the value that put it on that device.
-    """
-    values = [(registry.axis(a), registry.axis(a).value(v)) for a, v in config.choices]
-    device = config.device
-    if device in ("cuda", "mps"):
-        check = avail.missing(device)
-        if check is not None:
-            cause = next(
-                (
-                    axis.token(value.name)
-                    for axis, value in values
-                    if axis.name == "device" or value.devices == frozenset({device})
-                ),
-                f"device-{device}",
-            )
-            return f"{cause} {check}"
-    reasons: list[str] = []
-    for axis, value in values:
-        token = axis.token(value.name)
-        if value.devices is not None and device not in value.devices:
-            where = " and ".join(_DEVICE_NAMES[d] for d in sorted(value.devices))
-            reasons.append(
-                f"{token} only acts on {where} kernels; this config runs on device-{device}"
-            )
-            continue
-        for other_axis, wanted in value.requires:
-            got = config.axes.get(other_axis)
-            if got is not None and got != wanted:
-                other = registry.axis(other_axis)
-                reasons.append(
-                    f"{token} needs {other.token(wanted)}; this config has {other.token(got)}"
-                )
-        for need in value.needs:
-            why = need(avail)
-            if why is not None:
-                reasons.append(f"{token} {why}")
-        for name in value.needs_flags:
-            why = avail.flag_missing(name)
-            if why is not None:
-                reasons.append(f"{token} {why}")
-    unique = list(dict.fromkeys(reasons))
-    return "; ".join(unique) or None
 
 
 def _yes(flag: bool, detail: str = "") -> str:

@@ -35,7 +35,13 @@ import pytest
 
 from pytest_backends import _selected, _shared, _xdist
 from pytest_backends.matrix import availability, coverage, markers, testcase
-from pytest_backends.matrix.configs import DEFAULT_CONFIG, AxisRegistry, BackendConfig, ConfigError
+from pytest_backends.matrix.configs import (
+    DEFAULT_CONFIG,
+    AxisRegistry,
+    BackendConfig,
+    ConfigError,
+    unavailable_reason,
+)
 from pytest_backends.matrix.expand import expand
 from pytest_backends.matrix.items import (
     PARAM,
@@ -122,9 +128,7 @@ class MatrixPlugin:
         if not config.choices:
             return None
         if config not in self._reasons:
-            self._reasons[config] = availability.unavailable_reason(
-                config, self.registry(), self.availability()
-            )
+            self._reasons[config] = unavailable_reason(config, self.registry(), self.availability())
         return self._reasons[config]
 
     # hooks ---------------------------------------------------------------------------------
@@ -352,7 +356,7 @@ class MatrixPlugin:
                 # As Node.add_marker does, without re-checking the mark's registration.
                 new.own_markers.extend(added)
                 new.keywords.update((mark.name, mark) for mark in added)
-                new.user_properties.extend(item.user_properties)
+                _shared.copy_properties(item, new)
             self.late.append(item.nodeid)
             out.extend(fresh)
             if len(fresh) > 1:
@@ -469,7 +473,7 @@ class MatrixPlugin:
             if error is not None:
                 item.stash[MARKER_ERROR_KEY] = error
                 # In the matrix report too, so a failed run never reads as all green there.
-                item.user_properties.append((_shared.PROPERTY_CONFIG, INVALID_MARKER_ID))
+                _shared.attach(item, _shared.PROPERTY_CONFIG, INVALID_MARKER_ID)
                 kept.append(item)
                 continue
             if defid not in self._selections:
@@ -492,7 +496,7 @@ class MatrixPlugin:
                     self._matched += 1
             kept.append(item)
             item.stash[_shared.CONFIG_KEY] = backend
-            item.user_properties.append((_shared.PROPERTY_CONFIG, backend.id))
+            _shared.attach(item, _shared.PROPERTY_CONFIG, backend.id)
             why = self.reason(backend)
             if why is not None:
                 item.add_marker(pytest.mark.skip(reason=why))

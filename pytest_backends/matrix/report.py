@@ -195,7 +195,7 @@ def _short(text: str, limit: int = 300) -> str:
     return first if len(first) <= limit else first[: limit - 3] + "..."
 
 
-def _failure_message(report: pytest.TestReport) -> str:
+def failure_message(report: pytest.TestReport) -> str:
     crash = getattr(report.longrepr, "reprcrash", None)
     message = getattr(crash, "message", None)
     if isinstance(message, str):
@@ -203,7 +203,7 @@ def _failure_message(report: pytest.TestReport) -> str:
     return _short(str(report.longrepr or ""))
 
 
-def _failure_detail(report: pytest.TestReport) -> str:
+def failure_detail(report: pytest.TestReport) -> str:
     """The whole failure text: the exception's full message, else the whole report."""
     crash = getattr(report.longrepr, "reprcrash", None)
     message = getattr(crash, "message", None)
@@ -261,38 +261,36 @@ def update(result: Result, report: pytest.TestReport) -> None:
     result.duration += report.duration
     xfail = hasattr(report, "wasxfail")
     if report.failed:
-        result.detail = _failure_detail(report)
+        result.detail = failure_detail(report)
     if is_crash(report):
         result.outcome, result.crashed = "failed", True
-        result.message = "crashed: " + _failure_message(report)
+        result.message = "crashed: " + failure_message(report)
     elif report.when == "setup":
         result.verify, result.verify_detail, result.message = None, "", ""
-        result.detail = _failure_detail(report) if report.failed else ""
+        result.detail = failure_detail(report) if report.failed else ""
         if report.failed:
-            result.outcome, result.message = "error", _failure_message(report)
+            result.outcome, result.message = "error", failure_message(report)
         elif report.skipped:
             result.outcome = "xfailed" if xfail else "skipped"
             result.message = skip_reason(report) if not xfail else str(report.wasxfail)
         else:
             result.outcome = "passed"
     elif report.when == "call":
-        props = dict(report.user_properties)
-        status = props.get(_shared.PROPERTY_VERIFY_STATUS)
-        result.verify = str(status) if status is not None else None
-        result.verify_detail = str(props.get(_shared.PROPERTY_VERIFY_DETAIL, ""))
+        result.verify = _shared.read(report, _shared.PROPERTY_VERIFY_STATUS, text=True)
+        result.verify_detail = _shared.read(report, _shared.PROPERTY_VERIFY_DETAIL, text=True) or ""
         if xfail:
             result.outcome = "xfailed" if report.skipped else "xpassed"
             result.message = str(report.wasxfail)
         elif report.failed:
-            result.outcome, result.message = "failed", _failure_message(report)
-            parted = props.get(_shared.PROPERTY_DIVERGE)
+            result.outcome, result.message = "failed", failure_message(report)
+            parted = _shared.read(report, _shared.PROPERTY_DIVERGE, text=True)
             if parted:
                 result.message += f" ({parted})"
                 result.detail += f"\n{parted}"
         elif report.skipped:
             result.outcome, result.message = "skipped", skip_reason(report)
     elif report.failed and result.outcome not in ("failed", "error"):
-        result.outcome, result.message = "error", _failure_message(report)
+        result.outcome, result.message = "error", failure_message(report)
 
 
 def build_rows(results: Iterable[Result], order: Sequence[str]) -> list[ConfigRow]:

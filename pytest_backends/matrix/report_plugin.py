@@ -27,10 +27,10 @@ from pytest_backends.matrix.report import (
     ConfigRow,
     Result,
     RunSummary,
-    _failure_detail,
-    _failure_message,
     build_rows,
     config_in_nodeid,
+    failure_detail,
+    failure_message,
     is_crash,
     render_json,
     render_terminal,
@@ -75,8 +75,8 @@ class ReportPlugin:
             "nodeid": report.nodeid,
             "when": str(getattr(report, "when", "collect") or "collect"),
             "outcome": category if category in ("failed", "error") else "failed",
-            "message": _failure_message(report),
-            "detail": _failure_detail(report),
+            "message": failure_message(report),
+            "detail": failure_detail(report),
         }
         if config:
             problem["config"] = config
@@ -126,15 +126,14 @@ class ReportPlugin:
         category = str(status[0]) if isinstance(status, tuple) and status else ""
         self._count(category)
         if report.failed:
-            props = dict(report.user_properties)
-            config = props.get(_shared.PROPERTY_CONFIG)
-            self._problem(report, category, str(config) if config is not None else None)
+            config = _shared.read(report, _shared.PROPERTY_CONFIG, text=True)
+            self._problem(report, category, config)
         xfail = hasattr(report, "wasxfail")
         if report.failed or (report.when == "call" and (xfail or not report.skipped)):
             self.ran.add(report.nodeid)
         elif report.skipped and not xfail:
             self.skipped[report.nodeid] = skip_reason(report)
-        config_id = dict(report.user_properties).get(_shared.PROPERTY_CONFIG)
+        config_id = _shared.read(report, _shared.PROPERTY_CONFIG, text=True)
         if config_id is None and is_crash(report):
             known = self.results.get(report.nodeid)
             config_id = (

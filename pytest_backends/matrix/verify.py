@@ -534,8 +534,8 @@ class VerifyPlugin:
         log = PrimitiveLog() if self._wants_primitives(config) else None
         recorder = ProfilerOpRecorder(shapes=log is not None, cuda=self._wants_cuda_kernels(config))
         if not recorder.start():
-            item.user_properties.append((_shared.PROPERTY_VERIFY_STATUS, "unverified"))
-            item.user_properties.append((_shared.PROPERTY_VERIFY_DETAIL, recorder.error or ""))
+            _shared.attach(item, _shared.PROPERTY_VERIFY_STATUS, "unverified")
+            _shared.attach(item, _shared.PROPERTY_VERIFY_DETAIL, recorder.error or "")
             return (yield)
         logging = log is not None and log.start()
         try:
@@ -546,22 +546,19 @@ class VerifyPlugin:
         if not ops and not primitives:
             # A torch.profiler started inside the test takes the session over and
             # leaves this one empty; a test that runs no op at all looks the same.
-            item.user_properties.append((_shared.PROPERTY_VERIFY_STATUS, "unverified"))
-            item.user_properties.append(
-                (
-                    _shared.PROPERTY_VERIFY_DETAIL,
-                    (
-                        "no op was recorded: the test ran no torch op, or started its own "
-                        "torch.profiler, which takes the profiling session over"
-                    ),
-                )
+            _shared.attach(item, _shared.PROPERTY_VERIFY_STATUS, "unverified")
+            _shared.attach(
+                item,
+                _shared.PROPERTY_VERIFY_DETAIL,
+                "no op was recorded: the test ran no torch op, or started its own "
+                "torch.profiler, which takes the profiling session over",
             )
             return result
         trace = None if primitives is None else KernelTrace.build(primitives, recorder.events)
         kernels = recorder.kernels if recorder.cuda else None
         verdict = evaluate(config, ops, self.table, trace, kernels)
-        item.user_properties.append((_shared.PROPERTY_VERIFY_STATUS, verdict.status))
-        item.user_properties.append((_shared.PROPERTY_VERIFY_DETAIL, verdict.detail))
+        _shared.attach(item, _shared.PROPERTY_VERIFY_STATUS, verdict.status)
+        _shared.attach(item, _shared.PROPERTY_VERIFY_DETAIL, verdict.detail)
         if verdict.broken:
             pytest.fail("backends-verify: " + "\n".join(verdict.broken), pytrace=False)
         if self.strict and verdict.not_exercised:

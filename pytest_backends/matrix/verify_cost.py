@@ -118,10 +118,10 @@ class TimedVerifyPlugin(VerifyPlugin):
         report = yield
         seconds = item.stash.get(SECONDS_KEY, None)
         if seconds is not None and call.when == "call" and not hasattr(report, "context"):
-            _shared.add_property(report, SECONDS_PROPERTY, seconds)
+            _shared.attach(report, SECONDS_PROPERTY, seconds)
             if self.startup is not None and not self._startup_told:
                 self._startup_told = True
-                _shared.add_property(report, STARTUP_PROPERTY, self.startup)
+                _shared.attach(report, STARTUP_PROPERTY, self.startup)
         return report
 
 
@@ -136,10 +136,10 @@ class CostSummary:
     startups: list[float] = field(default_factory=list)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        seconds = _shared.report_data(report, SECONDS_PROPERTY)
+        seconds = _shared.read(report, SECONDS_PROPERTY)
         if seconds is None or report.when != "call":
             return
-        startup = _shared.report_data(report, STARTUP_PROPERTY)
+        startup = _shared.read(report, STARTUP_PROPERTY)
         if startup is not None:
             self.startups.append(float(startup))
         if str(report.outcome) == "rerun":

@@ -24,7 +24,7 @@ from pytest_backends.paths.record import OpRecord, Recorder, module_tracking
 
 __all__ = ["Divergence", "PathsDisagreeError", "assert_paths_agree", "first_divergence"]
 
-_SEED = 20240611
+SEED = 20240611
 
 
 class PathsDisagreeError(AssertionError):
@@ -81,7 +81,7 @@ class Divergence:
 
 
 @dataclass
-class _Run:
+class ConfigRun:
     config_id: str
     flags: Mapping[str, object]
     device: str
@@ -116,7 +116,7 @@ def _run(
     flags: Mapping[str, object],
     device: str,
     backward: bool,
-) -> _Run:
+) -> ConfigRun:
     from pytest_backends.flags import override_flags
 
     args = _clone_inputs(inputs)
@@ -125,7 +125,7 @@ def _run(
     )
     leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad] + params
     with torch.random.fork_rng(devices=[]), override_flags(flags), module_tracking() as mods:
-        torch.manual_seed(_SEED)
+        torch.manual_seed(SEED)
         recorder = Recorder(mods)
         with recorder:
             out = fn(*args)
@@ -133,7 +133,7 @@ def _run(
         results = [(f"output {i}", o.detach().clone()) for i, o in enumerate(outs)]
         diff = [o for o in outs if o.requires_grad]
         if backward and diff and leaves:
-            gen = torch.Generator().manual_seed(_SEED)
+            gen = torch.Generator().manual_seed(SEED)
             grads_out = [
                 torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) for o in diff
             ]
@@ -148,7 +148,7 @@ def _run(
             for label, g in zip(names, grads, strict=False):
                 if g is not None:
                     results.append((label, g.detach().clone()))
-    return _Run(config_id, dict(flags), device, results, recorder.records)
+    return ConfigRun(config_id, dict(flags), device, results, recorder.records)
 
 
 def _gap(a: torch.Tensor, b: torch.Tensor, bound: Bound) -> tuple[bool, float, float]:
@@ -174,7 +174,7 @@ def _gap(a: torch.Tensor, b: torch.Tensor, bound: Bound) -> tuple[bool, float, f
     return within, float(err.max()), float(rel.max())
 
 
-def _op_bound(record: OpRecord, ref: _Run, other: _Run, tensor: torch.Tensor) -> Bound:
+def _op_bound(record: OpRecord, ref: ConfigRun, other: ConfigRun, tensor: torch.Tensor) -> Bound:
     k = reduction_length(record.name, record.inputs, record.outputs)
     scale = term_scale(record.name, record.inputs)
     return pair_bound(
@@ -188,7 +188,11 @@ def _op_bound(record: OpRecord, ref: _Run, other: _Run, tensor: torch.Tensor) ->
 
 
 def _compare_outputs(
-    record: OpRecord, outputs: Sequence[torch.Tensor], ref_record: OpRecord, ref: _Run, other: _Run
+    record: OpRecord,
+    outputs: Sequence[torch.Tensor],
+    ref_record: OpRecord,
+    ref: ConfigRun,
+    other: ConfigRun,
 ) -> tuple[bool, float, float, Bound | None]:
     worst: tuple[bool, float, float, Bound | None] = (True, 0.0, 0.0, None)
     if len(outputs) != len(ref_record.outputs):
@@ -211,16 +215,16 @@ def _compare_outputs(
 def _replay(record: OpRecord, flags: Mapping[str, object]) -> list[torch.Tensor] | None:
     """Run the reference's recorded op call again, on copies of its inputs, under ``flags``."""
     from pytest_backends.flags import override_flags
-    from pytest_backends.paths.record import _copy_tree, _tensors
+    from pytest_backends.paths.record import copy_tree, tensors_of
 
-    args, kwargs = _copy_tree(record.args), _copy_tree(record.kwargs)
+    args, kwargs = copy_tree(record.args), copy_tree(record.kwargs)
     try:
         with torch.random.fork_rng(devices=[]), override_flags(flags):
-            torch.manual_seed(_SEED)
+            torch.manual_seed(SEED)
             out = record.func(*args, **kwargs)
     except Exception:
         return None
-    return [t.detach() for t in _tensors(out)]
+    return [t.detach() for t in tensors_of(out)]
 
 
 def _kernels_of(record: OpRecord, config_id: str, flags: Mapping[str, object]) -> str:
@@ -244,7 +248,7 @@ def _kernels_of(record: OpRecord, config_id: str, flags: Mapping[str, object]) -
     return f"[{config_id}] " + (", ".join(seen) or "no oneDNN primitive (ATen's own kernel)")
 
 
-def _with_kernels(bound: Bound, record: OpRecord, ref: _Run, other: _Run) -> Bound:
+def _with_kernels(bound: Bound, record: OpRecord, ref: ConfigRun, other: ConfigRun) -> Bound:
     """``bound`` whose certificate names the kernels the op ran under each configuration."""
     kernels = [_kernels_of(record, run.config_id, run.flags) for run in (ref, other)]
     lines = bound.certificate.splitlines()
@@ -265,7 +269,7 @@ def _with_outputs(record: OpRecord, outputs: list[torch.Tensor]) -> OpRecord:
     )
 
 
-def _inputs_agree(record: OpRecord, ref_record: OpRecord, ref: _Run, other: _Run) -> bool:
+def _inputs_agree(record: OpRecord, ref_record: OpRecord, ref: ConfigRun, other: ConfigRun) -> bool:
     if len(record.inputs) != len(ref_record.inputs):
         return False
     for a, b in zip(record.inputs, ref_record.inputs, strict=True):
@@ -296,7 +300,7 @@ _SKIPPED = (
 )
 
 
-def first_divergence(ref: _Run, other: _Run) -> Divergence | None:
+def first_divergence(ref: ConfigRun, other: ConfigRun) -> Divergence | None:
     """The first op of ``other`` (in its order) that parts from the reference on its own."""
     by_identity = {r.identity: r for r in ref.records}
     for record in other.records:
@@ -336,7 +340,7 @@ def first_divergence(ref: _Run, other: _Run) -> Divergence | None:
     return None
 
 
-def _result_bound(run: _Run, ref: _Run, tensor: torch.Tensor) -> Bound:
+def _result_bound(run: ConfigRun, ref: ConfigRun, tensor: torch.Tensor) -> Bound:
     k = max(
         [reduction_length(r.name, r.inputs, r.outputs) for r in ref.records] or [1],
     )
@@ -353,6 +357,7 @@ def _result_bound(run: _Run, ref: _Run, tensor: torch.Tensor) -> Bound:
 def _configs(axes: Sequence[str] | Mapping[str, Sequence[str]]) -> list[Any]:
     from pytest_backends.matrix import availability, markers
     from pytest_backends.matrix.axes import builtin_registry
+    from pytest_backends.matrix.configs import unavailable_reason
 
     registry = builtin_registry()
     if isinstance(axes, str):
@@ -375,7 +380,7 @@ def _configs(axes: Sequence[str] | Mapping[str, Sequence[str]]) -> list[Any]:
         registry.make(c, available_flags=avail.flags, cuda_available=avail.cuda)
         for c in registry.product(selection)
     ]
-    runnable = [c for c in configs if availability.unavailable_reason(c, registry, avail) is None]
+    runnable = [c for c in configs if unavailable_reason(c, registry, avail) is None]
     return runnable
 
 

@@ -94,7 +94,7 @@ class DivergePlugin:
 
         line = locate(item, config, self._siblings(item, config))
         if line:
-            _shared.add_property(report, _shared.PROPERTY_DIVERGE, line.splitlines()[0])
+            _shared.attach(report, _shared.PROPERTY_DIVERGE, line.splitlines()[0])
             add = getattr(report.longrepr, "addsection", None)
             if callable(add):
                 add("backends diverge", line)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_backends.paths.api import _SEED, _Run, first_divergence
+from pytest_backends.paths.api import SEED, ConfigRun, first_divergence
 from pytest_backends.paths.record import Recorder, module_tracking
 
 _TRIES = 2
@@ -22,19 +22,19 @@ _TRIES = 2
 
 def _recorded(
     item: pytest.Item, config_id: str, flags: Mapping[str, object], device: str
-) -> tuple[bool, _Run]:
+) -> tuple[bool, ConfigRun]:
     from pytest_backends.flags import override_flags
 
     passed = True
     with torch.random.fork_rng(devices=[]), override_flags(flags), module_tracking() as mods:
-        torch.manual_seed(_SEED)
+        torch.manual_seed(SEED)
         recorder = Recorder(mods)
         try:
             with recorder:
                 item.runtest()
         except Exception:
             passed = False
-    return passed, _Run(config_id, dict(flags), device, [], recorder.records)
+    return passed, ConfigRun(config_id, dict(flags), device, [], recorder.records)
 
 
 def locate(item: pytest.Item, config: Any, siblings: Sequence[Any]) -> str:

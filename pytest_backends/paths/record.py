@@ -85,12 +85,12 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone()
 
 
-def _tensors(tree: Any) -> list[torch.Tensor]:
+def tensors_of(tree: Any) -> list[torch.Tensor]:
     leaves, _ = tree_flatten(tree)
     return [x for x in leaves if isinstance(x, torch.Tensor)]
 
 
-def _copy_tree(tree: Any) -> Any:
+def copy_tree(tree: Any) -> Any:
     leaves, spec = tree_flatten(tree)
     copies = [_copy(x) if isinstance(x, torch.Tensor) else x for x in leaves]
     return spec.unflatten(copies)
@@ -150,18 +150,18 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         occurrence = self._counts.get(key, 0)
         self._counts[key] = occurrence + 1
         if self._keep:
-            args_copy, kwargs_copy = _copy_tree(args), _copy_tree(kwargs)
+            args_copy, kwargs_copy = copy_tree(args), copy_tree(kwargs)
         else:
             args_copy, kwargs_copy = args, kwargs
         out = func(*args, **kwargs)
-        outputs = _tensors(out)
+        outputs = tensors_of(out)
         record = OpRecord(
             index=len(self.records),
             identity=(name, module, site, occurrence),
             func=func,
             args=args_copy,
             kwargs=kwargs_copy,
-            inputs=_tensors((args_copy, kwargs_copy)),
+            inputs=tensors_of((args_copy, kwargs_copy)),
             outputs=[_copy(t) for t in outputs] if self._keep else outputs,
             backward=self.in_backward,
         )

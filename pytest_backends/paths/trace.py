@@ -60,12 +60,12 @@ def _reproduces(record: OpRecord) -> bool:
     Not so for an op whose output holds uninitialised memory or random
     values: such an op is never blamed, since two runs of it differ anyway.
     """
-    from pytest_backends.paths.record import _copy_tree, _tensors
+    from pytest_backends.paths.record import copy_tree, tensors_of
 
-    args, kwargs = _copy_tree(record.args), _copy_tree(record.kwargs)
+    args, kwargs = copy_tree(record.args), copy_tree(record.kwargs)
     try:
         with torch.random.fork_rng(devices=[]):
-            again = _tensors(record.func(*args, **kwargs))
+            again = tensors_of(record.func(*args, **kwargs))
     except Exception:
         return False
     if len(again) != len(record.outputs):

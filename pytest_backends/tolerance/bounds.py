@@ -8,24 +8,24 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from pytest_backends.tolerance.model import (
-    _C_ACC_ABS,
-    _C_INPUT,
-    _C_OP,
-    _CPU_BLOCK,
-    _FP16_U,
-    _TORCH_DEFAULTS,
+    C_ACC_ABS,
+    C_INPUT,
+    C_OP,
+    CPU_BLOCK,
+    FP16_U,
+    TORCH_DEFAULTS,
     Tolerance,
-    _check_k,
-    _check_op,
-    _check_scale,
-    _check_shape,
-    _component,
-    _device_type,
-    _dtype,
+    as_device_type,
+    as_dtype,
+    check_k,
+    check_op,
+    check_scale,
+    check_shape,
+    component_dtype,
     dtype_name,
 )
-from pytest_backends.tolerance.paths import _fp32_path, _half_path
-from pytest_backends.tolerance.view import _FlagView, _Path
+from pytest_backends.tolerance.paths import fp32_path, half_path
+from pytest_backends.tolerance.view import FlagView, PrecisionPath
 
 
 def tolerance_for(
@@ -66,41 +66,41 @@ def tolerance_for(
     Raises ``ValueError`` for an unknown op or dtype, ``k < 1`` or a bad
     scale or flag.
     """
-    torch_dtype = _dtype(dtype)
-    device_type = _device_type(device)
-    op_family = _check_op(op)
-    length = _check_k(k, op_family)
-    s = _check_scale(scale)
-    dims = _check_shape(shape)
+    torch_dtype = as_dtype(dtype)
+    device_type = as_device_type(device)
+    op_family = check_op(op)
+    length = check_k(k, op_family)
+    s = check_scale(scale)
+    dims = check_shape(shape)
     name = dtype_name(torch_dtype)
     if not (torch_dtype.is_floating_point or torch_dtype.is_complex):
         return Tolerance(0.0, 0.0, name, device_type, op_family, length, s, (), ("exact",))
 
-    view = _FlagView(flags)
-    real = _component(torch_dtype)
+    view = FlagView(flags)
+    real = component_dtype(torch_dtype)
     finfo = torch.finfo(real)
     u_out = finfo.eps / 2
     u_acc = u_out if real == torch.float64 else min(u_out, 2.0**-24)
-    path = _Path(u_out=u_out, u_acc=u_acc)
+    path = PrecisionPath(u_out=u_out, u_acc=u_acc)
     if real == torch.float32:
-        _fp32_path(
+        fp32_path(
             view, device_type, op_family, path, kernel, dims, length if k is not None else None
         )
     elif real in (torch.float16, torch.bfloat16):
-        _half_path(view, device_type, op_family, real, path)
-    block = _CPU_BLOCK if device_type == "cpu" else length
+        half_path(view, device_type, op_family, real, path)
+    block = CPU_BLOCK if device_type == "cpu" else length
     m = min(length, block)
 
     sqrt_k = math.sqrt(length)
     rounded = path.u_in + path.u_red
-    rtol = path.u_out + 2 * rounded + path.u_acc * (_C_OP + m + (length - 1) // m)
-    terms = _C_OP * path.u_acc + _C_INPUT * rounded * sqrt_k
-    terms += _C_ACC_ABS * path.u_acc * math.sqrt(length * m)
+    rtol = path.u_out + 2 * rounded + path.u_acc * (C_OP + m + (length - 1) // m)
+    terms = C_OP * path.u_acc + C_INPUT * rounded * sqrt_k
+    terms += C_ACC_ABS * path.u_acc * math.sqrt(length * m)
     subnormal = finfo.eps * finfo.tiny  # the rounding error of a subnormal result
     atol = s * terms + subnormal
     acc_name = (
         "fp16"
-        if path.u_acc == _FP16_U
+        if path.u_acc == FP16_U
         else dtype_name(torch.float64 if real == torch.float64 else torch.float32)
     )
     lines = list(path.lines)
@@ -108,7 +108,7 @@ def tolerance_for(
         blocked = f", blocks of <= {block}" if block < length else ""
         lines.append(f"{acc_name} accumulation over k={length}{blocked}")
     lines.append(f"result rounded to {name}")
-    floor = _TORCH_DEFAULTS.get(torch_dtype) if op_family in (None, "elementwise") else None
+    floor = TORCH_DEFAULTS.get(torch_dtype) if op_family in (None, "elementwise") else None
     if floor is not None and (floor[0] > rtol or floor[1] > atol):
         rtol, atol = max(rtol, floor[0]), max(atol, floor[1])
         lines.append(

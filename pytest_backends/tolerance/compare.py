@@ -13,10 +13,10 @@ from pytest_backends import _tree
 from pytest_backends.tolerance.bounds import tolerance_for
 from pytest_backends.tolerance.model import (
     Tolerance,
-    _check_k,
-    _check_op,
-    _check_scale,
-    _device_type,
+    as_device_type,
+    check_k,
+    check_op,
+    check_scale,
 )
 
 
@@ -61,9 +61,9 @@ def assert_close(
     On failure the message states the model's inputs (dtype, device, op, k,
     the flags that were consulted) and the bound.
     """
-    op_family = _check_op(op)
-    _check_k(k, op_family)
-    _check_scale(scale)
+    op_family = check_op(op)
+    check_k(k, op_family)
+    check_scale(scale)
     for name, value in (("rtol", rtol), ("atol", atol)):
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
@@ -184,7 +184,7 @@ class BackendTolerance:
     def for_config(cls, config: object) -> BackendTolerance:
         """For a ``BackendConfig`` (or anything with a ``device`` attribute)."""
         device = getattr(config, "device", None) or "cpu"
-        return cls(_device_type(str(device)), config)
+        return cls(as_device_type(str(device)), config)
 
     def __call__(
         self,

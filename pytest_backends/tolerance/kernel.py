@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import torch
 
 from pytest_backends.flags import registry
-from pytest_backends.tolerance.model import _BF16_U, _TF32_U
+from pytest_backends.tolerance.model import BF16_U, TF32_U
 
-_ROW_FAMILY = {
+ROW_FAMILY = {
     "mkldnn.matmul.fp32_precision": "matmul",
     "mkldnn.conv.fp32_precision": "conv",
     "mkldnn.rnn.fp32_precision": "rnn",
@@ -63,7 +63,7 @@ def kernel_precision(
     3. ``"worst case"``: where no probe can run (the device is missing, the
        op raised), the flag is assumed to take effect, and the reason says so.
     """
-    family = _ROW_FAMILY.get(row)
+    family = ROW_FAMILY.get(row)
     if family is None:
         return True, "worst case", f"the flag's worst case ({row} has no probe)"
     dims = None if shape is None else tuple(int(d) for d in shape)
@@ -197,7 +197,7 @@ def _run_probe(
         return None
     if device not in ("cpu", "cuda") or row not in registry().by_name:
         return None
-    family = _ROW_FAMILY[row]
+    family = ROW_FAMILY[row]
     legacy = row.startswith(("cuda.matmul.allow", "cudnn.allow"))
     values: tuple[object, object] = (False, True) if legacy else ("ieee", mode)
     overlay = {k: v for k, v in settings.items() if k != row}
@@ -214,7 +214,7 @@ def _run_probe(
     size = effect.max_rel_diff[1]
     if size is None:
         return None
-    u = _BF16_U if mode == "bf16" else _TF32_U
+    u = BF16_U if mode == "bf16" else TF32_U
     return size > u * _PROBE_FRACTION, size
 
 

@@ -15,17 +15,17 @@ OP_FAMILIES = ("matmul", "conv", "rnn", "sdpa", "reduction", "elementwise")
 # calibration in benchmarks/calibrate_tolerance.py checks them).
 # Ulps allowed for the op's own arithmetic, independent of k (vectorised libm
 # functions are within a few ulps).
-_C_OP = 4.0
+C_OP = 4.0
 # Input rounding: the error of a length-k dot product whose inputs are
 # rounded to unit roundoff u has a standard deviation of about 0.58 u sqrt(k) s
 # for random data; 6 u sqrt(k) s is about 10 of those.
-_C_INPUT = 6.0
+C_INPUT = 6.0
 # Accumulation, random-sign terms: rounding the running sum contributes a
 # standard deviation of about 0.17 u sqrt(k m) s (m = terms summed one after
 # the other, partial sums grow like sqrt(j) s).  The error is a scale mixture
 # with heavy tails (maxima of 12 standard deviations were seen), so 4 u is
 # about 24 of those.
-_C_ACC_ABS = 4.0
+C_ACC_ABS = 4.0
 # Accumulation, same-sign terms: the rounding errors can all point the same
 # way (constant inputs), so the relative part takes the worst case of
 # sequential summation, u (m + k/m): within a block, then across blocks.
@@ -33,16 +33,16 @@ _C_ACC_ABS = 4.0
 # x86: the error follows sequential summation up to k = 256 and grows like
 # sqrt(k) beyond).  GPU GEMMs keep one accumulator across the whole
 # reduction, so no block is assumed there.
-_CPU_BLOCK = 256
+CPU_BLOCK = 256
 
-_TF32_U = 2.0**-11  # 10 explicit mantissa bits, round to nearest
-_BF16_U = 2.0**-8
-_FP16_U = 2.0**-11
+TF32_U = 2.0**-11  # 10 explicit mantissa bits, round to nearest
+BF16_U = 2.0**-8
+FP16_U = 2.0**-11
 
 # Which fp32_precision rows govern an op family, per device.  A conv or RNN
 # may be lowered to a GEMM, so the matmul row applies to them as well; an
 # unknown op (None) gets every row.
-_PRECISION_ROWS: dict[str, dict[str | None, tuple[str, ...]]] = {
+PRECISION_ROWS: dict[str, dict[str | None, tuple[str, ...]]] = {
     "cpu": {
         "matmul": ("mkldnn.matmul.fp32_precision",),
         "conv": ("mkldnn.conv.fp32_precision", "mkldnn.matmul.fp32_precision"),
@@ -67,14 +67,14 @@ _PRECISION_ROWS: dict[str, dict[str | None, tuple[str, ...]]] = {
     },
 }
 # Rows that only matter while their library is enabled.
-_LIBRARY_SWITCH = {"mkldnn": "mkldnn.enabled", "cudnn": "cudnn.enabled"}
+LIBRARY_SWITCH = {"mkldnn": "mkldnn.enabled", "cudnn": "cudnn.enabled"}
 # Legacy booleans read when the fp32_precision API is missing (torch < 2.9).
-_LEGACY_TF32 = {
+LEGACY_TF32 = {
     "cuda.matmul.fp32_precision": "cuda.matmul.allow_tf32",
     "cudnn.conv.fp32_precision": "cudnn.allow_tf32",
     "cudnn.rnn.fp32_precision": "cudnn.allow_tf32",
 }
-_GEMM_OPS = (None, "matmul", "conv", "rnn")
+GEMM_OPS = (None, "matmul", "conv", "rnn")
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ class Tolerance:
 # --------------------------------------------------------------------- inputs
 
 
-def _dtype(dtype: object) -> torch.dtype:
+def as_dtype(dtype: object) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if isinstance(dtype, str):
@@ -145,7 +145,7 @@ def _dtype(dtype: object) -> torch.dtype:
     raise ValueError(f"dtype must be a torch.dtype or its name, got {dtype!r}")
 
 
-def _device_type(device: object) -> str:
+def as_device_type(device: object) -> str:
     if isinstance(device, torch.device):
         return device.type
     if isinstance(device, str):
@@ -156,7 +156,7 @@ def _device_type(device: object) -> str:
     raise ValueError(f"device must be a torch.device or a device string, got {device!r}")
 
 
-def _check_k(k: object, op: str | None) -> int:
+def check_k(k: object, op: str | None) -> int:
     if k is None:
         return 1
     if isinstance(k, bool) or not isinstance(k, int):
@@ -174,13 +174,13 @@ def _check_k(k: object, op: str | None) -> int:
     return k
 
 
-def _check_op(op: object) -> str | None:
+def check_op(op: object) -> str | None:
     if op is None or (isinstance(op, str) and op in OP_FAMILIES):
         return op
     raise ValueError(f"unknown op {op!r}; choose one of {', '.join(map(repr, OP_FAMILIES))}")
 
 
-def _check_shape(shape: object) -> tuple[int, ...] | None:
+def check_shape(shape: object) -> tuple[int, ...] | None:
     if shape is None:
         return None
     if isinstance(shape, (tuple, list, torch.Size)) and all(
@@ -192,7 +192,7 @@ def _check_shape(shape: object) -> tuple[int, ...] | None:
     )
 
 
-def _check_scale(scale: object) -> float:
+def check_scale(scale: object) -> float:
     if (
         isinstance(scale, (int, float))
         and not isinstance(scale, bool)
@@ -211,11 +211,11 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _component(dtype: torch.dtype) -> torch.dtype:
+def component_dtype(dtype: torch.dtype) -> torch.dtype:
     return {torch.complex64: torch.float32, torch.complex128: torch.float64}.get(dtype, dtype)
 
 
-_TORCH_DEFAULTS: dict[torch.dtype, tuple[float, float]] = {
+TORCH_DEFAULTS: dict[torch.dtype, tuple[float, float]] = {
     torch.float16: (1e-3, 1e-5),
     torch.bfloat16: (1.6e-2, 1e-5),
     torch.float32: (1.3e-6, 1e-5),

@@ -6,32 +6,32 @@ import math
 
 import torch
 
-from pytest_backends.tolerance.kernel import _ROW_FAMILY, kernel_precision
+from pytest_backends.tolerance.kernel import ROW_FAMILY, kernel_precision
 from pytest_backends.tolerance.model import (
-    _FP16_U,
-    _GEMM_OPS,
-    _LEGACY_TF32,
-    _LIBRARY_SWITCH,
-    _PRECISION_ROWS,
+    FP16_U,
+    GEMM_OPS,
+    LEGACY_TF32,
+    LIBRARY_SWITCH,
+    PRECISION_ROWS,
     dtype_name,
 )
-from pytest_backends.tolerance.view import _FlagView, _Path, _precision_u
+from pytest_backends.tolerance.view import FlagView, PrecisionPath, precision_u
 
 
-def _fp32_path(
-    view: _FlagView,
+def fp32_path(
+    view: FlagView,
     device: str,
     op: str | None,
-    path: _Path,
+    path: PrecisionPath,
     kernel: bool,
     shape: tuple[int, ...] | None = None,
     k: int | None = None,
 ) -> None:
-    rows = _PRECISION_ROWS.get(device, {}).get(op, ())
+    rows = PRECISION_ROWS.get(device, {}).get(op, ())
     worst: tuple[float, str, str] | None = None
     for name in rows:
         library = name.split(".", 1)[0]
-        switch = _LIBRARY_SWITCH.get(library)
+        switch = LIBRARY_SWITCH.get(library)
         if switch is not None and view.exists(switch):
             enabled = view.get(switch)
             path.note(switch, enabled)
@@ -39,14 +39,14 @@ def _fp32_path(
                 continue
         if view.exists(name):
             value = view.get(name)
-        elif name in _LEGACY_TF32 and view.exists(_LEGACY_TF32[name]):
-            legacy = _LEGACY_TF32[name]
+        elif name in LEGACY_TF32 and view.exists(LEGACY_TF32[name]):
+            legacy = LEGACY_TF32[name]
             value = "tf32" if view.get(legacy) is True else "ieee"
             name = legacy
         else:
             continue
         path.note(name, value)
-        found = _precision_u(value)
+        found = precision_u(value)
         if found is None:
             continue
         if kernel:
@@ -77,7 +77,7 @@ def _row_shape(row: str, op: str | None, shape: tuple[int, ...] | None) -> tuple
     asked about a ``(batch, out_channels, pixels)`` result; an RNN's GEMMs have
     shapes the result does not tell, so they are asked about the family.
     """
-    if shape is None or _ROW_FAMILY.get(row) != "matmul" or op in ("matmul", None):
+    if shape is None or ROW_FAMILY.get(row) != "matmul" or op in ("matmul", None):
         return shape
     if op == "conv" and len(shape) >= 3:
         return (shape[0], shape[1], math.prod(shape[2:]))
@@ -85,12 +85,12 @@ def _row_shape(row: str, op: str | None, shape: tuple[int, ...] | None) -> tuple
 
 
 # The op family each precision row governs (its probe computes one of those).
-def _half_path(
-    view: _FlagView, device: str, op: str | None, dtype: torch.dtype, path: _Path
+def half_path(
+    view: FlagView, device: str, op: str | None, dtype: torch.dtype, path: PrecisionPath
 ) -> None:
     short = "fp16" if dtype == torch.float16 else "bf16"
     rpr: list[str] = []
-    if op in _GEMM_OPS:
+    if op in GEMM_OPS:
         if device == "cuda":
             rpr.append(f"cuda.matmul.allow_{short}_reduced_precision_reduction")
             if dtype == torch.float16:
@@ -99,7 +99,7 @@ def _half_path(
                     value = view.get(name)
                     path.note(name, value)
                     if value is True:
-                        path.u_acc = _FP16_U
+                        path.u_acc = FP16_U
                         path.say(f"fp16 accumulation (u=2^-11) by {name}")
         elif device == "cpu" and dtype == torch.float16:
             rpr.append("cpu.allow_fp16_reduced_precision_reduction")

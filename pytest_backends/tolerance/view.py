@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pytest_backends.flags import registry
-from pytest_backends.tolerance.model import _BF16_U, _TF32_U
+from pytest_backends.tolerance.model import BF16_U, TF32_U
 
 
-class _FlagView:
+class FlagView:
     """Reads single flags from the registry, with an optional overlay.
 
     The precision getters report *effective* values (a leaf set to "none"
@@ -71,7 +71,7 @@ class _FlagView:
 
 
 @dataclass
-class _Path:
+class PrecisionPath:
     """The unit roundoffs of one computation, and what decided them."""
 
     u_out: float
@@ -89,9 +89,9 @@ class _Path:
         self.lines.append(line)
 
 
-def _precision_u(value: object) -> tuple[float, str] | None:
+def precision_u(value: object) -> tuple[float, str] | None:
     if value == "bf16":
-        return _BF16_U, "bf16"
+        return BF16_U, "bf16"
     if value == "tf32":
-        return _TF32_U, "tf32"
+        return TF32_U, "tf32"
     return None

@@ -88,7 +88,7 @@ def test_the_check_agrees_with_the_oracle(case: Case) -> None:
 def test_no_op_without_batch_rows_lands_in_the_census(case: Case) -> None:
     spec = {"sizes": None, "rtol": None, "atol": None, "tolerance": None, "permute": False}
     check = TestCheck(spec, Baseline(), update=False)
-    token = batch_api._SESSION.set(check)
+    token = batch_api.ACTIVE_CHECK.set(check)
     try:
         with torch.no_grad():
             assert_batch_invariant(
@@ -97,7 +97,7 @@ def test_no_op_without_batch_rows_lands_in_the_census(case: Case) -> None:
     except BatchInvarianceError:
         pass
     finally:
-        batch_api._SESSION.reset(token)
+        batch_api.ACTIVE_CHECK.reset(token)
     batched, _ = ops_with_batch_rows(case.fn, case.inputs, case.dims)
     listed = {row["op"] for row in check.rows()}
     TALLY["census cases"] += 1

@@ -137,3 +137,63 @@ def test_the_native_recorder_writes_the_one_set_of_slot_tags() -> None:
     source = (NATIVE / "recorder.cpp").read_text()
     written = set(re.findall(r'\bslot = py::make_tuple\("(\w+)"', source))
     assert written == op_tables.SLOT_TAGS
+
+
+def _tag_literals(source: str) -> list[str]:
+    """Slot tags spelled as strings where a slot is made or read: a tuple's first
+    element, a comparison with ``slot[0]`` or ``tag``, a set of two or more tags."""
+    import ast
+
+    def is_tag(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value in op_tables.SLOT_TAGS
+
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Tuple) and node.elts and is_tag(node.elts[0]):
+            found.append(f"{node.lineno}: tuple {node.elts[0].value!r}")  # type: ignore[attr-defined]
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            reads_tag = any(
+                (isinstance(s, ast.Name) and s.id == "tag")
+                or (isinstance(s, ast.Subscript) and isinstance(s.slice, ast.Constant))
+                for s in sides
+            )
+            if reads_tag and any(is_tag(s) for s in sides):
+                found.append(f"{node.lineno}: comparison")
+        elif (
+            isinstance(node, (ast.Set, ast.Tuple, ast.List))
+            and sum(is_tag(e) for e in node.elts) >= 2
+        ):
+            found.append(f"{node.lineno}: a set of tags")
+    return found
+
+
+def test_python_modules_take_the_slot_tags_from_op_tables() -> None:
+    from pathlib import Path
+
+    import pytest_backends
+
+    package = Path(pytest_backends.__file__).parent
+    spelled = [
+        f"{path.relative_to(package)}:{where}"
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "op_tables.py"
+        for where in _tag_literals(path.read_text(encoding="utf-8"))
+    ]
+    assert spelled == [], "slot tags spelled outside op_tables.py (use op_tables.SlotTag)"
+
+
+def test_a_spelled_slot_tag_would_be_found() -> None:
+    code = (
+        'key = ("uninitialized", dtype, shape)\n'
+        'if slot[0] == "opaque": pass\n'
+        'if tag in ("digest", "unread"): pass\n'
+        'out["digest"] = h\n'
+        'kind = "uninitialized"\n'
+    )
+    assert len(_tag_literals(code)) == 3
+
+
+def test_slot_tags_are_the_one_set() -> None:
+    tags = {v for k, v in vars(op_tables.SlotTag).items() if k.isupper()}
+    assert tags == op_tables.SLOT_TAGS and len(tags) == 8

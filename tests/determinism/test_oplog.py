@@ -14,6 +14,7 @@ from pytest_backends.determinism.api import RngState
 from pytest_backends.determinism.compare import Comparison, compare_runs
 from pytest_backends.determinism.record import Digest, RunLog
 from pytest_backends.determinism.record_python import BoundaryRecorder
+from pytest_backends.determinism.verdict import describe_divergence
 
 
 def _record(fn: Callable[[int], object], runs: int = 3) -> tuple[list[RunLog], Comparison]:
@@ -53,7 +54,7 @@ def test_planted_op_is_blamed_and_downstream_is_inconclusive(planted: ModuleType
     assert result.verdicts[("pbtest::noisy", "cpu", "float32")] == "nondeterministic"
     assert result.verdicts[("aten::exp", "cpu", "float32")] == "inconclusive"
     assert result.verdicts[("aten::mul", "cpu", "float32")] == "deterministic"
-    assert "pbtest::noisy (cpu, float32): output 0 differs" in first.describe(3)
+    assert "pbtest::noisy (cpu, float32): output 0 differs" in describe_divergence(first, 3)
 
 
 def test_independent_nondeterministic_ops_are_all_blamed(planted: ModuleType) -> None:
@@ -79,7 +80,7 @@ def test_state_carried_between_runs_is_not_blamed_on_an_op() -> None:
     assert result.unexplained is not None
     assert result.unexplained.kind == "inputs"
     assert result.unexplained.op == "aten::add_"
-    assert "inputs already differed" in result.unexplained.describe(3)
+    assert "inputs already differed" in describe_divergence(result.unexplained, 3)
 
 
 def test_python_level_difference_in_arguments_is_not_blamed() -> None:

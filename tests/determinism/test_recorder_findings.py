@@ -19,6 +19,7 @@ from pytest_backends.determinism.feature import MAX_RUNS, parse_runs
 from pytest_backends.determinism.locate import locate
 from pytest_backends.determinism.record import Digest, RunLog
 from pytest_backends.determinism.record_python import BoundaryRecorder
+from pytest_backends.determinism.verdict import describe_divergence
 
 
 def _record(fn: Callable[[int], object], runs: int = 3) -> tuple[list[RunLog], Comparison]:
@@ -59,7 +60,7 @@ def test_oneDNN_rnn_workspace_is_not_a_result() -> None:
     layer = next(c for c in logs[0].calls if c.name == "aten::mkldnn_rnn_layer")
     assert layer.outputs[3][0] == "workspace"
     assert all(isinstance(slot, Digest) for slot in layer.outputs[:3])
-    assert result.reproducible, [d.describe(3) for d in result.blamed]
+    assert result.reproducible, [describe_divergence(d, 3) for d in result.blamed]
     assert result.verdicts[("aten::mkldnn_rnn_layer", "cpu", "float32")] == "deterministic"
 
 
@@ -75,7 +76,7 @@ def test_reading_uninitialised_memory_is_its_own_finding() -> None:
     assert (finding.kind, finding.op) == ("uninitialized", "aten::add")
     assert finding.origin is not None
     assert finding.origin.startswith("aten::empty (test_recorder_findings.py:")
-    text = finding.describe(3)
+    text = describe_divergence(finding, 3)
     assert text.startswith(
         "reads uninitialised memory from aten::empty (test_recorder_findings.py:"
     )
@@ -175,13 +176,13 @@ def test_blame_names_source_line_module_path_and_forward_op(planted: ModuleType)
     assert noisy.location.file.endswith("test_recorder_findings.py")
     assert noisy.location.function == "forward"
     assert (noisy.location.module, noisy.location.module_type) == ("layers.1", "_Block")
-    assert "test_recorder_findings.py:" in noisy.describe(3)
-    assert ", module layers.1 (_Block)" in noisy.describe(3)
+    assert "test_recorder_findings.py:" in describe_divergence(noisy, 3)
+    assert ", module layers.1 (_Block)" in describe_divergence(noisy, 3)
     assert backward.op == "pbtest::spread_backward"
     assert backward.location.forward_op == "pbtest::spread"
     forward = backward.location.forward
     assert forward is not None and forward.module_type == "_Net" and forward.function == "forward"
-    assert "backward of pbtest::spread called at" in backward.describe(3)
+    assert "backward of pbtest::spread called at" in describe_divergence(backward, 3)
 
 
 def test_outside_tensors_changed_between_runs_are_keyed_by_content() -> None:

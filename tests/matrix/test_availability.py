@@ -5,13 +5,9 @@ from __future__ import annotations
 import pytest
 from matrix_helpers import AVX512, LEGACY_FLAGS, NEW_API_FLAGS, machine
 
-from pytest_backends.matrix.availability import (
-    Availability,
-    header_lines,
-    probe,
-    unavailable_reason,
-)
+from pytest_backends.matrix.availability import Availability, header_lines, probe
 from pytest_backends.matrix.axes import builtin_registry
+from pytest_backends.matrix.configs import unavailable_reason
 
 REG = builtin_registry()
 CPU_ONLY = machine()

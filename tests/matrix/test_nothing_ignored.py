@@ -404,7 +404,7 @@ def test_cost_summary_lines() -> None:
         report = pytest.TestReport(
             nodeid, ("t.py", 1, nodeid), {}, "passed", None, "call", duration=2.0
         )
-        _shared.add_property(report, verify_cost.SECONDS_PROPERTY, seconds)
+        _shared.attach(report, verify_cost.SECONDS_PROPERTY, seconds)
         summary.pytest_runtest_logreport(report)
     assert summary.lines()[0] == (
         "verified 2 test(s): the verifier's own time 2.00 s (mean 1000.0 ms per test, "
@@ -417,9 +417,9 @@ def test_cost_summary_gives_the_start_up_apart() -> None:
     summary = verify_cost.CostSummary()
     for nodeid, startup in (("t.py::a", 2.5), ("t.py::b", None), ("t.py::c", 1.0)):
         report = pytest.TestReport(nodeid, ("t.py", 1, nodeid), {}, "passed", None, "call")
-        _shared.add_property(report, verify_cost.SECONDS_PROPERTY, 0.01)
+        _shared.attach(report, verify_cost.SECONDS_PROPERTY, 0.01)
         if startup is not None:
-            _shared.add_property(report, verify_cost.STARTUP_PROPERTY, startup)
+            _shared.attach(report, verify_cost.STARTUP_PROPERTY, startup)
         summary.pytest_runtest_logreport(report)
     assert summary.lines()[2] == (
         "the profiler's one-time start-up: 3.50 s in 2 processes, before the first test "
@@ -437,7 +437,7 @@ def test_cost_summary_ignores_reruns_other_phases_and_unverified_reports() -> No
     ):
         report = pytest.TestReport("t.py::a", ("t.py", 1, "a"), {}, outcome, None, when)
         if tagged:
-            _shared.add_property(report, verify_cost.SECONDS_PROPERTY, 1.0)
+            _shared.attach(report, verify_cost.SECONDS_PROPERTY, 1.0)
         summary.pytest_runtest_logreport(report)
     assert summary.tests == 0 and summary.lines() == []
 

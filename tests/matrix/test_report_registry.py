@@ -36,7 +36,7 @@ def _report(nodeid: str, when: str, outcome: str, config_id: str | None) -> pyte
     longrepr = None if outcome == "passed" else "boom"
     report = pytest.TestReport(nodeid, ("t.py", 1, nodeid), {}, outcome, longrepr, when)
     if config_id is not None:
-        _shared.add_property(report, _shared.PROPERTY_CONFIG, config_id)
+        _shared.attach(report, _shared.PROPERTY_CONFIG, config_id)
     return report
 
 

@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 
 from pytest_backends import use_config
-from pytest_backends.matrix.availability import probe, unavailable_reason
+from pytest_backends.matrix.availability import probe
 from pytest_backends.matrix.axes import builtin_registry
-from pytest_backends.matrix.configs import BackendConfig
+from pytest_backends.matrix.configs import BackendConfig, unavailable_reason
 from pytest_backends.strategies import backend_configs
 
 REG = builtin_registry()

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_backends.paths.api import (
+    ConfigRun,
     _compare_outputs,
     _replay,
-    _Run,
     _run,
     _with_outputs,
     first_divergence,
@@ -72,7 +72,7 @@ def _chain(names: list[str]) -> Callable[[torch.Tensor], torch.Tensor]:
     return fn
 
 
-def oracle(ref: _Run, other: _Run) -> Identity | None:
+def oracle(ref: ConfigRun, other: ConfigRun) -> Identity | None:
     """Replay every op of the reference under both configurations; the first that parts."""
     for record in ref.records:
         if record.name.startswith(("aten::empty", "aten::new_empty")):

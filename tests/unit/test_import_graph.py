@@ -1,6 +1,8 @@
 """The package's import graph: no circles (function-level imports included), one registrar.
 
-Imports under ``if TYPE_CHECKING:`` are left out: they never run.
+Imports under ``if TYPE_CHECKING:`` are left out of the runtime graph (they
+never run), but a second graph counts them: a circle of type-level imports
+(two modules that each name the other's types) is forbidden too.
 """
 
 from __future__ import annotations
@@ -219,6 +221,62 @@ def all_imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     return {name for name in found if name in known and name != module}
 
 
+def type_level_imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """The package modules ``module`` imports, ``if TYPE_CHECKING:`` and function bodies included.
+
+    ``from package import submodule`` is an edge to the submodule alone: a
+    package's face re-exports lazily and is no party to a circle of types.
+    """
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            subs = [f"{base}.{alias.name}" for alias in node.names]
+            names = [name for name in subs if name in known]
+            if len(names) < len(subs):
+                names.append(base)
+        else:
+            continue
+        found |= {name for name in names if name in known and name != module}
+    return found
+
+
+def type_level_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    return {name: type_level_imports_of(name, path, known) for name, path in modules.items()}
+
+
+def test_type_level_imports_are_counted(tmp_path: Path) -> None:
+    source = tmp_path / "mod.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from pytest_backends.b import T\n"
+        "from pytest_backends import c\n"
+    )
+    known = {"pytest_backends", "pytest_backends.b", "pytest_backends.c"}
+    got = type_level_imports_of("pytest_backends.a", source, known)
+    assert got == {"pytest_backends.b", "pytest_backends.c"}
+    graph = {"pytest_backends.a": got, "pytest_backends.b": {"pytest_backends.a"}}
+    assert find_cycles(graph) == [["pytest_backends.a", "pytest_backends.b"]]
+
+
+def test_the_package_has_no_type_level_circle() -> None:
+    """A feature's settings live in a leaf both its feature module and hook layer import."""
+    cycles = find_cycles(type_level_graph())
+    assert len(cycles) == 0, "type-level import circles: " + "; ".join(
+        " -> ".join(cycle) for cycle in cycles
+    )
+
+
 def test_every_feature_root_exists_and_the_hook_layer_is_found() -> None:
     modules = _modules()
     assert all(root in modules for root in FEATURE_ROOTS.values())
@@ -331,6 +389,65 @@ def test_verdicts_travel_as_report_properties_not_attributes() -> None:
             ):
                 offenders.append(f"{name}:{node.lineno}")
     assert offenders == []
+
+
+def test_properties_have_one_writer_and_one_reader() -> None:
+    """Only ``_shared.attach`` writes ``user_properties`` and only ``_shared.read`` reads them."""
+    shared = f"{NAME}._shared"
+    offenders = []
+    for name, path in _modules().items():
+        if name == shared:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "user_properties":
+                offenders.append(f"{name}:{node.lineno}")
+            if isinstance(node, ast.Attribute) and node.attr in (
+                "add_property",
+                "carry",
+                "call_data",
+                "report_data",
+                "report_property",
+            ):
+                offenders.append(f"{name}:{node.lineno} {node.attr}")
+    assert offenders == []
+
+
+def private_imports() -> list[str]:
+    """``from pytest_backends.x import _name`` where ``_name`` is not a module: a private
+    name traded between modules (pluggy's rule: modules trade public names)."""
+    modules = _modules()
+    found = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(NAME):
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and f"{node.module}.{alias.name}" not in modules:
+                    found.append(f"{name}: {node.module}.{alias.name}")
+    return found
+
+
+#: Private names the flag modules still trade among themselves (none elsewhere).
+FLAGS_PRIVATE_IMPORTS = 80
+
+
+def test_modules_trade_public_names() -> None:
+    found = private_imports()
+    outside = [entry for entry in found if not entry.startswith(f"{NAME}.flags.")]
+    assert outside == []
+    assert len(found) <= FLAGS_PRIVATE_IMPORTS
+
+
+def test_shipped_files_cite_no_design_notes_users_do_not_have() -> None:
+    shipped = [
+        path
+        for path in sorted(PACKAGE.rglob("*"))
+        if path.suffix in (".py", ".cpp", ".h", ".cu", ".cuh")
+    ]
+    assert shipped
+    citing = [str(p.relative_to(PACKAGE)) for p in shipped if "DESIGN" in p.read_text()]
+    assert citing == []
 
 
 def test_no_module_is_over_600_lines_except_declarative_tables() -> None:
