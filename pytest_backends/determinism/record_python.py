@@ -1,56 +1,11 @@
 """Stage 1, the Python way: :class:`BoundaryRecorder`, a ``TorchDispatchMode``.
 
-The fallback where the native recorder (:mod:`~pytest_backends.determinism.record_native`)
-is not built; both fill the same :class:`~pytest_backends.determinism.record.RunLog`
-from the same op tables and give the same verdicts. Every aten (or custom) op the
-test calls passes through the mode, which records the op, a key of its inputs and the
-digests of its outputs. The per-op path is kept short because it runs for every op of
-a suite:
-
-* A tensor's key is computed once: an op's output is digested when the op
-  returns, and later uses reuse that key as long as the tensor's version
-  counter has not moved. Outputs of pure view ops (``view``, ``t``,
-  ``select``, ...) are keyed by the view op and its inputs' keys, never
-  digested.
-* Tensors that come from outside the run (parameters, fixture values) are
-  digested on their first use in every run, unless the previous run's key is
-  proven still true: the same tensor with its version counter not moved, the
-  same storage, offset, sizes and strides, no recorded op writing that storage
-  through any alias (``p.data.add_()`` moves no version counter of ``p``), the
-  storage not shared outside torch, and no other thread started, compiled
-  kernel or unseen wrapper subclass in the previous run. So a storage swapped
-  between runs (``layer.weight.data = other``), a write that bypasses the
-  version counter or memory written outside torch ops is seen by content,
-  and a parameter no one wrote is read once per test.
-  Overlapping views (``expand``) are digested by the memory they cover, and a
-  view whose storage is too small for it (freed with ``resize_(0)``) is not
-  read at all: it is "opaque", an input that cannot be proven equal.
-* Generators passed to ops are keyed by their state at call time; storages
-  and other Python objects cannot be proven equal. ``set_`` points a tensor at
-  other memory, which is keyed where an op first reads it.
-* Digests stay on the device until :meth:`BoundaryRecorder.finish`, which
-  copies them to the host with one transfer per device.
-
-Some outputs are not results and are compared by dtype and shape only:
-uninitialised memory (``empty``, ``new_empty``, ...) and the workspace or
-reserve buffers of fused kernels (the op tables of
-:mod:`~pytest_backends.determinism.op_tables`). Reading uninitialised memory
-is tracked: an op whose differing output comes from reading such memory
-(directly, through a view, or after a partial in-place write) is reported as
-an uninitialised read, never as a nondeterministic kernel.
-
-Where the mode cannot see, it steps aside. Dynamo refuses to compile under an
-ordinary dispatch mode; this one's ``ignore_compile_internals()`` is true, so
-it is off while Dynamo, AOTAutograd and Inductor compile and on while the
-compiled code runs: ops compiled code calls through the dispatcher are
-recorded, fused kernels are checked where a recorded op first uses their
-results. Dispatch modes are per thread, so a tensor made on another thread,
-like one made from Python data, enters the record where a recorded op first
-uses it. And an exception of the recorder's own machinery is never the
-test's: the recorder stops recording for the rest of the run and says why
-(``failure``); the test keeps its outcome and is "not checked".
-
-Importing this module imports torch: load it only when the harness runs.
+The fallback where the native recorder is not built; both fill the same
+:class:`~pytest_backends.determinism.record.RunLog` from the same op tables and give
+the same verdicts (the documentation's determinism explanation gives the proof rule:
+keys reused while a version counter has not moved, outside tensors carried between
+runs only when proven unchanged, generators keyed by their state at call time,
+uninitialised memory tracked). Importing this module imports torch.
 """
 
 from __future__ import annotations
@@ -480,7 +435,7 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return None
         return key
 
-    def carry(self) -> None:
+    def carry_unchanged(self) -> None:
         """Keep the keys the next run may reuse: outside tensors alive, unchanged, unwritten."""
         carry: dict[int, tuple[Any, ...]] = {}
         shared = self._shared
@@ -623,7 +578,7 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             for i, row in zip(indices, rows):
                 key = self._pending_keys[i]
                 key.value = tuple(row) + key.extra
-        self.carry()
+        self.carry_unchanged()
         self._carried = {}
         calls = []
         for info, inputs, outputs, where, alerted, tainted in self._calls:

@@ -25,19 +25,11 @@ import functools
 import operator
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from pytest_backends.flags.catalogue import _catalogue
-from pytest_backends.flags.row import Flag, _Invalid, _unfrozen
-
-
-@dataclass(frozen=True, eq=False)
-class ReadGroup:
-    """Rows read together: ``read()`` returns the raw values of ``names``, in that order."""
-
-    names: tuple[str, ...]
-    read: Callable[[], tuple[object, ...]]
+from pytest_backends.flags.row import Flag, ReadGroup, _Invalid, _unfrozen
 
 
 def _gated(

@@ -6,12 +6,17 @@ import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from pytest_backends.flags.registry import ReadGroup
+from typing import Any
 
 Check = Callable[[object], object]
+
+
+@dataclass(frozen=True, eq=False)
+class ReadGroup:
+    """Rows read together: ``read()`` returns the raw values of ``names``, in that order."""
+
+    names: tuple[str, ...]
+    read: Callable[[], tuple[object, ...]]
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pytest_backends.batch.api import CaseResult, _compare_all
+from pytest_backends.batch.compare import CaseResult, compare_all
 from pytest_backends.batch.runs import Case, Run, differences
 
 N = 8
@@ -106,7 +106,7 @@ def test_joined_comparison_equals_the_plain_one(dtype: torch.dtype, d: int, tol:
         if d == 1:  # sub-batches in another layout than the joined tensor
             subs = [s.transpose(0, 2).contiguous().transpose(0, 2) for s in subs]
         runs = [(Run([("output", s, d)]), c) for s, c in zip(subs, CASES)]
-        got = _compare_all(Run([("output", full, d)]), runs, tol)  # type: ignore[arg-type]
+        got = compare_all(Run([("output", full, d)]), runs, tol)  # type: ignore[arg-type]
         want = [_plain(full, s, c, d, tol) for s, c in zip(subs, CASES)]
         assert got == want
         assert any(not r.identical for r in got) == bool(k)
@@ -120,7 +120,7 @@ def test_a_part_missing_from_one_sub_batch_keeps_the_order() -> None:
         (Run([("b", other[3:4] + 1, 0)]), CASES[1]),
         (Run([("a", full[7:] + 1, 0), ("b", other[7:], 0)]), CASES[2]),
     ]
-    got = _compare_all(Run([("a", full, 0), ("b", other, 0)]), runs, None)
+    got = compare_all(Run([("a", full, 0), ("b", other, 0)]), runs, None)
     assert [(r.case, r.part, r.first_row) for r in got] == [
         ("row 0 alone", "a", None),
         ("row 0 alone", "b", None),

@@ -295,10 +295,15 @@ def test_corpus_both_recorders_agree_with_the_oracle(
         # The augmentation thread's draws interleave with the test's as the scheduler
         # lets them; the test logs, per run, how many of the thread's draws preceded
         # each of its own, which fixes the generator's state at each of its draws.
-        # Runs that saw different interleavings: "not checked" (naming the thread);
+        # Every run saw a different interleaving: "not checked" (naming the thread);
         # the same interleaving in every run: checked (so the planted op is blamed).
+        # Two runs alike and one different: a recorder that compares the two alike
+        # proves the planted op's inputs equal and rightly blames it, so either holds.
         runs = thread_log.read_text(encoding="utf-8").splitlines()[:3]
-        expected_thread[recorder] = "not checked" if len(set(runs)) > 1 else "FAILED"
+        distinct = len(set(runs))
+        expected_thread[recorder] = (
+            "FAILED" if distinct == 1 else "not checked" if distinct == len(runs) else "either"
+        )
     cases = len(seen["python"][0])
     thread = "test_corpus.py::test_augmentation_thread"
     # A DataLoader's worker batches follow the workers' timing: the native recorder,
@@ -310,12 +315,17 @@ def test_corpus_both_recorders_agree_with_the_oracle(
         for k in seen["python"][0]
         if k not in racy and seen["python"][0][k] != seen["native"][0].get(k)
     }
-    if expected_thread["python"] == expected_thread["native"]:
+    if expected_thread["python"] == expected_thread["native"] != "either":
         racy.discard(thread)
         if seen["python"][0].get(thread) != seen["native"][0].get(thread):
             disagreements.add(thread)
     false_verdicts = {r: seen[r][0].get(thread) for r in RECORDERS}
-    false_verdicts = {r: v for r, v in false_verdicts.items() if v != expected_thread[r]}
+    false_verdicts = {
+        r: v
+        for r, v in false_verdicts.items()
+        if v != expected_thread[r]
+        and not (expected_thread[r] == "either" and v in ("FAILED", "not checked"))
+    }
     print(
         f"corpus: {cases} cases per recorder, oracle-nondeterministic ops {sorted(oracle)}, "
         f"blamed in {len(seen['python'][1])} tests, {len(disagreements)} disagreements, "
