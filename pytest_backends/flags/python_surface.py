@@ -33,6 +33,8 @@ import sys
 import types
 from typing import Any
 
+from pytest_backends.flags.switch_state import INDUCTOR_NUMERICS
+
 __all__ = ["PY_MANAGED", "python_surface"]
 
 #: Modules whose functions change process state, and the function names counted as switches.
@@ -147,16 +149,7 @@ PY_MANAGED: dict[str, str] = {
     "torch.backends.python_native.disable_dispatch_keys": "python_native.disabled_dispatch_keys",
     "torch.backends.python_native.enable_dispatch_keys": "python_native.disabled_dispatch_keys",
 }
-for _option in (
-    "deterministic",
-    "batch_invariant",
-    "numerics",
-    "emulate_precision_casts",
-    "fallback_random",
-    "eager_numerics.division_rounding",
-    "eager_numerics.disable_ftz",
-    "eager_numerics.use_pytorch_libdevice",
-):
+for _option in INDUCTOR_NUMERICS:
     PY_MANAGED[f"torch._inductor.config.{_option}"] = f"inductor.{_option}"
 for _device in ("cpu", "cuda", "mtia", "maia", "xpu", "ipu", "hpu", "xla", "privateuseone", "mps"):
     PY_MANAGED[f"torch.set_autocast_enabled[{_device}]"] = f"autocast.{_device}.enabled"

@@ -256,7 +256,8 @@ INTEROP_HINT = (
     "torch.set_num_interop_threads() in conftest.py before any test, or run this test "
     "in its own process (pytest-xdist --forked or a subprocess)"
 )
-_INDUCTOR_NUMERICS = (
+#: The inductor options that decide compiled numerics: each is a row.
+INDUCTOR_NUMERICS = (
     "deterministic",
     "batch_invariant",
     "numerics",

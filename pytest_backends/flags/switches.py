@@ -26,8 +26,8 @@ from pytest_backends.flags.row import (
 )
 from pytest_backends.flags.switch_state import (
     _GUARDS,
-    _INDUCTOR_NUMERICS,
     _MODULE_HOOKS,
+    INDUCTOR_NUMERICS,
     INTEROP_HINT,
     Add,
     _any_value,
@@ -148,7 +148,7 @@ def switch_rows(torch: Any, add: Add, c_flag: Callable[..., None]) -> None:
     unset = _unset_sentinel()
     if unset is None:
         return
-    for attr in _INDUCTOR_NUMERICS:
+    for attr in INDUCTOR_NUMERICS:
         _config_row(
             add,
             f"inductor.{attr}",

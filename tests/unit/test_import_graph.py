@@ -51,6 +51,16 @@ def _walk(node: ast.AST) -> Iterator[ast.AST]:
         yield from _walk(child)
 
 
+def _absolute(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from ... import`` names, relative imports resolved against ``package``."""
+    base = node.module or ""
+    if not node.level:
+        return base
+    anchor = package.split(".")
+    anchor = anchor[: len(anchor) - node.level + 1]
+    return ".".join([*anchor, base] if base else anchor)
+
+
 def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     """The package modules ``module`` imports, at any depth of its code."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -60,11 +70,7 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
+            base = _absolute(node, package)
             names = [base] + [f"{base}.{alias.name}" for alias in node.names]
         else:
             continue
@@ -234,11 +240,7 @@ def type_level_imports_of(module: str, path: Path, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
+            base = _absolute(node, package)
             subs = [f"{base}.{alias.name}" for alias in node.names]
             names = [name for name in subs if name in known]
             if len(names) < len(subs):
