@@ -15,12 +15,19 @@ raw values of all of them, each exactly what the row's own ``read`` returns:
 
 A gate is proved on the running torch before it is used (autocast: each device
 is switched on in turn and must open the gate), never assumed from a version.
+
+A row whose getter is slow and whose usual value is proved by a cheaper getter
+gets a faster reader of the same raw value (the torch-function state is
+``ENABLED`` exactly while ``_is_torch_function_enabled()`` says so).  The
+fingerprint itself is one generated function that calls every reader, with the
+bound arguments of ``functools.partial`` readers passed directly.
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import dis
 import functools
 import operator
 import sys
@@ -150,6 +157,103 @@ def _legacy_precision_group(by_name: dict[str, Flag]) -> ReadGroup | None:
     return ReadGroup(tuple(names), read)
 
 
+def _torch_function_reader(torch: Any, row: Flag | None) -> Callable[[], object] | None:
+    """The torch-function state read through the cheap ``_is_torch_function_enabled``.
+
+    Proved here: the gate is true with the state ``ENABLED`` and false under both
+    ways of disabling torch-function handling, which change the state.
+    """
+    C = torch._C
+    gate = getattr(C, "_is_torch_function_enabled", None)
+    disablers = [getattr(C, n, None) for n in ("DisableTorchFunction", "DisableTorchFunctionSubclass")]
+    if row is None or gate is None or not gate() or not all(callable(d) for d in disablers):
+        return None
+    slow = row.read
+    enabled = slow()
+    try:
+        for disabler in disablers:
+            with disabler():  # type: ignore[misc]
+                if gate() or slow() == enabled:
+                    return None
+    except Exception:  # an unusual build: keep the row's own reader
+        return None
+    if not gate() or slow() != enabled:
+        return None
+
+    def read() -> object:
+        return enabled if gate() else slow()
+
+    return read
+
+
+def _nesting_reader(torch: Any, row: Flag | None) -> Callable[[], object] | None:
+    """The autocast nesting count with torch's two C functions bound, not looked up."""
+    increment = getattr(torch._C, "autocast_increment_nesting", None)
+    decrement = getattr(torch._C, "autocast_decrement_nesting", None)
+    if row is None or not callable(increment) or not callable(decrement):
+        return None
+    if getattr(torch, "autocast_increment_nesting", None) is not increment:
+        return None  # patched or wrapped: the row's own reader says what torch does
+
+    def read() -> object:
+        level = increment()
+        decrement()
+        return int(level) - 1
+
+    return read if read() == row.read() else None
+
+
+def _global_reader(read: Callable[[], object]) -> Callable[[], object] | None:
+    """``read``'s module-global lookup, for a getter whose whole body is ``return NAME``."""
+    code = getattr(read, "__code__", None)
+    namespace = getattr(read, "__globals__", None)
+    if code is None or not isinstance(namespace, dict) or code.co_argcount or read.__closure__:  # type: ignore[attr-defined]
+        return None
+    ops = [i for i in dis.get_instructions(code) if i.opname not in ("RESUME", "CACHE", "NOP")]
+    if [i.opname for i in ops] != ["LOAD_GLOBAL", "RETURN_VALUE"]:
+        return None
+    name = ops[0].argval
+    if name not in namespace:
+        return None
+    return functools.partial(namespace.get, name)
+
+
+def _mha_reader(row: Flag | None) -> Callable[[], object] | None:
+    """The MHA fast-path switch as its module global (the getter also asks TorchScript)."""
+    module = sys.modules.get("torch.backends.mha")
+    namespace = getattr(module, "__dict__", {})
+    setter = getattr(module, "set_fastpath_enabled", None)
+    if row is None or "_is_fastpath_enabled" not in namespace or not callable(setter):
+        return None
+    fast = functools.partial(namespace.get, "_is_fastpath_enabled")
+    value = row.read()
+    try:
+        setter(not value)
+        proved = fast() is row.read() is (not value)
+    finally:
+        setter(value)
+    return fast if proved and fast() is value else None
+
+
+def faster_readers(torch: Any, rows: Sequence[Flag]) -> dict[str, Callable[[], object]]:
+    """Proved cheaper readers of the same raw value, by row name, for the fingerprint.
+
+    A row's own ``read`` stays as it is (the oracle the fingerprint is tested against).
+    """
+    by_name = {r.name: r for r in rows if r.in_snapshot and not r.unmanaged}
+    faster = {
+        "modes.torch_function_state": _torch_function_reader(
+            torch, by_name.get("modes.torch_function_state")
+        ),
+        "autocast.nesting": _nesting_reader(torch, by_name.get("autocast.nesting")),
+        "mha.fastpath_enabled": _mha_reader(by_name.get("mha.fastpath_enabled")),
+    }
+    for name, row in by_name.items():
+        if name not in faster:
+            faster[name] = _global_reader(row.read)
+    return {name: read for name, read in faster.items() if read is not None}
+
+
 def grouped(torch: Any, rows: list[Flag]) -> list[Flag]:
     """``rows`` with the rows that are read together marked with their :class:`ReadGroup`."""
     by_name = {r.name: r for r in rows if r.in_snapshot and not r.unmanaged}
@@ -178,7 +282,7 @@ class FlagRegistry:
         self.by_name: dict[str, Flag] = {r.name: r for r in self.rows}
         self.absent: dict[str, str] = dict(absent)
         self.snapshot_rows: tuple[Flag, ...] = tuple(r for r in self.rows if r.in_snapshot)
-        self._readers, self._layout = _plan(self.snapshot_rows)
+        self._readers, self._layout = _plan(self.snapshot_rows, faster_readers(torch, rows))
         self._read_all = _call_all(self._readers)
 
     def names(self) -> list[str]:
@@ -306,14 +410,15 @@ class FlagRegistry:
 
 
 def _plan(
-    rows: tuple[Flag, ...],
+    rows: tuple[Flag, ...], faster: Mapping[str, Callable[[], object]]
 ) -> tuple[tuple[Callable[[], object], ...], tuple[tuple[Flag, int, int], ...]]:
     """The fingerprint's readers, and where each row's raw value sits in it.
 
     A row read alone is at ``fingerprint[i]`` (``j == -1``); a row of a
     :class:`ReadGroup` at ``fingerprint[i][j]``.
     A group is read once, where its first row is; a group some of whose rows
-    are not snapshot rows here is not used (its rows are read alone).
+    are not snapshot rows here is not used (its rows are read alone).  A row read
+    alone is read through its entry in ``faster`` where it has one.
     """
     present = {r.name for r in rows}
     readers: list[Callable[[], object]] = []
@@ -323,7 +428,7 @@ def _plan(
         group = row.group
         if group is None or not set(group.names) <= present:
             layout.append((row, len(readers), -1))
-            readers.append(row.read)
+            readers.append(faster.get(row.name, row.read))
             continue
         if id(group) not in at:
             at[id(group)] = len(readers)
@@ -337,14 +442,25 @@ def _call_all(readers: tuple[Callable[[], object], ...]) -> Callable[[], tuple[o
 
     Generated, because a fingerprint is a loop of about a hundred calls of a few tens
     of nanoseconds each: a tuple display of calls skips the loop's own bytecode
-    (about a quarter of the cost).
+    (about a quarter of the cost).  A ``functools.partial`` of positional arguments
+    is called as its function with those arguments, which skips the partial's own
+    call (the same call, a fifth cheaper).
     """
-    names = [f"r{i}" for i in range(len(readers))]
-    calls = "".join(f"{n}(), " for n in names)
-    source = f"def read_all({', '.join(names)}):\n    return lambda: ({calls})\n"
+    bound: list[object] = []
+    calls: list[str] = []
+    for reader in readers:
+        if type(reader) is functools.partial and not reader.keywords:
+            names = [f"b{len(bound) + k}" for k in range(1 + len(reader.args))]
+            bound += [reader.func, *reader.args]
+            calls.append(f"{names[0]}({', '.join(names[1:])}), ")
+        else:
+            calls.append(f"b{len(bound)}(), ")
+            bound.append(reader)
+    params = ", ".join(f"b{i}" for i in range(len(bound)))
+    source = f"def read_all({params}):\n    return lambda: ({''.join(calls)})\n"
     namespace: dict[str, Any] = {}
     exec(compile(source, "<pytest_backends fingerprint>", "exec"), namespace)
-    return namespace["read_all"](*readers)  # type: ignore[no-any-return]
+    return namespace["read_all"](*bound)  # type: ignore[no-any-return]
 
 
 @functools.cache

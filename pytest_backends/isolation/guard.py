@@ -107,6 +107,7 @@ class IsolationPlugin:
         # threads): reported before the next test or at session end
         self._late: list[tuple[str, dict[str, tuple[object, object]]]] = []
         self.threads = ThreadOrigins(self.watch)
+        self.primitive_log = PrimitiveLogPlugin()
 
     # -- bookkeeping ------------------------------------------------------
 
@@ -192,31 +193,17 @@ class IsolationPlugin:
             if state is not None:
                 self._end(item, state)
 
-    # trylast: inside pytest's capture wrapper, which points fd 1 at its own file
-    # when the call starts; the primitive log must redirect fd 1 after it.
-    @pytest.hookimpl(wrapper=True, trylast=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
-        """Under a reduced oneDNN precision, capture oneDNN's primitive log during the call.
-
-        The tolerance model then bounds each result by the precision of the
-        kernel that computed it (``pytest_backends.tolerance.kernel_precision``),
-        not by the flag's worst case.  About 0.3 ms a test; only for items whose
-        flags set ``fp32_precision`` to ``bf16`` or ``tf32``.
-        """
-        flags = item.stash.get(_shared.ITEM_FLAGS_KEY, None)
-        if not flags or not _reduces_onednn_precision(flags):
-            return (yield)
-        from pytest_backends import kernels
-
-        if kernels.active_log() is not None:  # --backends-verify or the test captures already
-            return (yield)
-        log = kernels.PrimitiveLog()
-        started = log.start()
-        try:
-            return (yield)
-        finally:
-            if started:
-                log.stop()
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Register the primitive-log wrapper when a collected test needs it (else no call hook)."""
+        needs = any(
+            _reduces_onednn_precision(item.stash.get(_shared.ITEM_FLAGS_KEY, None) or {})
+            for item in session.items
+        )
+        manager = session.config.pluginmanager
+        if needs and not manager.is_registered(self.primitive_log):
+            manager.register(self.primitive_log, "backends-isolation-primitive-log")
+            session.config.add_cleanup(lambda: manager.unregister(self.primitive_log))
 
     def _begin(
         self,
@@ -554,6 +541,40 @@ def _is_parameter(fixturedef: Any) -> bool:
     return getattr(func, "__name__", "") == "get_direct_param_fixture_func" and getattr(
         func, "__module__", ""
     ).startswith("_pytest")
+
+
+class PrimitiveLogPlugin:
+    """Captures oneDNN's primitive log during the call of a test under a reduced precision.
+
+    Registered by the guard after collection, and only when a collected test's
+    flags reduce oneDNN's fp32 precision: other sessions pay no call hook for it.
+    """
+
+    # trylast: inside pytest's capture wrapper, which points fd 1 at its own file
+    # when the call starts; the primitive log must redirect fd 1 after it.
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
+        """Under a reduced oneDNN precision, capture oneDNN's primitive log during the call.
+
+        The tolerance model then bounds each result by the precision of the
+        kernel that computed it (``pytest_backends.tolerance.kernel_precision``),
+        not by the flag's worst case.  About 0.3 ms a test; only for items whose
+        flags set ``fp32_precision`` to ``bf16`` or ``tf32``.
+        """
+        flags = item.stash.get(_shared.ITEM_FLAGS_KEY, None)
+        if not flags or not _reduces_onednn_precision(flags):
+            return (yield)
+        from pytest_backends import kernels
+
+        if kernels.active_log() is not None:  # --backends-verify or the test captures already
+            return (yield)
+        log = kernels.PrimitiveLog()
+        started = log.start()
+        try:
+            return (yield)
+        finally:
+            if started:
+                log.stop()
 
 
 def _reduces_onednn_precision(flags: Mapping[str, object]) -> bool:

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from pytest_backends.flags import FlagRegistry
 from pytest_backends.flags.catalogue import _catalogue
+from pytest_backends.flags.registry import _global_reader, faster_readers
 from pytest_backends.flags.switches import _unset_sentinel
 
 _UNSET = _unset_sentinel()
@@ -109,6 +110,29 @@ def _checkpoint() -> Callable[[], None]:
     return lambda: setattr(checkpoint, "_enable_checkpoint_early_stop", before)
 
 
+def _torch_function_off() -> Callable[[], None]:
+    ctx = torch._C.DisableTorchFunctionSubclass()
+    ctx.__enter__()
+    return lambda: ctx.__exit__(None, None, None)
+
+
+def _nesting() -> Callable[[], None]:
+    torch.autocast_increment_nesting()
+    return torch.autocast_decrement_nesting
+
+
+def _fastpath() -> Callable[[], None]:
+    before = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(not before)
+    return lambda: torch.backends.mha.set_fastpath_enabled(before)
+
+
+def _swap_params() -> Callable[[], None]:
+    before = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(not before)
+    return lambda: torch.__future__.set_swap_module_params_on_conversion(before)
+
+
 def _inductor(module: types.ModuleType) -> Callable[[], Callable[[], None]]:
     def change() -> Callable[[], None]:
         token = module._config["fallback_random"].user_override.set(True)  # type: ignore[attr-defined]
@@ -156,6 +180,10 @@ def _changes(inductor: types.ModuleType | None) -> list[Change]:
         ("fp32 precision string", _mixed_precision),
         ("saved tensors hooks", _saved_hooks),
         ("checkpoint early stop", _checkpoint),
+        ("torch function off", _torch_function_off),
+        ("autocast nesting", _nesting),
+        ("mha fast path", _fastpath),
+        ("swap module params", _swap_params),
     ]
     if getattr(torch.backends, "python_native", None) is not None:
         changes += [("native dsl", lambda: _native("dsl")), ("native op", lambda: _native("op"))]
@@ -169,6 +197,25 @@ def test_the_fingerprint_reads_groups(fast_registry: FlagRegistry) -> None:
     grouped = [r for r in reg.snapshot_rows if r.group is not None]
     assert len(grouped) >= 20, [r.name for r in grouped]
     assert len(reg.fingerprint()) < len(reg.snapshot_rows) - 20
+
+
+def test_slow_getters_are_read_through_proved_faster_readers() -> None:
+    """The torch-function state, the nesting count and module-global getters."""
+    reg = FlagRegistry(torch, *_catalogue(torch))
+    faster = faster_readers(torch, list(reg.rows))
+    expected = {
+        "modes.torch_function_state",
+        "autocast.nesting",
+        "mha.fastpath_enabled",
+        "future.swap_module_params_on_conversion",
+        "multiprocessing.sharing_strategy",
+    }
+    assert expected & set(reg.by_name) <= set(faster), sorted(faster)
+    for name, read in faster.items():
+        assert read() == reg.by_name[name].read(), name
+    # a getter that does more than return its module global keeps its own reader
+    assert _global_reader(torch.get_default_dtype) is None
+    assert _global_reader(lambda: reg) is None
 
 
 def test_fast_fingerprint_agrees_with_every_row_read_alone(
