@@ -11,40 +11,40 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_backends.flags.row import (
-    _ALL_PRECISIONS,
-    _CUDA_PRECISIONS,
-    _FP32_ROWS,
+    ALL_PRECISIONS,
+    CUDA_PRECISIONS,
+    FP32_ROWS,
     Check,
     Flag,
-    _any_str,
-    _bool,
-    _check_dtype,
-    _choice,
-    _default_device_reader,
-    _dtype,
-    _dtype_name,
-    _enum_name,
-    _missing,
-    _non_negative_int,
-    _pair_writer,
-    _positive_int,
-    _priority_order,
-    _read_or_mixed,
-    _reduction_pair,
-    _set_attr,
-    _set_default_device,
-    _write_unless_mixed,
+    any_str,
     attribute_reader,
+    check_bool,
+    default_device_reader,
+    dtype_check,
+    dtype_name,
+    dtype_of,
+    enum_name,
+    missing_flag,
+    non_negative_int,
+    one_of,
+    pair_writer,
+    positive_int,
+    priority_order,
+    read_or_mixed,
+    reduction_pair,
+    set_attr,
+    write_default_device,
+    write_unless_mixed,
 )
 from pytest_backends.flags.rows import (
-    _FROZEN_ATTR,
-    _autocast_rows,
-    _backends_globals,
-    _device_rows,
-    _flush_denormal_readable,
-    _process_rows,
-    _read_flush_denormal,
-    _set_frozen,
+    FROZEN_ATTR,
+    autocast_rows,
+    backends_globals,
+    device_rows,
+    flush_denormal_readable,
+    process_rows,
+    read_flush_denormal,
+    set_frozen,
 )
 from pytest_backends.flags.surface import unmanaged_rows
 from pytest_backends.flags.switches import switch_rows
@@ -55,14 +55,14 @@ _BLAS_ALIASES = {"hipblas": "cublas", "hipblaslt": "cublaslt"}
 def _blas_library(torch: Any, value: object) -> object:
     """torch's BLAS library names: ``"default"`` resolves to the build's default, and the
     ROCm names are aliases of the CUDA ones."""
-    value = _choice("default", "cublas", "cublaslt", "hipblas", "hipblaslt", "ck")(value)
+    value = one_of("default", "cublas", "cublaslt", "hipblas", "hipblaslt", "ck")(value)
     if value == "default":
         default = getattr(torch._C, "_get_blas_default_backend", None)
-        return _enum_name(default()) if default is not None else "cublas"
+        return enum_name(default()) if default is not None else "cublas"
     return _BLAS_ALIASES.get(str(value), value)
 
 
-def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
+def build_catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     """Build every row that exists in ``torch`` and the reasons for the rest.
 
     Rows are probed feature by feature (never by version number) so that
@@ -93,7 +93,16 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
         exists = has(getter) and has(setter)
         read = getattr(C, getter, None)
         write = getattr(C, setter, None)
-        add(name, exists, read or _missing, write or _missing, _bool, "True, False", doc, **extra)
+        add(
+            name,
+            exists,
+            read or missing_flag,
+            write or missing_flag,
+            check_bool,
+            "True, False",
+            doc,
+            **extra,
+        )
 
     new_precision = has("_get_fp32_precision_getter") and has("_set_fp32_precision_setter")
     cudnn_available = bool(torch.backends.cudnn.is_available())
@@ -115,18 +124,18 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     add(
         "cudnn.depthwise_kernel",
         has("_get_cudnn_depthwise_kernel") or "needs torch >= 2.13",
-        getattr(C, "_get_cudnn_depthwise_kernel", _missing),
-        getattr(C, "_set_cudnn_depthwise_kernel", _missing),
-        _choice("auto", "cudnn", "native"),
+        getattr(C, "_get_cudnn_depthwise_kernel", missing_flag),
+        getattr(C, "_set_cudnn_depthwise_kernel", missing_flag),
+        one_of("auto", "cudnn", "native"),
         "'auto', 'cudnn', 'native'",
         "cuDNN depthwise convolution kernel choice",
     )
     add(
         "cudnn.benchmark_limit",
         (cudnn_available and has("_cuda_get_cudnn_benchmark_limit")) or "needs cuDNN",
-        getattr(C, "_cuda_get_cudnn_benchmark_limit", _missing),
-        getattr(C, "_cuda_set_cudnn_benchmark_limit", _missing),
-        _positive_int,
+        getattr(C, "_cuda_get_cudnn_benchmark_limit", missing_flag),
+        getattr(C, "_cuda_set_cudnn_benchmark_limit", missing_flag),
+        positive_int,
         "a positive int",
         "cuDNN v8 API: how many algorithms benchmark tries",
     )
@@ -136,9 +145,9 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     add(
         "cudnn.allow_tf32",
         (has("_get_cudnn_allow_tf32") and has("_set_cudnn_allow_tf32")) or "not in this torch",
-        functools.partial(_read_or_mixed, getattr(C, "_get_cudnn_allow_tf32", _missing)),
-        functools.partial(_write_unless_mixed, getattr(C, "_set_cudnn_allow_tf32", _missing)),
-        _bool,
+        functools.partial(read_or_mixed, getattr(C, "_get_cudnn_allow_tf32", missing_flag)),
+        functools.partial(write_unless_mixed, getattr(C, "_set_cudnn_allow_tf32", missing_flag)),
+        check_bool,
         "True, False",
         "TF32 in cuDNN convolutions (legacy API)",
         order=5,
@@ -185,8 +194,8 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
                 Flag(
                     name,
                     getattr(C, getter),
-                    _pair_writer(getattr(C, setter), paired),
-                    _reduction_pair if paired else _bool,
+                    pair_writer(getattr(C, setter), paired),
+                    reduction_pair if paired else check_bool,
                     "a bool or (allow_reduced, allow_splitk)" if paired else "True, False",
                     f"reduced-precision reductions in {dtype} cuBLAS GEMMs",
                 )
@@ -207,17 +216,17 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     )
 
     # The fp32_precision tree (torch >= 2.9).
-    for name, backend, op, parent in _FP32_ROWS:
+    for name, backend, op, parent in FP32_ROWS:
         if not new_precision:
             absent[name] = "needs the fp32_precision API (torch >= 2.9)"
             continue
-        choices = _CUDA_PRECISIONS if backend == "cuda" else _ALL_PRECISIONS
+        choices = CUDA_PRECISIONS if backend == "cuda" else ALL_PRECISIONS
         rows.append(
             Flag(
                 name,
                 functools.partial(C._get_fp32_precision_getter, backend, op),
                 functools.partial(C._set_fp32_precision_setter, backend, op),
-                _choice(*choices),
+                one_of(*choices),
                 ", ".join(choices),
                 f"fp32 precision of {backend}/{op} ('none' inherits from its parent)",
                 order={"generic": 10}.get(backend, 20 if op == "all" else 30),
@@ -231,9 +240,9 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     add(
         "float32_matmul_precision",
         has("_get_float32_matmul_precision") or "not in this torch",
-        functools.partial(_read_or_mixed, getattr(C, "_get_float32_matmul_precision", _missing)),
-        functools.partial(_write_unless_mixed, torch.set_float32_matmul_precision),
-        _choice("highest", "high", "medium"),
+        functools.partial(read_or_mixed, getattr(C, "_get_float32_matmul_precision", missing_flag)),
+        functools.partial(write_unless_mixed, torch.set_float32_matmul_precision),
+        one_of("highest", "high", "medium"),
         "'highest', 'high', 'medium'",
         "torch.set_float32_matmul_precision (legacy API)",
         order=5,
@@ -251,9 +260,9 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     add(
         "sdp.priority_order",
         (has("_get_sdp_priority_order") and has("_set_sdp_priority_order")) or "not in this torch",
-        getattr(C, "_get_sdp_priority_order", _missing),
-        getattr(C, "_set_sdp_priority_order", _missing),
-        functools.partial(_priority_order, torch),
+        getattr(C, "_get_sdp_priority_order", missing_flag),
+        getattr(C, "_set_sdp_priority_order", missing_flag),
+        functools.partial(priority_order, torch),
         "a permutation of the SDPBackend values",
         "the order in which SDPA kernels are tried",
         plain=list,
@@ -270,22 +279,22 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     add(
         "cuda.preferred_linalg_library",
         has("_get_linalg_preferred_backend") or "not in this torch",
-        C._get_linalg_preferred_backend if has("_get_linalg_preferred_backend") else _missing,
-        cuda_mod.preferred_linalg_library if has("_get_linalg_preferred_backend") else _missing,
-        _choice("default", "cusolver", "magma"),
+        C._get_linalg_preferred_backend if has("_get_linalg_preferred_backend") else missing_flag,
+        cuda_mod.preferred_linalg_library if has("_get_linalg_preferred_backend") else missing_flag,
+        one_of("default", "cusolver", "magma"),
         "'default', 'cusolver', 'magma'",
         "linear-algebra library for CUDA tensors",
-        plain=_enum_name,
+        plain=enum_name,
     )
     add(
         "cuda.preferred_blas_library",
         has("_get_blas_preferred_backend") or "not in this torch",
-        C._get_blas_preferred_backend if has("_get_blas_preferred_backend") else _missing,
-        cuda_mod.preferred_blas_library if has("_get_blas_preferred_backend") else _missing,
+        C._get_blas_preferred_backend if has("_get_blas_preferred_backend") else missing_flag,
+        cuda_mod.preferred_blas_library if has("_get_blas_preferred_backend") else missing_flag,
         functools.partial(_blas_library, torch),
         "'default', 'cublas', 'cublaslt', 'hipblas', 'hipblaslt', 'ck'",
         "BLAS library for CUDA tensors",
-        plain=_enum_name,
+        plain=enum_name,
     )
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
@@ -295,7 +304,7 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
                     f"cuda.cufft_plan_cache[{index}].max_size",
                     functools.partial(getattr, cache, "max_size"),
                     functools.partial(setattr, cache, "max_size"),
-                    _non_negative_int,
+                    non_negative_int,
                     "a non-negative int",
                     f"cuFFT plan cache size, cuda:{index}",
                 )
@@ -315,8 +324,8 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
         "opt_einsum.enabled",
         True,
         attribute_reader(einsum, "enabled"),
-        functools.partial(_set_attr, torch, einsum, "enabled"),
-        _bool,
+        functools.partial(set_attr, torch, einsum, "enabled"),
+        check_bool,
         "True, False",
         "contract einsum operands with opt_einsum"
         + ("" if einsum_ok else " (no effect without the opt_einsum package)"),
@@ -325,8 +334,8 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
         "opt_einsum.strategy",
         True,
         attribute_reader(einsum, "strategy"),
-        functools.partial(_set_attr, torch, einsum, "strategy"),
-        _choice("auto", "greedy", "optimal"),
+        functools.partial(set_attr, torch, einsum, "strategy"),
+        one_of("auto", "greedy", "optimal"),
         "'auto', 'greedy', 'optimal'",
         "opt_einsum path strategy",
     )
@@ -334,9 +343,9 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     add(
         "mha.fastpath_enabled",
         (mha is not None) or "needs torch.backends.mha",
-        getattr(mha, "get_fastpath_enabled", _missing),
-        getattr(mha, "set_fastpath_enabled", _missing),
-        _bool,
+        getattr(mha, "get_fastpath_enabled", missing_flag),
+        getattr(mha, "set_fastpath_enabled", missing_flag),
+        check_bool,
         "True, False",
         "nn.MultiheadAttention fast path",
     )
@@ -347,7 +356,7 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
         True,
         C._get_qengine,
         functools.partial(setattr, quantized, "engine"),
-        _choice(*engines),
+        one_of(*engines),
         ", ".join(map(repr, engines)),
         "quantized kernel engine",
         plain=lambda _raw: str(quantized.engine),
@@ -361,18 +370,18 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
         lambda v: torch.use_deterministic_algorithms(
             v, warn_only=torch.is_deterministic_algorithms_warn_only_enabled()
         ),
-        _bool,
+        check_bool,
         "True, False",
         "torch.use_deterministic_algorithms(mode)",
     )
     add(
         "deterministic_algorithms.warn_only",
         has("_get_deterministic_algorithms_warn_only") or "not in this torch",
-        getattr(C, "_get_deterministic_algorithms_warn_only", _missing),
+        getattr(C, "_get_deterministic_algorithms_warn_only", missing_flag),
         lambda v: torch.use_deterministic_algorithms(
             torch.are_deterministic_algorithms_enabled(), warn_only=v
         ),
-        _bool,
+        check_bool,
         "True, False",
         "warn instead of raising for nondeterministic ops",
         order=60,
@@ -389,19 +398,19 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
         "default_dtype",
         True,
         torch.get_default_dtype,
-        lambda v: torch.set_default_dtype(_dtype(torch, v)),
-        functools.partial(_check_dtype, torch),
+        lambda v: torch.set_default_dtype(dtype_of(torch, v)),
+        functools.partial(dtype_check, torch),
         "'float32', 'float64', 'float16', 'bfloat16'",
         "torch.get_default_dtype()",
-        plain=_dtype_name,
+        plain=dtype_name,
     )
-    device_read, device_plain = _default_device_reader(torch)
+    device_read, device_plain = default_device_reader(torch)
     add(
         "default_device",
         hasattr(torch, "get_default_device") or "needs torch >= 2.3",
         device_read,
-        functools.partial(_set_default_device, torch),
-        _any_str,
+        functools.partial(write_default_device, torch),
+        any_str,
         "a device string",
         "torch.set_default_device()",
         plain=device_plain,
@@ -411,7 +420,7 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
         True,
         torch.get_num_threads,
         torch.set_num_threads,
-        _positive_int,
+        positive_int,
         "a positive int",
         "intra-op CPU threads",
     )
@@ -420,7 +429,7 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
         True,
         torch.is_grad_enabled,
         torch.set_grad_enabled,
-        _bool,
+        check_bool,
         "True, False",
         "torch.is_grad_enabled()",
     )
@@ -429,16 +438,16 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
         True,
         torch.is_anomaly_enabled,
         lambda v: torch.set_anomaly_enabled(v, torch.is_anomaly_check_nan_enabled()),
-        _bool,
+        check_bool,
         "True, False",
         "autograd anomaly detection",
     )
     add(
         "autograd.anomaly_check_nan",
         hasattr(torch, "is_anomaly_check_nan_enabled") or "not in this torch",
-        getattr(torch, "is_anomaly_check_nan_enabled", _missing),
+        getattr(torch, "is_anomaly_check_nan_enabled", missing_flag),
         lambda v: torch.set_anomaly_enabled(torch.is_anomaly_enabled(), v),
-        _bool,
+        check_bool,
         "True, False",
         "anomaly detection also checks for NaN",
         order=60,
@@ -448,22 +457,22 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
         True,
         getattr(C, "_get_warnAlways", torch.is_warn_always_enabled),
         torch.set_warn_always,
-        _bool,
+        check_bool,
         "True, False",
         "torch.set_warn_always",
     )
     add(
         "flush_denormal",
-        _flush_denormal_readable(torch) or "not readable on this CPU",
-        _read_flush_denormal,
+        flush_denormal_readable(torch) or "not readable on this CPU",
+        read_flush_denormal,
         torch.set_flush_denormal,
-        _bool,
+        check_bool,
         "True, False",
         "torch.set_flush_denormal (calling thread's FTZ/DAZ mode)",
     )
-    _autocast_rows(torch, add)
-    _process_rows(torch, add, c_flag)
-    _device_rows(torch, add)
+    autocast_rows(torch, add)
+    process_rows(torch, add, c_flag)
+    device_rows(torch, add)
     switch_rows(torch, add, c_flag)
     unmanaged_rows(torch, rows, absent)
 
@@ -472,11 +481,11 @@ def _catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     backends = torch.backends
     add(
         "flags_frozen",
-        (hasattr(backends, "flags_frozen") and _FROZEN_ATTR in _backends_globals(torch))
+        (hasattr(backends, "flags_frozen") and FROZEN_ATTR in backends_globals(torch))
         or "not in this torch",
-        getattr(backends, "flags_frozen", _missing),
-        functools.partial(_set_frozen, torch),
-        _bool,
+        getattr(backends, "flags_frozen", missing_flag),
+        functools.partial(set_frozen, torch),
+        check_bool,
         "True, False",
         "torch.backends.disable_global_flags() was called",
         order=99,

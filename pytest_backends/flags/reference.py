@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pytest_backends.flags.python_surface import PY_MANAGED
-from pytest_backends.flags.surface import _MANAGED, NOT_STATE
+from pytest_backends.flags.surface import MANAGED, NOT_STATE
 
 __all__ = ["render"]
 
@@ -25,7 +25,7 @@ def _catalogue_names(names: Iterable[str]) -> list[str]:
 def render(names: Iterable[str]) -> str:
     """The reStructuredText page for the catalogue names ``names``."""
     by_row: dict[str, list[str]] = {}
-    for torch_name, row in {**_MANAGED, **PY_MANAGED}.items():
+    for torch_name, row in {**MANAGED, **PY_MANAGED}.items():
         by_row.setdefault(row, []).append(torch_name)
     lines = [
         _TITLE,

@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pytest_backends.flags.catalogue import _catalogue
-from pytest_backends.flags.row import Flag, ReadGroup, _Invalid, _unfrozen
+from pytest_backends.flags.catalogue import build_catalogue
+from pytest_backends.flags.row import Flag, Invalid, ReadGroup, unfrozen
 
 
 def _gated(
@@ -165,7 +165,9 @@ def _torch_function_reader(torch: Any, row: Flag | None) -> Callable[[], object]
     """
     C = torch._C
     gate = getattr(C, "_is_torch_function_enabled", None)
-    disablers = [getattr(C, n, None) for n in ("DisableTorchFunction", "DisableTorchFunctionSubclass")]
+    disablers = [
+        getattr(C, n, None) for n in ("DisableTorchFunction", "DisableTorchFunctionSubclass")
+    ]
     if row is None or gate is None or not gate() or not all(callable(d) for d in disablers):
         return None
     slow = row.read
@@ -188,11 +190,12 @@ def _torch_function_reader(torch: Any, row: Flag | None) -> Callable[[], object]
 
 def _nesting_reader(torch: Any, row: Flag | None) -> Callable[[], object] | None:
     """The autocast nesting count with torch's two C functions bound, not looked up."""
-    increment = getattr(torch._C, "autocast_increment_nesting", None)
-    decrement = getattr(torch._C, "autocast_decrement_nesting", None)
+    increment: Any = getattr(torch._C, "autocast_increment_nesting", None)
+    decrement: Any = getattr(torch._C, "autocast_decrement_nesting", None)
     if row is None or not callable(increment) or not callable(decrement):
         return None
-    if getattr(torch, "autocast_increment_nesting", None) is not increment:
+    exposed: Any = getattr(torch, "autocast_increment_nesting", None)
+    if exposed is not increment:
         return None  # patched or wrapped: the row's own reader says what torch does
 
     def read() -> object:
@@ -207,7 +210,8 @@ def _global_reader(read: Callable[[], object]) -> Callable[[], object] | None:
     """``read``'s module-global lookup, for a getter whose whole body is ``return NAME``."""
     code = getattr(read, "__code__", None)
     namespace = getattr(read, "__globals__", None)
-    if code is None or not isinstance(namespace, dict) or code.co_argcount or read.__closure__:  # type: ignore[attr-defined]
+    closure = getattr(read, "__closure__", None)
+    if code is None or not isinstance(namespace, dict) or code.co_argcount or closure:
         return None
     ops = [i for i in dis.get_instructions(code) if i.opname not in ("RESUME", "CACHE", "NOP")]
     if [i.opname for i in ops] != ["LOAD_GLOBAL", "RETURN_VALUE"]:
@@ -318,7 +322,7 @@ class FlagRegistry:
                 raise ValueError(self._unknown_message(name))
             try:
                 normalised[name] = row.check(value)
-            except _Invalid as exc:
+            except Invalid as exc:
                 raise ValueError(f"invalid value for flag {name!r}: {exc}") from None
         return normalised
 
@@ -338,7 +342,7 @@ class FlagRegistry:
         restore their snapshot (as :func:`override_flags` does).
         """
         ordered = sorted(normalised.items(), key=lambda kv: self.by_name[kv[0]].order)
-        with _unfrozen(self._torch):
+        with unfrozen(self._torch):
             for name, value in ordered:
                 if not self.by_name[name].last:
                     self._write(name, value)
@@ -364,7 +368,7 @@ class FlagRegistry:
         current = self.snapshot()
         errors: list[str] = []
         rows = [r for r in self.rows if r.name in snapshot]
-        with _unfrozen(self._torch):
+        with unfrozen(self._torch):
             for row in rows:
                 if not row.last:
                     self._restore_row(row, snapshot[row.name], current, errors)
@@ -469,7 +473,7 @@ def registry() -> FlagRegistry:
     import torch
     import torch.backends.opt_einsum
 
-    rows, absent = _catalogue(torch)
+    rows, absent = build_catalogue(torch)
     return FlagRegistry(torch, rows, absent)
 
 

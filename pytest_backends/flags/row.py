@@ -56,32 +56,36 @@ class Flag:
     group: ReadGroup | None = None
 
 
-class _Invalid(ValueError):
+class Invalid(ValueError):
     """A value failed validation; the registry adds the flag name."""
 
 
-def _bool(value: object) -> object:
+def check_bool(value: object) -> object:
+    """Check a bool flag value."""
     if isinstance(value, bool):
         return value
-    raise _Invalid(f"expected True or False, got {value!r}")
+    raise Invalid(f"expected True or False, got {value!r}")
 
 
-def _choice(*choices: str) -> Check:
+def one_of(*choices: str) -> Check:
+    """A check that accepts one of the strings ``choices``."""
+
     def check(value: object) -> object:
         if isinstance(value, str) and value in choices:
             return value
-        raise _Invalid(f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
+        raise Invalid(f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
 
     return check
 
 
-def _positive_int(value: object) -> object:
+def positive_int(value: object) -> object:
+    """Check a positive int."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    raise _Invalid(f"expected a positive int, got {value!r}")
+    raise Invalid(f"expected a positive int, got {value!r}")
 
 
-def _reduction_pair(value: object) -> object:
+def reduction_pair(value: object) -> object:
     """cuBLAS reduced-precision settings: a bool or (allow_reduced, allow_splitk)."""
     if isinstance(value, bool):
         return (value, True)
@@ -91,10 +95,10 @@ def _reduction_pair(value: object) -> object:
         and all(isinstance(v, bool) for v in value)
     ):
         return (value[0], value[1] if len(value) == 2 else True)
-    raise _Invalid(f"expected a bool or a pair (allow_reduced, allow_splitk), got {value!r}")
+    raise Invalid(f"expected a bool or a pair (allow_reduced, allow_splitk), got {value!r}")
 
 
-def _unfrozen(torch: Any) -> contextlib.AbstractContextManager[object]:
+def unfrozen(torch: Any) -> contextlib.AbstractContextManager[object]:
     """Allow ContextProp writes even after ``disable_global_flags()``.
 
     The previous frozen state is put back on exit, so user code that froze
@@ -105,9 +109,9 @@ def _unfrozen(torch: Any) -> contextlib.AbstractContextManager[object]:
 
 
 # Precision strings accepted per fp32_precision backend.
-_CUDA_PRECISIONS = ("ieee", "tf32", "none")
-_ALL_PRECISIONS = ("ieee", "tf32", "bf16", "none")
-_FP32_ROWS: tuple[tuple[str, str, str, str | None], ...] = (
+CUDA_PRECISIONS = ("ieee", "tf32", "none")
+ALL_PRECISIONS = ("ieee", "tf32", "bf16", "none")
+FP32_ROWS: tuple[tuple[str, str, str, str | None], ...] = (
     # name, backend, op, parent
     ("fp32_precision", "generic", "all", None),
     ("cudnn.fp32_precision", "cuda", "all", "fp32_precision"),
@@ -121,18 +125,21 @@ _FP32_ROWS: tuple[tuple[str, str, str, str | None], ...] = (
 )
 
 
-def _choice_int(*choices: int) -> Check:
+def choice_int(*choices: int) -> Check:
+    """A check that accepts one of the ints ``choices`` (or "default", "warn", "error")."""
+
     def check(value: object) -> object:
         names = {"default": 0, "warn": 1, "error": 2}
         value = names.get(value, value) if isinstance(value, str) else value
         if isinstance(value, int) and not isinstance(value, bool) and value in choices:
             return value
-        raise _Invalid(f"expected one of {', '.join(map(str, choices))}, got {value!r}")
+        raise Invalid(f"expected one of {', '.join(map(str, choices))}, got {value!r}")
 
     return check
 
 
-def _device_available(torch: Any, device: str) -> bool:
+def device_available(torch: Any, device: str) -> bool:
+    """Whether torch offers ``device`` on this machine (never raises)."""
     try:
         if device == "mps":
             return bool(torch.backends.mps.is_available())
@@ -147,59 +154,69 @@ def _device_available(torch: Any, device: str) -> bool:
 MIXED = "<mixed: legacy and fp32_precision APIs disagree>"
 
 
-def _read_or_mixed(read: Callable[[], object]) -> object:
+def read_or_mixed(read: Callable[[], object]) -> object:
+    """``read()``, or :data:`MIXED` when the legacy and fp32_precision APIs disagree."""
     try:
         return read()
     except RuntimeError:
         return MIXED
 
 
-def _write_unless_mixed(write: Callable[[Any], object], value: object) -> None:
+def write_unless_mixed(write: Callable[[Any], object], value: object) -> None:
+    """Write ``value`` unless it is :data:`MIXED` (a state public API cannot recreate)."""
     # A mixed legacy state cannot be recreated through public API; the
     # fp32_precision strings written after this still restore what matters.
     if value != MIXED:
         write(value)
 
 
-def _missing(*_args: object) -> object:
+def missing_flag(*_args: object) -> object:
+    """The reader and writer of a flag the running torch does not have: raises."""
     raise RuntimeError("this flag does not exist in the running torch")
 
 
-def _any_str(value: object) -> object:
+def any_str(value: object) -> object:
+    """Check a non-empty string."""
     if isinstance(value, str) and value:
         return value
-    raise _Invalid(f"expected a non-empty string, got {value!r}")
+    raise Invalid(f"expected a non-empty string, got {value!r}")
 
 
-def _non_negative_int(value: object) -> object:
+def non_negative_int(value: object) -> object:
+    """Check a non-negative int."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
-    raise _Invalid(f"expected a non-negative int, got {value!r}")
+    raise Invalid(f"expected a non-negative int, got {value!r}")
 
 
-def _enum_name(value: object) -> object:
+def enum_name(value: object) -> object:
+    """An enum's plain value: its lower-case name."""
     return str(getattr(value, "name", value)).lower()
 
 
-def _dtype_name(value: object) -> object:
+def dtype_name(value: object) -> object:
+    """A dtype's plain value: its name without ``torch.``."""
     return str(value).removeprefix("torch.")
 
 
 _DEFAULT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
-def _dtype(torch: Any, value: object) -> Any:
+def dtype_of(torch: Any, value: object) -> Any:
+    """The torch dtype named by ``value`` (a dtype is returned as it is)."""
     return getattr(torch, value) if isinstance(value, str) else value
 
 
-def _check_dtype(torch: Any, value: object) -> object:
-    name = _dtype_name(value) if isinstance(value, torch.dtype) else value
+def dtype_check(torch: Any, value: object) -> object:
+    """Check a default dtype (a name or a torch dtype); returns its name."""
+    name = dtype_name(value) if isinstance(value, torch.dtype) else value
     if name in _DEFAULT_DTYPES:
         return name
-    raise _Invalid(f"expected one of {', '.join(map(repr, _DEFAULT_DTYPES))}, got {value!r}")
+    raise Invalid(f"expected one of {', '.join(map(repr, _DEFAULT_DTYPES))}, got {value!r}")
 
 
-def _priority_order(torch: Any, value: object) -> object:
+def priority_order(torch: Any, value: object) -> object:
+    """Check an SDPA priority order: a permutation of the backends' values or names."""
     members = {int(m): m for name, m in torch._C._SDPBackend.__members__.items() if name != "ERROR"}
     names = {name.lower(): int(m) for name, m in torch._C._SDPBackend.__members__.items()}
     if isinstance(value, (list, tuple)):
@@ -208,12 +225,10 @@ def _priority_order(torch: Any, value: object) -> object:
             members
         ):
             return [int(o) for o in order]
-    raise _Invalid(
-        f"expected a permutation of {sorted(members)} (SDPBackend values), got {value!r}"
-    )
+    raise Invalid(f"expected a permutation of {sorted(members)} (SDPBackend values), got {value!r}")
 
 
-def _default_device_reader(torch: Any) -> tuple[Callable[[], object], Callable[[Any], object]]:
+def default_device_reader(torch: Any) -> tuple[Callable[[], object], Callable[[Any], object]]:
     """A cheap raw read of the global default device, and its plain form.
 
     ``torch.get_default_device()`` walks the mode stack (about 3 us); the
@@ -222,7 +237,7 @@ def _default_device_reader(torch: Any) -> tuple[Callable[[], object], Callable[[
     """
     holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
     if holder is None:
-        return getattr(torch, "get_default_device", _missing), str
+        return getattr(torch, "get_default_device", missing_flag), str
 
     def read() -> object:
         # the calling thread's dict of the thread-local: a missed getattr raises inside
@@ -234,13 +249,15 @@ def _default_device_reader(torch: Any) -> tuple[Callable[[], object], Callable[[
     return read, plain
 
 
-def _set_default_device(torch: Any, value: str) -> None:
+def write_default_device(torch: Any, value: str) -> None:
+    """Set the default device ("cpu" clears the override)."""
     # "cpu" is torch's own default: clearing the override avoids leaving a
     # device-context mode installed that every factory call would pay for.
     torch.set_default_device(None if value == "cpu" else value)
 
 
-def _pair_writer(setter: Callable[..., None], paired: bool) -> Callable[[Any], None]:
+def pair_writer(setter: Callable[..., None], paired: bool) -> Callable[[Any], None]:
+    """A writer calling ``setter(*value)`` for a paired value, else ``setter`` itself."""
     if paired:
         return lambda v: setter(*v)
     return setter
@@ -278,6 +295,7 @@ def attribute_reader(obj: object, attr: str) -> Callable[[], object]:
     return read
 
 
-def _set_attr(torch: Any, obj: object, attr: str, value: object) -> None:
-    with _unfrozen(torch):
+def set_attr(torch: Any, obj: object, attr: str, value: object) -> None:
+    """Set ``obj.attr`` even while the backend flags are frozen."""
+    with unfrozen(torch):
         setattr(obj, attr, value)

@@ -11,32 +11,34 @@ from typing import Any
 
 from pytest_backends.flags.row import (
     Check,
-    _bool,
-    _choice,
-    _choice_int,
-    _device_available,
-    _dtype,
-    _dtype_name,
-    _enum_name,
-    _Invalid,
-    _missing,
-    _non_negative_int,
-    _positive_int,
+    Invalid,
+    check_bool,
+    choice_int,
+    device_available,
+    dtype_name,
+    dtype_of,
+    enum_name,
+    missing_flag,
+    non_negative_int,
+    one_of,
+    positive_int,
 )
 
-_FROZEN_ATTR = "__allow_nonbracketed_mutation_flag"
+FROZEN_ATTR = "__allow_nonbracketed_mutation_flag"
 
 
-def _backends_globals(torch: Any) -> dict[str, Any]:
+def backends_globals(torch: Any) -> dict[str, Any]:
+    """The real module globals of ``torch.backends``."""
     # torch.backends may be a module wrapper; its functions see the real globals
     return getattr(torch.backends.flags_frozen, "__globals__", {})
 
 
-def _set_frozen(torch: Any, value: bool) -> None:
+def set_frozen(torch: Any, value: bool) -> None:
+    """Freeze or unfreeze torch's global backend flags."""
     if value:
         torch.backends.disable_global_flags()
     else:
-        _backends_globals(torch)[_FROZEN_ATTR] = True
+        backends_globals(torch)[FROZEN_ATTR] = True
 
 
 # The smallest subnormal double; FTZ/DAZ (set_flush_denormal) turns a product
@@ -45,22 +47,23 @@ _SUBNORMAL = struct.unpack("<d", struct.pack("<Q", 1))[0]
 _ONE = 1.0
 
 
-def _read_flush_denormal() -> object:
+def read_flush_denormal() -> object:
+    """Whether the CPU flushes subnormal floats to zero (read by computing one)."""
     return _SUBNORMAL * _ONE == 0.0
 
 
-def _flush_denormal_readable(torch: Any) -> bool:
+def flush_denormal_readable(torch: Any) -> bool:
     """Whether set_flush_denormal works here and its state shows in float arithmetic."""
     setter = getattr(torch, "set_flush_denormal", None)
     if setter is None:
         return False
-    before = bool(_read_flush_denormal())
+    before = bool(read_flush_denormal())
     try:
         supported = bool(setter(True))
-        readable = supported and _read_flush_denormal() is True
+        readable = supported and read_flush_denormal() is True
     finally:
         setter(before)
-    return readable and _read_flush_denormal() is before
+    return readable and read_flush_denormal() is before
 
 
 _AUTOCAST_DTYPES = ("float16", "bfloat16")
@@ -77,7 +80,7 @@ def _autocast_readable(torch: Any, device: str) -> bool:
     return True
 
 
-def _autocast_rows(torch: Any, add: Callable[..., None]) -> None:
+def autocast_rows(torch: Any, add: Callable[..., None]) -> None:
     """Autocast state per device type (enabled, dtype) and the cast cache switch.
 
     torch >= 2.4 takes a device type; older releases have per-device functions
@@ -85,13 +88,13 @@ def _autocast_rows(torch: Any, add: Callable[..., None]) -> None:
     """
 
     def check_dtype(value: object) -> object:
-        name = _dtype_name(value) if isinstance(value, torch.dtype) else value
+        name = dtype_name(value) if isinstance(value, torch.dtype) else value
         if name in _AUTOCAST_DTYPES:
             return name
-        raise _Invalid(f"expected one of {', '.join(map(repr, _AUTOCAST_DTYPES))}, got {value!r}")
+        raise Invalid(f"expected one of {', '.join(map(repr, _AUTOCAST_DTYPES))}, got {value!r}")
 
     def dtype_writer(setter: Callable[..., object], *device: str) -> Callable[[Any], object]:
-        return _clearing(torch, lambda v: setter(*device, _dtype(torch, v)))
+        return _clearing(torch, lambda v: setter(*device, dtype_of(torch, v)))
 
     try:
         torch.is_autocast_enabled("cpu")
@@ -127,7 +130,15 @@ def _autocast_rows(torch: Any, add: Callable[..., None]) -> None:
             names = legacy.get(device)
             exists = names is not None and all(hasattr(torch, n) for n in names)
             if not exists or names is None:
-                add(f"{name}.enabled", "not in this torch", _missing, _missing, _bool, "", "")
+                add(
+                    f"{name}.enabled",
+                    "not in this torch",
+                    missing_flag,
+                    missing_flag,
+                    check_bool,
+                    "",
+                    "",
+                )
                 continue
             read_on, write_on, read_dtype = (getattr(torch, n) for n in names[:3])
             write_dtype = dtype_writer(getattr(torch, names[3]))
@@ -136,7 +147,7 @@ def _autocast_rows(torch: Any, add: Callable[..., None]) -> None:
             exists,
             read_on,
             _clearing(torch, write_on),
-            _bool,
+            check_bool,
             "True, False",
             f"autocast enabled outside a context manager ({device})",
         )
@@ -148,7 +159,7 @@ def _autocast_rows(torch: Any, add: Callable[..., None]) -> None:
             check_dtype,
             ", ".join(map(repr, _AUTOCAST_DTYPES)),
             f"autocast dtype ({device})",
-            plain=_dtype_name,
+            plain=dtype_name,
         )
     add(
         "autocast.cache_enabled",
@@ -157,9 +168,9 @@ def _autocast_rows(torch: Any, add: Callable[..., None]) -> None:
             and hasattr(torch, "set_autocast_cache_enabled")
         )
         or "not in this torch",
-        getattr(torch, "is_autocast_cache_enabled", _missing),
-        _clearing(torch, getattr(torch, "set_autocast_cache_enabled", _missing)),
-        _bool,
+        getattr(torch, "is_autocast_cache_enabled", missing_flag),
+        _clearing(torch, getattr(torch, "set_autocast_cache_enabled", missing_flag)),
+        check_bool,
         "True, False",
         "autocast weight-cast cache",
     )
@@ -175,7 +186,7 @@ def _autocast_rows(torch: Any, add: Callable[..., None]) -> None:
         or "not in this torch",
         functools.partial(_read_nesting, torch),
         functools.partial(_write_nesting, torch),
-        _non_negative_int,
+        non_negative_int,
         "a non-negative int",
         "autocast regions entered and not exited (the cast cache is cleared on restore)",
     )
@@ -234,10 +245,10 @@ def _print_option_check(option: str) -> Check:
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
                 return value
         elif option == "linewidth":
-            return _positive_int(value)
+            return positive_int(value)
         else:
-            return _non_negative_int(value)
-        raise _Invalid(f"expected {dict((o, a) for o, a, _ in _PRINT_OPTIONS)[option]}")
+            return non_negative_int(value)
+        raise Invalid(f"expected {dict((o, a) for o, a, _ in _PRINT_OPTIONS)[option]}")
 
     return check
 
@@ -245,10 +256,10 @@ def _print_option_check(option: str) -> Check:
 def _string_set_check(value: object) -> object:
     if isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(v, str) for v in value):
         return sorted(value)
-    raise _Invalid(f"expected a list of names, got {value!r}")
+    raise Invalid(f"expected a list of names, got {value!r}")
 
 
-def _process_rows(torch: Any, add: Callable[..., None], c_flag: Callable[..., None]) -> None:
+def process_rows(torch: Any, add: Callable[..., None], c_flag: Callable[..., None]) -> None:
     """Printing, sparse checks, TorchScript, autograd modes and the newer switches."""
     C = torch._C
     options = getattr(getattr(torch, "_tensor_str", None), "PRINT_OPTS", None)
@@ -276,9 +287,9 @@ def _process_rows(torch: Any, add: Callable[..., None], c_flag: Callable[..., No
         add(
             name,
             _has_attr(C, swap) or "not in this torch",
-            functools.partial(_read_by_swap, getattr(C, swap, _missing)),
-            getattr(C, swap, _missing),
-            _bool,
+            functools.partial(_read_by_swap, getattr(C, swap, missing_flag)),
+            getattr(C, swap, missing_flag),
+            check_bool,
             "True, False",
             f"TorchScript: {doc} (torch._C.{swap})",
         )
@@ -300,9 +311,9 @@ def _process_rows(torch: Any, add: Callable[..., None], c_flag: Callable[..., No
     add(
         "jit.can_fuse_on_gpu",
         (gpu_fuser and bool(torch.backends.cuda.is_built())) or "needs a CUDA build",
-        getattr(C, "_jit_can_fuse_on_gpu", _missing),
-        getattr(C, "_jit_override_can_fuse_on_gpu", _missing),
-        _bool,
+        getattr(C, "_jit_can_fuse_on_gpu", missing_flag),
+        getattr(C, "_jit_override_can_fuse_on_gpu", missing_flag),
+        check_bool,
         "True, False",
         "TorchScript: GPU fusion (torch._C._jit_override_can_fuse_on_gpu)",
     )
@@ -338,12 +349,12 @@ def _process_rows(torch: Any, add: Callable[..., None], c_flag: Callable[..., No
     add(
         "cuda.preferred_rocm_fa_library",
         rocm_fa or "not in this torch",
-        getattr(C, "_get_rocm_fa_preferred_backend", _missing),
-        getattr(torch.backends.cuda, "preferred_rocm_fa_library", _missing),
-        _choice("default", "aotriton", "ck"),
+        getattr(C, "_get_rocm_fa_preferred_backend", missing_flag),
+        getattr(torch.backends.cuda, "preferred_rocm_fa_library", missing_flag),
+        one_of("default", "aotriton", "ck"),
         "'default', 'aotriton', 'ck'",
         "Flash Attention library on ROCm",
-        plain=_enum_name,
+        plain=enum_name,
     )
     add(
         "cuda.matmul.prefer_cublaslt_grouped_gemm",
@@ -352,9 +363,9 @@ def _process_rows(torch: Any, add: Callable[..., None], c_flag: Callable[..., No
             and _has_attr(C, "_set_cublaslt_prefer_grouped_gemm")
         )
         or "needs torch >= 2.14",
-        getattr(C, "_get_cublaslt_prefer_grouped_gemm", _missing),
-        getattr(C, "_set_cublaslt_prefer_grouped_gemm", _missing),
-        _bool,
+        getattr(C, "_get_cublaslt_prefer_grouped_gemm", missing_flag),
+        getattr(C, "_set_cublaslt_prefer_grouped_gemm", missing_flag),
+        check_bool,
         "True, False",
         "grouped GEMMs through cuBLASLt",
     )
@@ -393,7 +404,7 @@ def _python_native_rows(torch: Any, add: Callable[..., None]) -> None:
             exists,
             functools.partial(_not_in, state, "_dsl_names", dsl),
             functools.partial(_native_dsl_write, native, dsl),
-            _bool,
+            check_bool,
             "True, False",
             f"DSL operation overrides from {dsl} (torch.backends.python_native.{dsl}.enabled)",
         )
@@ -447,18 +458,18 @@ def _native_set_write(native: Any, state: Any, attr: str, kind: str, value: list
             getattr(native, f"disable_{kind}")(*sorted(wanted - current))
 
 
-def _device_rows(torch: Any, add: Callable[..., None]) -> None:
+def device_rows(torch: Any, add: Callable[..., None]) -> None:
     """State that can only be read with a CUDA device: probed only where one exists."""
     cuda = getattr(torch, "cuda", None)
-    available = _device_available(torch, "cuda")
+    available = device_available(torch, "cuda")
     need = "needs a CUDA device (probed only where one exists)"
     C = torch._C
     add(
         "cuda.sync_debug_mode",
         (available and hasattr(cuda, "get_sync_debug_mode")) or need,
-        getattr(cuda, "get_sync_debug_mode", _missing),
-        getattr(cuda, "set_sync_debug_mode", _missing),
-        _choice_int(0, 1, 2),
+        getattr(cuda, "get_sync_debug_mode", missing_flag),
+        getattr(cuda, "set_sync_debug_mode", missing_flag),
+        choice_int(0, 1, 2),
         "0 (default), 1 (warn), 2 (error)",
         "torch.cuda.set_sync_debug_mode: report synchronizing CUDA calls",
     )
@@ -486,9 +497,9 @@ def _device_rows(torch: Any, add: Callable[..., None]) -> None:
         add(
             name,
             exists,
-            getattr(C, getter, _missing),
-            getattr(C, setter, _missing),
-            _non_negative_int,
+            getattr(C, getter, missing_flag),
+            getattr(C, setter, missing_flag),
+            non_negative_int,
             "a non-negative int (bytes)",
             f"cuBLAS{'Lt' if 'Lt' in getter else ''} workspace size of the current device",
         )

@@ -4,7 +4,7 @@ Discovery enumerates, on the running torch, the getter/setter-like names of
 ``torch._C`` (and its ``_functorch``/``_autograd`` submodules), the public
 ``get_*``/``set_*`` functions of ``torch`` and ``torch.__future__``, and the
 attributes and properties of the ``torch.backends`` modules.  Every name is
-either managed by a catalogue row (:data:`_MANAGED`, or a ``torch.backends``
+either managed by a catalogue row (:data:`MANAGED`, or a ``torch.backends``
 attribute whose ``module.attr`` is a row) or on the explicit list of names
 that are not global numeric state (:data:`NOT_STATE`, each with its reason).
 Anything else is *unknown*: the drift test names it, ``pytest-backends
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_backends.flags.not_state import NOT_STATE
-from pytest_backends.flags.row import Flag, _missing
+from pytest_backends.flags.row import Flag, missing_flag
 
 __all__ = [
     "NOT_STATE",
@@ -45,7 +45,7 @@ SURFACE = re.compile(
 )
 
 #: torch._C names (and Python names) a catalogue row manages, with the row's name.
-_MANAGED: dict[str, str] = {
+MANAGED: dict[str, str] = {
     "_cuda_getCublasLtWorkspaceSize": "cuda.cublaslt_workspace_size",
     "_cuda_getCublasWorkspaceSize": "cuda.cublas_workspace_size",
     "_cuda_get_cudnn_benchmark_limit": "cudnn.benchmark_limit",
@@ -296,7 +296,7 @@ def discover(torch: Any) -> list[str]:
 
 def declared_row(name: str) -> str | None:
     """The catalogue row that declares it manages the torch name ``name``, if one does."""
-    row = _MANAGED.get(name)
+    row = MANAGED.get(name)
     if row is not None or SURFACE.match(name):
         return row
     # a Python-level name: its table is loaded by discovery, not by the registry
@@ -357,7 +357,7 @@ def unmanaged_rows(torch: Any, rows: list[Flag], absent: dict[str, str]) -> None
             Flag(
                 f"torch._C.{name}",
                 getter,
-                _missing,
+                missing_flag,
                 lambda v: v,
                 "unknown to the plugin",
                 f"unmanaged switch found by discovery (torch._C.{name})",

@@ -9,77 +9,87 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_backends.flags.row import (
-    _bool,
-    _Invalid,
-    _missing,
-    _non_negative_int,
+    Invalid,
+    check_bool,
+    missing_flag,
+    non_negative_int,
 )
 
 Add = Callable[..., None]
 
 
-def _get(obj: object, name: str) -> Any:
+def get_attr(obj: object, name: str) -> Any:
+    """``getattr(obj, name, None)``, or None where the attribute access raises."""
     try:
         return getattr(obj, name, None)
     except Exception:  # a module wrapper with a strict __getattr__
         return None
 
 
-def _pair(
+def pair_row(
     add: Add, name: str, owner: object, getter: str, setter: str, doc: str, **kw: Any
 ) -> None:
     """A row for a getter/setter pair of ``owner`` (a bool unless ``check`` says otherwise)."""
-    read, write = _get(owner, getter), _get(owner, setter)
+    read, write = get_attr(owner, getter), get_attr(owner, setter)
     exists: bool | str = (callable(read) and callable(write)) or kw.pop(
         "absent", "not in this torch"
     )
-    kw.setdefault("check", _bool)
+    kw.setdefault("check", check_bool)
     kw.setdefault("allowed", "True, False")
     check, allowed = kw.pop("check"), kw.pop("allowed")
-    add(name, exists, read or _missing, write or _missing, check, allowed, doc, **kw)
+    add(name, exists, read or missing_flag, write or missing_flag, check, allowed, doc, **kw)
 
 
-def _int_or_none(value: object) -> object:
+def int_or_none(value: object) -> object:
+    """Check None or a non-negative int."""
     if value is None:
         return None
-    return _non_negative_int(value)
+    return non_negative_int(value)
 
 
-def _str_or_none(value: object) -> object:
+def str_or_none(value: object) -> object:
+    """Check None or a string."""
     if value is None or isinstance(value, str):
         return value
-    raise _Invalid(f"expected None or a string, got {value!r}")
+    raise Invalid(f"expected None or a string, got {value!r}")
 
 
-def _inference_mode_write(torch: Any, keep: list[object], value: bool) -> None:
+def inference_mode_write(torch: Any, keep: list[object], value: bool) -> None:
+    """Switch the thread's inference mode (no setter exists: a kept guard does it)."""
     # torch has no setter: an InferenceMode guard (kept alive for the process)
     # switches the thread's inference mode and its dispatch keys back.
     if bool(torch.is_inference_mode_enabled()) != value:
         keep.append(torch._C._InferenceMode(value))
 
 
-_GUARDS: list[object] = []
+GUARDS: list[object] = []
 
 
-def _pop_to(length: Callable[[], int], pop: Callable[[], object], value: int) -> None:
+def pop_to(length: Callable[[], int], pop: Callable[[], object], value: int) -> None:
+    """Pop a mode stack down to ``value`` entries; a stack cannot be grown back."""
     while length() > value:
         pop()
     if length() != value:
         raise RuntimeError(f"a mode stack can only be shortened (it has {length()} modes)")
 
 
-def _dual_level_write(forward_ad: Any, value: int) -> None:
+def dual_level_write(forward_ad: Any, value: int) -> None:
+    """Exit forward-AD dual levels down to ``value``."""
     while forward_ad._current_level > value:
         forward_ad.exit_dual_level(level=forward_ad._current_level)
     if forward_ad._current_level != value:
         raise RuntimeError("forward-AD dual levels can only be exited")
 
 
-def _saved_hooks_read(autograd: Any, ok: bool) -> Callable[[], object]:
-    return functools.partial(autograd._top_saved_tensors_default_hooks, True) if ok else _missing
+def saved_hooks_read(autograd: Any, ok: bool) -> Callable[[], object]:
+    """The reader of the innermost saved-tensors hooks (``missing_flag`` when absent)."""
+    return (
+        functools.partial(autograd._top_saved_tensors_default_hooks, True) if ok else missing_flag
+    )
 
 
-def _saved_hooks_write(autograd: Any, value: object) -> None:
+def saved_hooks_write(autograd: Any, value: object) -> None:
+    """Pop saved-tensors hooks until ``value`` is the innermost again."""
     for _ in range(1000):
         top = autograd._top_saved_tensors_default_hooks(True)
         if top == value or top is None:
@@ -87,11 +97,12 @@ def _saved_hooks_write(autograd: Any, value: object) -> None:
         autograd._pop_saved_tensors_default_hooks()
 
 
-def _hooks_plain(value: object) -> object:
+def hooks_plain(value: object) -> object:
+    """The plain value of the saved-tensors hooks row."""
     return "none" if value is None else "a saved_tensors_hooks context is active"
 
 
-_MODULE_HOOKS = (
+MODULE_HOOKS = (
     "_global_buffer_registration_hooks",
     "_global_module_registration_hooks",
     "_global_parameter_registration_hooks",
@@ -102,11 +113,13 @@ _MODULE_HOOKS = (
 )
 
 
-def _dict_keys_read(mapping: dict[Any, Any]) -> object:
+def dict_keys_read(mapping: dict[Any, Any]) -> object:
+    """A hook dictionary's raw value: the tuple of its keys."""
     return tuple(mapping) if mapping else ()
 
 
-def _dict_keys_write(mapping: dict[Any, Any], extra: tuple[str, ...], value: object) -> None:
+def dict_keys_write(mapping: dict[Any, Any], extra: tuple[str, ...], value: object) -> None:
+    """Remove the hooks not in ``value`` (from ``mapping`` and the ``extra`` dictionaries)."""
     wanted = set(value) if isinstance(value, (list, tuple)) else set()
     for key in [k for k in mapping if k not in wanted]:
         mapping.pop(key, None)
@@ -116,7 +129,8 @@ def _dict_keys_write(mapping: dict[Any, Any], extra: tuple[str, ...], value: obj
                 other_map.pop(key, None)
 
 
-def _handles(value: object) -> object:
+def handles(value: object) -> object:
+    """The plain value of a hook dictionary: its keys as a list."""
     return list(value) if isinstance(value, tuple) else value
 
 
@@ -125,7 +139,7 @@ def _module_attr_get(module: str, attr: str) -> object:
     return None if mod is None else getattr(mod, attr, None)
 
 
-def _module_attr_read(module: str, attr: str) -> Callable[[], object]:
+def module_attr_read(module: str, attr: str) -> Callable[[], object]:
     """A module attribute: None (torch's default) until the module is imported."""
     mod = sys.modules.get(module)
     if mod is None:
@@ -172,13 +186,15 @@ class _ConfigOption:
         setattr(obj, last, value)
 
 
-def _module_attr_write(module: str, attr: str, value: object) -> None:
+def module_attr_write(module: str, attr: str, value: object) -> None:
+    """Set ``attr`` of ``module`` when it is imported."""
     mod = sys.modules.get(module)
     if mod is not None:
         setattr(mod, attr, value)
 
 
-def _config_row(add: Add, name: str, module: str, key: str, unset: object, doc: str) -> None:
+def config_row(add: Add, name: str, module: str, key: str, unset: object, doc: str) -> None:
+    """Add the row of one config-module option, read through its override."""
     option = _ConfigOption(module, key, unset)
     mod = sys.modules.get(module)
     entry = None if mod is None else getattr(mod, "_config", {}).get(key)
@@ -189,18 +205,20 @@ def _config_row(add: Add, name: str, module: str, key: str, unset: object, doc: 
         True,
         read,
         option.write,
-        _any_value,
+        any_value,
         "the option's values, or 'default'",
         doc,
         plain=option.plain,
     )
 
 
-def _any_value(value: object) -> object:
+def any_value(value: object) -> object:
+    """Accept any value as it is."""
     return value
 
 
-def _sharing_write(mp: Any, value: str) -> None:
+def sharing_write(mp: Any, value: str) -> None:
+    """Set torch.multiprocessing's sharing strategy."""
     mp.set_sharing_strategy(value)
 
 
@@ -228,13 +246,15 @@ def _global_name(entry: object) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', obj)}"
 
 
-def _safe_globals_plain(value: object) -> object:
+def safe_globals_plain(value: object) -> object:
+    """The plain value of the safe globals: the sorted names the user added."""
     if isinstance(value, (tuple, set, frozenset)):
         return sorted(_global_name(g) for g in value if _user_global(g))
     return value
 
 
-def _safe_globals_write(serialization: Any, value: object) -> None:
+def safe_globals_write(serialization: Any, value: object) -> None:
+    """Keep only the safe globals in ``value`` (and torch's own)."""
     wanted = set(value) if isinstance(value, (list, tuple)) else set()
     current = serialization.get_safe_globals()
     keep = [g for g in current if not _user_global(g) or _global_name(g) in wanted]
@@ -243,11 +263,13 @@ def _safe_globals_write(serialization: Any, value: object) -> None:
         serialization.add_safe_globals(keep)
 
 
-def _unrestorable_write(hint: str, _value: object) -> None:
+def unrestorable_write(hint: str, _value: object) -> None:
+    """The writer of a row torch cannot put back: raises with what to do."""
     raise RuntimeError(hint)
 
 
-def _tunable_filename_write(tunable: Any, value: str) -> None:
+def tunable_filename_write(tunable: Any, value: str) -> None:
+    """Set TunableOp's results file name (without the device suffix)."""
     tunable.set_filename(value, False)
 
 

@@ -17,42 +17,42 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_backends.flags.row import (
-    _bool,
-    _choice,
-    _Invalid,
-    _missing,
-    _non_negative_int,
-    _positive_int,
+    Invalid,
+    check_bool,
+    missing_flag,
+    non_negative_int,
+    one_of,
+    positive_int,
 )
 from pytest_backends.flags.switch_state import (
-    _GUARDS,
-    _MODULE_HOOKS,
+    GUARDS,
     INDUCTOR_NUMERICS,
     INTEROP_HINT,
+    MODULE_HOOKS,
     Add,
-    _any_value,
-    _config_row,
-    _dict_keys_read,
-    _dict_keys_write,
-    _dual_level_write,
-    _get,
-    _handles,
-    _hooks_plain,
-    _inference_mode_write,
-    _int_or_none,
-    _module_attr_read,
-    _module_attr_write,
-    _pair,
-    _pop_to,
-    _safe_globals_plain,
-    _safe_globals_write,
-    _saved_hooks_read,
-    _saved_hooks_write,
-    _sharing_write,
-    _str_or_none,
-    _tunable_filename_write,
-    _unrestorable_write,
+    any_value,
+    config_row,
+    dict_keys_read,
+    dict_keys_write,
+    dual_level_write,
+    get_attr,
+    handles,
+    hooks_plain,
+    inference_mode_write,
+    int_or_none,
+    module_attr_read,
+    module_attr_write,
+    pair_row,
+    pop_to,
+    safe_globals_plain,
     safe_globals_reader,
+    safe_globals_write,
+    saved_hooks_read,
+    saved_hooks_write,
+    sharing_write,
+    str_or_none,
+    tunable_filename_write,
+    unrestorable_write,
 )
 
 
@@ -78,24 +78,24 @@ def switch_rows(torch: Any, add: Add, c_flag: Callable[..., None]) -> None:
         "_set_warn_on_accumulate_grad_stream_mismatch",
         "torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch",
     )
-    _pair(
+    pair_row(
         add,
         "autograd.fallback_mode",
         C,
         "_get_autograd_fallback_mode",
         "_set_autograd_fallback_mode",
         "what autograd does for ops without an autograd kernel",
-        check=_choice("nothing", "warn", "error"),
+        check=one_of("nothing", "warn", "error"),
         allowed="'nothing', 'warn', 'error'",
     )
-    _pair(
+    pair_row(
         add,
         "sm_carveout",
         C,
         "_get_sm_carveout_experimental",
         "_set_sm_carveout_experimental",
         "SMs kept free by GEMMs and FA3 (torch._C._set_sm_carveout_experimental)",
-        check=_int_or_none,
+        check=int_or_none,
         allowed="None or a non-negative int",
     )
     c_flag(
@@ -111,8 +111,8 @@ def switch_rows(torch: Any, add: Add, c_flag: Callable[..., None]) -> None:
         "warn on reductions whose keepdim default changed (torch.utils.backcompat)",
     )
     c_flag("sdp.fa4", "_get_fa4_sdp_enabled", "_set_sdp_use_fa4", "allow the fa4 SDPA kernel")
-    functorch = _get(C, "_functorch")
-    _pair(
+    functorch = get_attr(C, "_functorch")
+    pair_row(
         add,
         "functorch.vmap_fallback_enabled",
         functorch,
@@ -121,9 +121,9 @@ def switch_rows(torch: Any, add: Add, c_flag: Callable[..., None]) -> None:
         "vmap runs ops without a batching rule through the slow fallback",
     )
     # torch.__future__
-    future = _get(torch, "__future__")
+    future = get_attr(torch, "__future__")
     for what in ("overwrite", "swap"):
-        _pair(
+        pair_row(
             add,
             f"future.{what}_module_params_on_conversion",
             future,
@@ -131,10 +131,10 @@ def switch_rows(torch: Any, add: Add, c_flag: Callable[..., None]) -> None:
             f"set_{what}_module_params_on_conversion",
             f"torch.__future__.set_{what}_module_params_on_conversion",
         )
-    _pair(
+    pair_row(
         add,
         "storage.always_warn_typed_storage_removal",
-        _get(torch, "storage"),
+        get_attr(torch, "storage"),
         "_get_always_warn_typed_storage_removal",
         "_set_always_warn_typed_storage_removal",
         "TypedStorage deprecation warning on every use",
@@ -149,7 +149,7 @@ def switch_rows(torch: Any, add: Add, c_flag: Callable[..., None]) -> None:
     if unset is None:
         return
     for attr in INDUCTOR_NUMERICS:
-        _config_row(
+        config_row(
             add,
             f"inductor.{attr}",
             "torch._inductor.config",
@@ -170,7 +170,7 @@ def _unset_sentinel() -> object | None:
 def _emit_hooks(value: object) -> object:
     if isinstance(value, (list, tuple)) and len(value) == 2:
         return tuple(value)
-    raise _Invalid(f"expected a (module hook, function hook) pair, got {value!r}")
+    raise Invalid(f"expected a (module hook, function hook) pair, got {value!r}")
 
 
 def _jit_rows(torch: Any, add: Add, c_flag: Callable[..., None]) -> None:
@@ -198,56 +198,56 @@ def _jit_rows(torch: Any, add: Add, c_flag: Callable[..., None]) -> None:
             "jit.num_profiled_runs",
             "_jit_get_num_profiled_runs",
             "_jit_set_num_profiled_runs",
-            _non_negative_int,
+            non_negative_int,
             "a non-negative int",
         ),
         (
             "jit.inline_everything_mode",
             "_jit_get_inline_everything_mode",
             "_jit_set_inline_everything_mode",
-            _bool,
+            check_bool,
             "True, False",
         ),
         (
             "jit.tracer_state_warn",
             "_jit_get_tracer_state_warn",
             "_jit_set_tracer_state_warn",
-            _bool,
+            check_bool,
             "True, False",
         ),
         (
             "jit.te_must_use_llvm_cpu",
             "_jit_get_te_must_use_llvm_cpu",
             "_jit_set_te_must_use_llvm_cpu",
-            _bool,
+            check_bool,
             "True, False",
         ),
         (
             "jit.te_generate_block_code",
             "_jit_get_te_generate_block_code",
             "_jit_set_te_generate_block_code",
-            _bool,
+            check_bool,
             "True, False",
         ),
         (
             "jit.te_cuda_pointwise_loop_levels",
             "_jit_get_te_cuda_pointwise_loop_levels",
             "_jit_set_te_cuda_pointwise_loop_levels",
-            _any_value,
+            any_value,
             "an int",
         ),
         (
             "jit.te_cuda_pointwise_block_count",
             "_jit_get_te_cuda_pointwise_block_count",
             "_jit_set_te_cuda_pointwise_block_count",
-            _any_value,
+            any_value,
             "an int",
         ),
         (
             "jit.te_cuda_pointwise_block_size",
             "_jit_get_te_cuda_pointwise_block_size",
             "_jit_set_te_cuda_pointwise_block_size",
-            _any_value,
+            any_value,
             "an int",
         ),
         (
@@ -261,12 +261,12 @@ def _jit_rows(torch: Any, add: Add, c_flag: Callable[..., None]) -> None:
             "jit.logging_option",
             "_jit_get_logging_option",
             "_jit_set_logging_option",
-            _any_value,
+            any_value,
             "a PYTORCH_JIT_LOG_LEVEL string",
         ),
     ):
         extra = {"plain": list} if name == "jit.emit_hooks" else {}
-        _pair(
+        pair_row(
             add,
             name,
             C,
@@ -285,9 +285,9 @@ def _process_state_rows(torch: Any, add: Add) -> None:
     add(
         "multiprocessing.sharing_strategy",
         (mp is not None and hasattr(mp, "get_sharing_strategy")) or "not in this torch",
-        _get(mp, "get_sharing_strategy") or _missing,
-        functools.partial(_sharing_write, mp),
-        _choice("file_descriptor", "file_system"),
+        get_attr(mp, "get_sharing_strategy") or missing_flag,
+        functools.partial(sharing_write, mp),
+        one_of("file_descriptor", "file_system"),
         "'file_descriptor', 'file_system'",
         "torch.multiprocessing.set_sharing_strategy",
     )
@@ -298,7 +298,7 @@ def _process_state_rows(torch: Any, add: Add) -> None:
     unset = _unset_sentinel()
     for key in sorted(k for k in options if not k.startswith("_")):
         if unset is not None:
-            _config_row(
+            config_row(
                 add,
                 f"serialization.{key}",
                 "torch.utils.serialization.config",
@@ -310,30 +310,30 @@ def _process_state_rows(torch: Any, add: Add) -> None:
         add(
             "serialization.load.mmap",
             "needs torch.utils.serialization.config",
-            _missing,
-            _missing,
-            _any_value,
+            missing_flag,
+            missing_flag,
+            any_value,
             "",
             "",
         )
-    serialization = _get(torch, "serialization")
+    serialization = get_attr(torch, "serialization")
     add(
         "serialization.safe_globals",
         (serialization is not None and hasattr(serialization, "add_safe_globals"))
         or "not in this torch",
         safe_globals_reader(serialization),
-        functools.partial(_safe_globals_write, serialization),
-        _any_value,
+        functools.partial(safe_globals_write, serialization),
+        any_value,
         "a list of allowed globals",
         "torch.serialization.add_safe_globals (weights_only loading allow-list)",
-        plain=_safe_globals_plain,
+        plain=safe_globals_plain,
     )
     add(
         "num_interop_threads",
         hasattr(torch, "get_num_interop_threads") or "not in this torch",
-        _get(torch, "get_num_interop_threads") or _missing,
-        functools.partial(_unrestorable_write, INTEROP_HINT),
-        _positive_int,
+        get_attr(torch, "get_num_interop_threads") or missing_flag,
+        functools.partial(unrestorable_write, INTEROP_HINT),
+        positive_int,
         "a positive int",
         "inter-op CPU threads (set once per process: cannot be restored)",
         unrestorable=INTEROP_HINT,
@@ -342,9 +342,9 @@ def _process_state_rows(torch: Any, add: Add) -> None:
         "autograd.inference_mode",
         (hasattr(torch, "is_inference_mode_enabled") and hasattr(C, "_InferenceMode"))
         or "not in this torch",
-        _get(torch, "is_inference_mode_enabled") or _missing,
-        functools.partial(_inference_mode_write, torch, _GUARDS),
-        _bool,
+        get_attr(torch, "is_inference_mode_enabled") or missing_flag,
+        functools.partial(inference_mode_write, torch, GUARDS),
+        check_bool,
         "True, False",
         "an inference_mode context entered and not exited",
         order=1,
@@ -356,8 +356,8 @@ def _process_state_rows(torch: Any, add: Add) -> None:
         "autograd.forward_ad.dual_level",
         (forward_ad is not None and hasattr(forward_ad, "_current_level")) or "not in this torch",
         functools.partial(getattr, forward_ad, "_current_level"),
-        functools.partial(_dual_level_write, forward_ad),
-        _any_value,
+        functools.partial(dual_level_write, forward_ad),
+        any_value,
         "-1 (no level) or an open level",
         "forward-AD dual level entered and not exited",
     )
@@ -369,19 +369,19 @@ def _process_state_rows(torch: Any, add: Add) -> None:
         add(
             "checkpoint.early_stop" if "early" in attr else "checkpoint.debug",
             (checkpoint is None or hasattr(checkpoint, attr)) or "not in this torch",
-            _module_attr_read("torch.utils.checkpoint", attr),
-            functools.partial(_module_attr_write, "torch.utils.checkpoint", attr),
-            _any_value,
+            module_attr_read("torch.utils.checkpoint", attr),
+            functools.partial(module_attr_write, "torch.utils.checkpoint", attr),
+            any_value,
             "None, True, False",
             doc,
         )
-    profiler = _get(C, "_autograd")
+    profiler = get_attr(C, "_autograd")
     add(
         "profiler.enabled",
         (profiler is not None and hasattr(profiler, "_profiler_enabled")) or "not in this torch",
-        _get(profiler, "_profiler_enabled") or _missing,
+        get_attr(profiler, "_profiler_enabled") or missing_flag,
         functools.partial(_profiler_write, profiler),
-        _bool,
+        check_bool,
         "False (a profiler can only be stopped)",
         "an autograd profiler started and not stopped",
     )
@@ -410,19 +410,19 @@ def _stack_rows(torch: Any, add: Add) -> None:
             "TorchDispatchModes entered and not exited",
         ),
     ):
-        ok = callable(_get(C, length)) and callable(_get(C, pop))
+        ok = callable(get_attr(C, length)) and callable(get_attr(C, pop))
         add(
             name,
             ok or "not in this torch",
-            _get(C, length) or _missing,
+            get_attr(C, length) or missing_flag,
             functools.partial(
-                _pop_to,
-                _get(C, length),
-                functools.partial(_get(C, pop), None)
+                pop_to,
+                get_attr(C, length),
+                functools.partial(get_attr(C, pop), None)
                 if name == "modes.dispatch_stack"
-                else _get(C, pop),
+                else get_attr(C, pop),
             ),
-            _non_negative_int,
+            non_negative_int,
             "a non-negative int (modes can only be popped)",
             doc,
             order=60,
@@ -430,13 +430,13 @@ def _stack_rows(torch: Any, add: Add) -> None:
     add(
         "modes.torch_function_state",
         (
-            callable(_get(C, "_get_torch_function_state"))
-            and callable(_get(C, "_set_torch_function_state"))
+            callable(get_attr(C, "_get_torch_function_state"))
+            and callable(get_attr(C, "_set_torch_function_state"))
         )
         or "not in this torch",
-        _get(C, "_get_torch_function_state") or _missing,
+        get_attr(C, "_get_torch_function_state") or missing_flag,
         functools.partial(_set_function_state, C),
-        _any_value,
+        any_value,
         "a _TorchFunctionState",
         "torch function handling disabled (DisableTorchFunction entered and not exited)",
         plain=lambda v: str(getattr(v, "name", v)),
@@ -449,22 +449,22 @@ def _set_function_state(C: Any, value: object) -> None:
 
 
 def _hook_rows(torch: Any, add: Add) -> None:
-    autograd = _get(torch._C, "_autograd")
-    ok = callable(_get(autograd, "_top_saved_tensors_default_hooks")) and callable(
-        _get(autograd, "_pop_saved_tensors_default_hooks")
+    autograd = get_attr(torch._C, "_autograd")
+    ok = callable(get_attr(autograd, "_top_saved_tensors_default_hooks")) and callable(
+        get_attr(autograd, "_pop_saved_tensors_default_hooks")
     )
     add(
         "autograd.saved_tensors_hooks",
         ok or "not in this torch",
-        _saved_hooks_read(autograd, ok),
-        functools.partial(_saved_hooks_write, autograd),
-        _any_value,
+        saved_hooks_read(autograd, ok),
+        functools.partial(saved_hooks_write, autograd),
+        any_value,
         "None (contexts can only be exited)",
         "a saved_tensors_hooks context entered and not exited",
-        plain=_hooks_plain,
+        plain=hooks_plain,
     )
     module = sys.modules.get("torch.nn.modules.module")
-    for attr in _MODULE_HOOKS:
+    for attr in MODULE_HOOKS:
         mapping: Any = getattr(module, attr, None)
         extra = (
             ("_global_forward_hooks_always_called", "_global_forward_hooks_with_kwargs")
@@ -476,12 +476,12 @@ def _hook_rows(torch: Any, add: Add) -> None:
         add(
             f"nn.module{attr.removeprefix('_global')}",
             isinstance(mapping, dict) or "not in this torch",
-            functools.partial(_dict_keys_read, mapping),
-            functools.partial(_dict_keys_write, mapping, extra),
-            _any_value,
+            functools.partial(dict_keys_read, mapping),
+            functools.partial(dict_keys_write, mapping, extra),
+            any_value,
             "handle ids (hooks can only be removed)",
             f"global nn.Module hooks (torch.nn.modules.module.{attr})",
-            plain=_handles,
+            plain=handles,
         )
 
 
@@ -493,52 +493,52 @@ def _tunable_rows(torch: Any, add: Add) -> None:
         with contextlib.suppress(Exception):
             tunable = importlib.import_module("torch.cuda.tunable")
     for name, getter, setter, check, allowed in (
-        ("enabled", "is_enabled", "enable", _bool, "True, False"),
-        ("tuning", "tuning_is_enabled", "tuning_enable", _bool, "True, False"),
+        ("enabled", "is_enabled", "enable", check_bool, "True, False"),
+        ("tuning", "tuning_is_enabled", "tuning_enable", check_bool, "True, False"),
         (
             "record_untuned",
             "record_untuned_is_enabled",
             "record_untuned_enable",
-            _bool,
+            check_bool,
             "True, False",
         ),
         (
             "max_tuning_duration",
             "get_max_tuning_duration",
             "set_max_tuning_duration",
-            _non_negative_int,
+            non_negative_int,
             "milliseconds",
         ),
         (
             "max_tuning_iterations",
             "get_max_tuning_iterations",
             "set_max_tuning_iterations",
-            _non_negative_int,
+            non_negative_int,
             "an int",
         ),
         (
             "rotating_buffer_size",
             "get_rotating_buffer_size",
             "set_rotating_buffer_size",
-            _any_value,
+            any_value,
             "MB (negative: the L2 size)",
         ),
         (
             "cublaslt_requested_algo_count",
             "get_cublaslt_requested_algo_count",
             "set_cublaslt_requested_algo_count",
-            _non_negative_int,
+            non_negative_int,
             "an int",
         ),
         (
             "wildcard_fallback",
             "wildcard_fallback_is_enabled",
             "wildcard_fallback_enable",
-            _bool,
+            check_bool,
             "True, False",
         ),
     ):
-        _pair(
+        pair_row(
             add,
             f"tunableop.{name}",
             tunable,
@@ -552,9 +552,9 @@ def _tunable_rows(torch: Any, add: Add) -> None:
     add(
         "tunableop.filename",
         (tunable is not None and hasattr(tunable, "get_filename")) or need,
-        _get(tunable, "get_filename") or _missing,
-        functools.partial(_tunable_filename_write, tunable),
-        _str_or_none,
+        get_attr(tunable, "get_filename") or missing_flag,
+        functools.partial(tunable_filename_write, tunable),
+        str_or_none,
         "a file name",
         "torch.cuda.tunable.set_filename",
     )
@@ -563,7 +563,7 @@ def _tunable_rows(torch: Any, add: Add) -> None:
         (tunable is not None and hasattr(tunable, "get_results")) or need,
         lambda: tuple(tunable.get_results()) if tunable is not None else (),
         functools.partial(_tunable_results_write, tunable),
-        _any_value,
+        any_value,
         "the tuned results (cleared on restore)",
         "TunableOp's in-memory results: a test that tunes changes later tests' kernels",
     )
@@ -588,16 +588,16 @@ def _native_aot_rows(torch: Any, add: Add) -> None:
     native = None
     registry = None
     C = torch._C
-    if callable(_get(C, "_get_native_aot_enabled")):
+    if callable(get_attr(C, "_get_native_aot_enabled")):
         with contextlib.suppress(Exception):
             native = importlib.import_module("torch._native")
             registry = importlib.import_module("torch._native.registry")
     add(
         "native_aot.enabled",
         (native is not None and hasattr(native, "set_aot_enabled")) or "needs torch >= 2.15",
-        _get(C, "_get_native_aot_enabled") or _missing,
-        _get(native, "set_aot_enabled") or _missing,
-        _bool,
+        get_attr(C, "_get_native_aot_enabled") or missing_flag,
+        get_attr(native, "set_aot_enabled") or missing_flag,
+        check_bool,
         "True, False",
         "torch._native.set_aot_enabled: embedded AOT kernels instead of stock aten",
         # after the python_native rows: disabling a DSL also switches AOT off on 2.15
@@ -607,9 +607,9 @@ def _native_aot_rows(torch: Any, add: Add) -> None:
         "native_aot.unconditional_masked",
         (registry is not None and hasattr(registry, "_set_mask_unconditional"))
         or "needs torch >= 2.15",
-        _get(C, "_get_native_aot_unconditional_masked") or _missing,
-        _get(registry, "_set_mask_unconditional") or _missing,
-        _bool,
+        get_attr(C, "_get_native_aot_unconditional_masked") or missing_flag,
+        get_attr(registry, "_set_mask_unconditional") or missing_flag,
+        check_bool,
         "True, False",
         "native AOT kernels masked unconditionally (restored through the registry, "
         "which rebuilds every router)",

@@ -197,7 +197,7 @@ class IsolationPlugin:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Register the primitive-log wrapper when a collected test needs it (else no call hook)."""
         needs = any(
-            _reduces_onednn_precision(item.stash.get(_shared.ITEM_FLAGS_KEY, None) or {})
+            _reduces_onednn_precision(item.stash.get(_shared.ITEM_FLAGS_KEY, {}))
             for item in session.items
         )
         manager = session.config.pluginmanager

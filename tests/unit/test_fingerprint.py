@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_backends.flags import FlagRegistry
-from pytest_backends.flags.catalogue import _catalogue
+from pytest_backends.flags.catalogue import build_catalogue
 from pytest_backends.flags.registry import _global_reader, faster_readers
 from pytest_backends.flags.switches import _unset_sentinel
 
@@ -163,7 +163,7 @@ def fast_registry(fake_inductor: types.ModuleType | None) -> FlagRegistry:
     # built while the config module is absent, so that its gate is in use
     module = sys.modules.pop("torch._inductor.config", None) if fake_inductor else None
     try:
-        reg = FlagRegistry(torch, *_catalogue(torch))
+        reg = FlagRegistry(torch, *build_catalogue(torch))
     finally:
         if module is not None:
             sys.modules["torch._inductor.config"] = module
@@ -201,7 +201,7 @@ def test_the_fingerprint_reads_groups(fast_registry: FlagRegistry) -> None:
 
 def test_slow_getters_are_read_through_proved_faster_readers() -> None:
     """The torch-function state, the nesting count and module-global getters."""
-    reg = FlagRegistry(torch, *_catalogue(torch))
+    reg = FlagRegistry(torch, *build_catalogue(torch))
     faster = faster_readers(torch, list(reg.rows))
     expected = {
         "modes.torch_function_state",
@@ -257,7 +257,7 @@ def test_fast_fingerprint_agrees_with_every_row_read_alone(
 
 def test_a_gate_not_proved_here_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     """An autocast device the gate does not cover is read on its own (mps, maia on 2.13)."""
-    reg = FlagRegistry(torch, *_catalogue(torch))
+    reg = FlagRegistry(torch, *build_catalogue(torch))
     gate: Any = torch._C._is_any_autocast_enabled
     for row in reg.snapshot_rows:
         if not (row.name.startswith("autocast.") and row.name.endswith(".enabled")):

@@ -12,7 +12,7 @@ import torch
 
 from pytest_backends import diff_flags, flag_names, override_flags, restore_flags, snapshot_flags
 from pytest_backends.flags import Flag, FlagRegistry, registry
-from pytest_backends.flags.catalogue import _catalogue
+from pytest_backends.flags.catalogue import build_catalogue
 
 # State a test can only leave behind (an open context, a started profiler, a hook, the
 # once-only interop thread count) and compiler config read only once imported: each has a
@@ -300,7 +300,7 @@ def test_older_torch_without_fp32_precision_uses_legacy_rows() -> None:
             "_set_sdp_priority_order",
         }
     )
-    rows, absent = _catalogue(old)
+    rows, absent = build_catalogue(old)
     reg = FlagRegistry(old, rows, absent)
     real_before = snapshot_flags()
     snap = reg.snapshot()

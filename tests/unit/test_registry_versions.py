@@ -18,7 +18,7 @@ import torch
 
 from pytest_backends import diff_flags, override_flags, restore_flags, snapshot_flags
 from pytest_backends.flags import Flag, FlagRegistry, registry
-from pytest_backends.flags.catalogue import _catalogue
+from pytest_backends.flags.catalogue import build_catalogue
 
 # rows changed only by an action (contexts, hooks, profiler) or config options: their own tests
 _BY_ACTION = (
@@ -124,7 +124,7 @@ def real_flags() -> Iterator[dict[str, object]]:
 
 def test_torch_21_shape_reports_missing_rows_absent(real_flags: dict[str, object]) -> None:
     old = _torch_21()
-    rows, absent = _catalogue(old)
+    rows, absent = build_catalogue(old)
     reg = FlagRegistry(old, rows, absent)
     names = set(reg.names())
     expected_absent = {
@@ -170,7 +170,7 @@ def test_torch_21_shape_absent_flag_is_a_clear_error(
     name: str, real_flags: dict[str, object]
 ) -> None:
     old = _torch_21()
-    reg = FlagRegistry(old, *_catalogue(old))
+    reg = FlagRegistry(old, *build_catalogue(old))
     with pytest.raises(ValueError) as info:
         reg.validate({"cudnn.benchmark": True, name: True})
     message = str(info.value)
@@ -182,7 +182,7 @@ def test_torch_21_shape_absent_flag_is_a_clear_error(
 
 def test_torch_21_shape_legacy_rows_round_trip(real_flags: dict[str, object]) -> None:
     old = _torch_21()
-    reg = FlagRegistry(old, *_catalogue(old))
+    reg = FlagRegistry(old, *build_catalogue(old))
     before = reg.snapshot()
     wanted = {
         "autocast.cpu.dtype": "float16"

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from pytest_backends.flags import FlagRegistry, registry
-from pytest_backends.flags.catalogue import _catalogue
+from pytest_backends.flags.catalogue import build_catalogue
 from pytest_backends.flags.surface import classify, declared_row, discover, name_list
 
 LISTS = sorted((Path(__file__).parent.parent / "data" / "torch-switches").glob("*.names"))
@@ -167,7 +167,7 @@ class _FakeTorch(types.ModuleType):
 def test_runtime_net_reports_an_unmanaged_switch_and_leaves_it() -> None:
     fake_c = _FakeC(torch._C)
     fake = _FakeTorch(fake_c)
-    rows, absent = _catalogue(fake)
+    rows, absent = build_catalogue(fake)
     reg = FlagRegistry(fake, rows, absent)
     row = reg.by_name["torch._C._get_brand_new_switch"]
     assert row.unmanaged
@@ -184,7 +184,7 @@ def test_runtime_net_message_names_the_switch(monkeypatch: pytest.MonkeyPatch) -
 
     fake_c = _FakeC(torch._C)
     fake = _FakeTorch(fake_c)
-    reg = FlagRegistry(fake, *_catalogue(fake))
+    reg = FlagRegistry(fake, *build_catalogue(fake))
     monkeypatch.setattr(snapshot, "registry", lambda: reg)
     text = snapshot.diff_lines({"torch._C._get_brand_new_switch": (False, True)})
     assert (
@@ -262,7 +262,7 @@ def test_215_rows_on_fakes_set_then_check(monkeypatch: pytest.MonkeyPatch) -> No
     module.registry = registry_mod  # type: ignore[attr-defined]
     monkeypatch.setitem(__import__("sys").modules, "torch._native", module)
     monkeypatch.setitem(__import__("sys").modules, "torch._native.registry", registry_mod)
-    reg = FlagRegistry(fake, *_catalogue(fake))
+    reg = FlagRegistry(fake, *build_catalogue(fake))
     before = reg.snapshot()
     for name, value in (
         ("sdp.fa4", True),

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from pytest_backends.flags import FlagRegistry, registry, snapshot_flags
-from pytest_backends.flags.catalogue import _catalogue
+from pytest_backends.flags.catalogue import build_catalogue
 from pytest_backends.isolation import TorchStateWatch, marker_mode
 from pytest_backends.isolation.watch import Change
 
@@ -98,7 +98,7 @@ class _TorchBefore24:
 
 def test_autocast_rows_on_older_torch_use_the_per_device_functions() -> None:
     old = _TorchBefore24()
-    rows, absent = _catalogue(old)
+    rows, absent = build_catalogue(old)
     reg = FlagRegistry(old, rows, absent)
     names = reg.names()
     for row in (
