@@ -122,6 +122,49 @@ def _guard_cost(source: Path | None = None, rounds: int = 15) -> tuple[float, fl
     return float(out[0]), float(out[1]), int(out[2]), int(out[3])
 
 
+_IN_SESSION = """
+import contextlib, io, statistics, sys, time
+import pytest, torch
+from pytest_backends.flags import registry
+reg = registry()
+real, taken = reg.fingerprint, []
+def timed():
+    start = time.perf_counter_ns()
+    fp = real()
+    taken.append(time.perf_counter_ns() - start)
+    return fp
+reg.fingerprint = timed
+with contextlib.redirect_stdout(io.StringIO()):
+    pytest.main(["-q", "-p", "no:xdist"])
+print(statistics.median(taken) / 1e3, statistics.mean(taken) / 1e3, len(taken))
+"""
+
+
+def _guard_cost_in_session(root: Path, source: Path | None = None) -> tuple[float, float, int]:
+    """Microseconds of one fingerprint taken by the guard in a session (median, mean), count.
+
+    Wall time of each call, in a real session of the suite in ``root``: between
+    tests the caches hold pytest's data, so a fingerprint there costs more than
+    in the tight loop of :func:`_guard_cost`.
+    """
+    env = _child_env()
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(source), env.get("PYTHONPATH", "")])
+    out = subprocess.run(
+        [sys.executable, "-c", _IN_SESSION],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return float(out[-3]), float(out[-2]), int(out[-1])
+
+
+def _session_line(cost: tuple[float, float, int]) -> str:
+    return f"{cost[0]:.1f} us median, {cost[1]:.1f} mean ({cost[2]} fingerprints, wall time)"
+
+
 def _guard_line(cost: tuple[float, float, int, int]) -> str:
     return f"{cost[0]:.1f} us CPU min, {cost[1]:.1f} median ({cost[2]} rows in {cost[3]} reads)"
 
@@ -198,6 +241,10 @@ def main() -> None:
                 sides += [(before, root, False, args.before), (before1, single, False, args.before)]
             for values, where, bare, source in sides if round_ % 2 == 0 else reversed(sides):
                 values.append(_cpu_seconds(where, ["-p", "no:backends"] if bare else [], source))
+        in_session = _guard_cost_in_session(root)
+        before_in_session = (
+            _guard_cost_in_session(root, args.before) if args.before is not None else None
+        )
     per_min = _per_test(min(on), min(off), min(on1), min(off1), args.tests)
     per_median = _per_test(*(statistics.median(v) for v in (on, off, on1, off1)), tests=args.tests)
     per_bare = (min(off) - min(off1)) / (args.tests - 1) * 1e6  # without torch's import
@@ -219,6 +266,7 @@ def main() -> None:
             f"{_spread(on, off) / args.tests * 1e6:.0f} us/test)",
             f"  one registry fingerprint:     {_guard_line(_guard_cost())} (direct; "
             "the guard takes two per test)",
+            f"  one fingerprint in the session: {_session_line(in_session)}",
         ]
     )
     if args.before is not None:
@@ -238,6 +286,9 @@ def main() -> None:
                 f"  now/before session CPU:       {min(on) / min(before):.3f} on the minima, "
                 f"{statistics.median(on) / statistics.median(before):.3f} on the medians",
                 f"  one registry fingerprint (before): {_guard_line(_guard_cost(args.before))}",
+                f"  one fingerprint in the session (before): {_session_line(before_in_session)}"
+                if before_in_session is not None
+                else "",
             ]
         )
     write_result(text, args.output)
