@@ -321,7 +321,13 @@ def test_corpus_both_recorders_agree_with_the_oracle(
         )
     cases = len(seen["python"][0])
     thread = "test_corpus.py::test_augmentation_thread"
-    racy = {thread}
+    # With two DataLoader workers the batches reach the main process in the order the
+    # workers finish them, and it rebuilds each one it takes off the queue
+    # (aten::empty, aten::set_), so where those ops fall among the test's own varies:
+    # runs alike are compared (the planted op is blamed), runs not alike are "not
+    # checked". Either is right, a pass never is; with one worker the order is fixed.
+    workers = "test_corpus.py::test_dataloader[2]"
+    racy = {thread, workers}
     disagreements = {
         k
         for k in seen["python"][0]
@@ -338,6 +344,13 @@ def test_corpus_both_recorders_agree_with_the_oracle(
         if v != expected_thread[r]
         and not (expected_thread[r] == "either" and v in ("FAILED", "not checked"))
     }
+    false_verdicts.update(
+        {
+            f"{r} {workers}": v
+            for r in RECORDERS
+            if (v := seen[r][0].get(workers)) not in ("FAILED", "not checked")
+        }
+    )
     print(
         f"corpus: {cases} cases per recorder, oracle-nondeterministic ops {sorted(oracle)}, "
         f"blamed in {len(seen['python'][1])} tests, {len(disagreements)} disagreements, "
