@@ -55,6 +55,16 @@ def benchmarks(quick: bool) -> list[tuple[str, list[str]]]:
                 str(RESULTS / "suite-determinism-cpu.txt"),
             ],
         ),
+        (
+            "train-step",
+            [
+                "bench_train_step.py",
+                "--rounds",
+                "1" if quick else "3",
+                "--out",
+                str(RESULTS / "train-step-cpu.txt"),
+            ],
+        ),
         ("hook-floor", ["bench_hook_floor.py", "--out", str(RESULTS / "hook-floor-cpu.txt")]),
         (
             "batch-check",

@@ -78,13 +78,14 @@ struct OpInfo {
   bool overwrites = false;
   bool rebinds = false;  // set_: the tensor now shows other memory, keyed where first read
   bool seeded = false;   // draws from a generator (the default one unless one is passed)
+  bool marker = false;   // marks a range (record_function) and computes nothing: not recorded
   std::vector<int> workspaces;
   std::vector<int> written;  // argument positions the op writes to
   std::vector<int> outs;     // out= arguments
 };
 
 // The op tables (which ops make uninitialised memory, overwrite without reading,
-// point a tensor at other memory, return workspaces), set once from Python
+// point a tensor at other memory, return workspaces, only mark a range), set once from Python
 // (pytest_backends/determinism/op_tables.py, the one source both recorders use)
 // before anything is recorded.
 struct OpTables {
@@ -92,6 +93,7 @@ struct OpTables {
   std::unordered_set<std::string> overwrites;
   std::unordered_set<std::string> rebinds;
   std::unordered_map<std::string, std::vector<int>> workspaces;
+  std::unordered_set<std::string> marker_namespaces;
   bool set = false;
 };
 
@@ -158,6 +160,9 @@ const OpInfo& info_of_locked(const c10::OperatorHandle& op) {
   info->uninitialized = tables.uninitialized.count(info->name) > 0;
   info->overwrites = tables.overwrites.count(info->name) > 0;
   info->rebinds = tables.rebinds.count(info->name) > 0;
+  const size_t colons = info->name.find("::");
+  info->marker = colons != std::string::npos &&
+                 tables.marker_namespaces.count(info->name.substr(0, colons)) > 0;
   const auto ws = tables.workspaces.find(info->name);
   if (ws != tables.workspaces.end()) {
     info->workspaces = ws->second;
@@ -1667,6 +1672,10 @@ void record_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::j
     return;
   }
   const OpInfo& info = info_of(op);
+  if (info.marker) {
+    op.redispatchBoxed(below, stack);  // a range marker reads and writes no data
+    return;
+  }
   const size_t num_inputs = op.schema().arguments().size();
   TORCH_INTERNAL_ASSERT(stack->size() >= num_inputs);
   const c10::ArrayRef<c10::IValue> inputs(stack->data() + stack->size() - num_inputs, num_inputs);
@@ -1721,12 +1730,14 @@ void record_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::j
 void set_op_tables(const std::vector<std::string>& uninitialized,
                    const std::vector<std::string>& overwrites,
                    const std::vector<std::string>& rebinds,
-                   const std::unordered_map<std::string, std::vector<int>>& workspaces) {
+                   const std::unordered_map<std::string, std::vector<int>>& workspaces,
+                   const std::vector<std::string>& marker_namespaces) {
   std::lock_guard<std::mutex> lock(g_info_mutex);
   OpTables next;
   next.uninitialized.insert(uninitialized.begin(), uninitialized.end());
   next.overwrites.insert(overwrites.begin(), overwrites.end());
   next.rebinds.insert(rebinds.begin(), rebinds.end());
+  next.marker_namespaces.insert(marker_namespaces.begin(), marker_namespaces.end());
   for (const auto& entry : workspaces) {
     std::vector<int> positions = entry.second;
     std::sort(positions.begin(), positions.end());
@@ -1736,7 +1747,8 @@ void set_op_tables(const std::vector<std::string>& uninitialized,
   OpTables& tables = op_tables();
   const bool same = tables.set && tables.uninitialized == next.uninitialized &&
                     tables.overwrites == next.overwrites && tables.rebinds == next.rebinds &&
-                    tables.workspaces == next.workspaces;
+                    tables.workspaces == next.workspaces &&
+                    tables.marker_namespaces == next.marker_namespaces;
   if (same) {
     return;
   }
@@ -1759,7 +1771,7 @@ py::tuple get_op_tables() {
     return out;
   };
   return py::make_tuple(names(tables.uninitialized), names(tables.overwrites),
-                        names(tables.rebinds), workspaces);
+                        names(tables.rebinds), workspaces, names(tables.marker_namespaces));
 }
 
 }  // namespace
@@ -1791,10 +1803,11 @@ void register_recorder(py::module_& m) {
       .def("note_alert", &Recorder::note_alert,
            "Mark the last op that raised as a determinism alert.");
   m.def("set_op_tables", &set_op_tables, py::arg("uninitialized"), py::arg("overwrites"),
-        py::arg("rebinds"), py::arg("workspaces"),
+        py::arg("rebinds"), py::arg("workspaces"), py::arg("marker_namespaces"),
         "Set the recorder's op tables (once, before recording; from op_tables.py).");
   m.def("op_tables", &get_op_tables,
-        "The recorder's op tables: (uninitialized, overwrites, rebinds, workspaces).");
+        "The recorder's op tables: (uninitialized, overwrites, rebinds, workspaces, "
+        "marker_namespaces).");
   m.def(
       "recorder_hook_error", [] { return hook_error(); },
       "Why the native recorder cannot hook the dispatcher here, or '' when it can.");

@@ -75,6 +75,8 @@ class OpInfo:
     rebinds: bool = False
     #: Draws random numbers (from the default generator unless one is passed).
     seeded: bool = False
+    #: Marks a range and computes nothing (:data:`.op_tables.MARKER_NAMESPACES`): not recorded.
+    marker: bool = False
 
 
 #: The :class:`OpInfo` of every op seen, by ``id`` of the op: ``OpOverload.__hash__`` is a
@@ -114,6 +116,7 @@ def op_info(func: Any) -> OpInfo:
         frozenset(n for _, n in outs),
         name in op_tables.REBINDS,
         torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()),
+        name.split("::", 1)[0] in op_tables.MARKER_NAMESPACES,
     )
     INFOS[id(func)] = info
     return info

@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["OVERWRITES", "REBINDS", "SLOT_TAGS", "UNINITIALIZED", "WORKSPACES", "SlotTag"]
+__all__ = [
+    "MARKER_NAMESPACES",
+    "OVERWRITES",
+    "REBINDS",
+    "SLOT_TAGS",
+    "UNINITIALIZED",
+    "WORKSPACES",
+    "SlotTag",
+]
 
 #: Ops whose output is uninitialised memory: compared by dtype and shape only.
 UNINITIALIZED = frozenset(
@@ -67,6 +75,13 @@ OVERWRITES = frozenset(
 #: Ops that point a tensor at other memory (a storage made outside torch ops, shared
 #: memory from a DataLoader worker): the memory is keyed where an op first reads it.
 REBINDS = frozenset({"aten::set_"})
+
+#: Namespaces of ops that mark a range and compute nothing: ``record_function``
+#: enters and leaves its range through ``profiler::`` ops (so does a DataLoader
+#: around every batch it yields). They read and write no tensor data, so neither
+#: recorder records them: a test that opens a different number of ranges per run
+#: but computes the same ops has the same op sequence in every run.
+MARKER_NAMESPACES = frozenset({"profiler"})
 
 
 class SlotTag:

@@ -43,7 +43,10 @@ def native_module() -> Any:
         return None  # not built, or built without the recorder
     if hook_error() or not hasattr(module, "set_op_tables"):
         return None
-    _install_op_tables(module)
+    try:
+        _install_op_tables(module)
+    except TypeError:  # built from older sources, without the marker table
+        return None
     return module
 
 
@@ -56,6 +59,7 @@ def _install_op_tables(module: Any) -> None:
         sorted(op_tables.OVERWRITES),
         sorted(op_tables.REBINDS),
         {name: sorted(positions) for name, positions in op_tables.WORKSPACES.items()},
+        sorted(op_tables.MARKER_NAMESPACES),
     )
 
 

@@ -120,14 +120,16 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        if kwargs is None:
-            kwargs = {}
+        kwargs = {} if kwargs is None else kwargs
         if self.failure is not None:
             return run_op(func, func, args, kwargs)
+        info = INFOS.get(id(func)) or op_info(func)
+        if info.marker:
+            return info.call(*args, **kwargs)  # a range marker: no op of the record
         self._op_ran = False
         self._op_error = None
         try:
-            return self._record(func, args, kwargs)
+            return self._record(info, args, kwargs)
         except Exception as exc:
             error = self._op_error
             if error is not None:
@@ -157,10 +159,9 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._op_result = result
         return result
 
-    def _record(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    def _record(self, info: OpInfo, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         # The recording itself; ``__torch_dispatch__`` around it tells the op's own
         # exceptions from the recorder's and steps aside after the recorder's.
-        info = INFOS.get(id(func)) or op_info(func)
         key = self._key
         tainted = None
         # The origin of uninitialised memory that an overwrite copies on (circular padding

@@ -68,7 +68,8 @@ def test_the_native_recorder_holds_the_one_op_table() -> None:
         pytest.skip(
             "the native extension is not built here (python -m pytest_backends build-native)"
         )
-    uninitialized, overwrites, rebinds, workspaces = native.op_tables()
+    uninitialized, overwrites, rebinds, workspaces, markers = native.op_tables()
+    assert set(markers) == op_tables.MARKER_NAMESPACES
     assert set(uninitialized) == op_tables.UNINITIALIZED
     assert set(overwrites) == op_tables.OVERWRITES
     assert set(rebinds) == op_tables.REBINDS
@@ -78,15 +79,47 @@ def test_the_native_recorder_holds_the_one_op_table() -> None:
     with NativeRecorder(native) as recorder:
         torch.ones(2).add(1)
     recorder.finish()
-    native.set_op_tables(uninitialized, overwrites, rebinds, workspaces)
-    if native.op_tables() != (uninitialized, overwrites, rebinds, workspaces):
+    native.set_op_tables(uninitialized, overwrites, rebinds, workspaces, markers)
+    if native.op_tables() != (uninitialized, overwrites, rebinds, workspaces, markers):
         raise AssertionError("setting the same tables changed them")
     try:
         with pytest.raises(RuntimeError, match="set once"):
-            native.set_op_tables([], overwrites, rebinds, workspaces)
+            native.set_op_tables([], overwrites, rebinds, workspaces, markers)
     finally:
-        if native.op_tables() != (uninitialized, overwrites, rebinds, workspaces):
-            native.set_op_tables(uninitialized, overwrites, rebinds, workspaces)
+        if native.op_tables() != (uninitialized, overwrites, rebinds, workspaces, markers):
+            native.set_op_tables(uninitialized, overwrites, rebinds, workspaces, markers)
+
+
+def _ranges_then_add(ranges: int) -> None:
+    x = torch.ones(2)
+    for _ in range(ranges):
+        with torch.autograd.profiler.record_function("x"):
+            pass
+    with torch.autograd.profiler.record_function("step"):
+        x.add(1)
+
+
+@pytest.mark.parametrize("recorder", ["native", "python"])
+def test_range_markers_are_not_recorded(recorder: str) -> None:
+    """record_function ranges are no ops: a different number of them leaves the same record,
+    and the ops inside a range are still recorded."""
+    from pytest_backends.determinism.compare import compare_runs
+    from pytest_backends.determinism.record_python import BoundaryRecorder
+
+    native = native_module()
+    if recorder == "native" and native is None:
+        pytest.skip("the native extension is not built here")
+    assert op_info(torch.ops.profiler._record_function_enter_new.default).marker
+    assert not op_info(torch.ops.aten.add.Tensor).marker
+    logs = []
+    for ranges in (1, 3):
+        rec: Any = NativeRecorder(native) if recorder == "native" else BoundaryRecorder()
+        with rec:
+            _ranges_then_add(ranges)
+        logs.append(rec.finish().loaded())
+    assert [c.name for c in logs[0].calls] == ["aten::ones", "aten::add"]
+    assert [c.name for c in logs[1].calls] == ["aten::ones", "aten::add"]
+    assert compare_runs(logs).reproducible
 
 
 def _op_literals(source: str) -> list[str]:

@@ -84,6 +84,19 @@ def test_python_value_from_outside():
     import os
 
     torch.full((2,), float(int.from_bytes(os.urandom(4), "little"))).sum()
+
+
+_RANGES = [0]
+
+
+def test_profiler_ranges_differ_between_runs():
+    _RANGES[0] += 1
+    x = torch.ones(4)
+    for _ in range(_RANGES[0]):
+        with torch.autograd.profiler.record_function("x"):
+            pass
+    with torch.autograd.profiler.record_function("step"):
+        (x * 2).sum()
 """
 
 
@@ -127,7 +140,7 @@ def test_every_input_kind_is_covered(
     out = result.stdout.str()
     assert "nondeterministic op" not in out, out
     assert "NONDETERMINISTIC" not in out, out
-    result.assert_outcomes(passed=7)
+    result.assert_outcomes(passed=8)
     reasons = _reasons(out)
     # Memory shared with NumPy: read at the op, and named with the line that read it.
     source = (planted_conftest.path / "test_kinds.py").read_text(encoding="utf-8").splitlines()
@@ -143,6 +156,8 @@ def test_every_input_kind_is_covered(
     # Flags changed after use: every run starts from the same flags, so checked.
     assert "test_mkldnn_disabled_after_conv" not in reasons, out
     assert "test_flush_denormal_after_denormals" not in reasons, out
+    # A record_function range is no op: a different number of them per run changes nothing.
+    assert "test_profiler_ranges_differ_between_runs" not in reasons, out
     # A Python value from outside torch: named as such.
     assert "a Python value passed to aten::full" in reasons.get(
         "test_python_value_from_outside", ""
@@ -306,10 +321,13 @@ def test_corpus_both_recorders_agree_with_the_oracle(
         )
     cases = len(seen["python"][0])
     thread = "test_corpus.py::test_augmentation_thread"
-    # A DataLoader's worker batches follow the workers' timing: the native recorder,
-    # which also sees the profiler ranges around them, may rightly call the control
-    # flow unproven ("not checked") in a session where their number differs by run.
-    racy = {thread, "test_corpus.py::test_dataloader[2]"}
+    # With two DataLoader workers the batches reach the main process in the order the
+    # workers finish them, and it rebuilds each one it takes off the queue
+    # (aten::empty, aten::set_), so where those ops fall among the test's own varies:
+    # runs alike are compared (the planted op is blamed), runs not alike are "not
+    # checked". Either is right, a pass never is; with one worker the order is fixed.
+    workers = "test_corpus.py::test_dataloader[2]"
+    racy = {thread, workers}
     disagreements = {
         k
         for k in seen["python"][0]
@@ -326,6 +344,13 @@ def test_corpus_both_recorders_agree_with_the_oracle(
         if v != expected_thread[r]
         and not (expected_thread[r] == "either" and v in ("FAILED", "not checked"))
     }
+    false_verdicts.update(
+        {
+            f"{r} {workers}": v
+            for r in RECORDERS
+            if (v := seen[r][0].get(workers)) not in ("FAILED", "not checked")
+        }
+    )
     print(
         f"corpus: {cases} cases per recorder, oracle-nondeterministic ops {sorted(oracle)}, "
         f"blamed in {len(seen['python'][1])} tests, {len(disagreements)} disagreements, "

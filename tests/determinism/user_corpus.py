@@ -37,7 +37,7 @@ def test_padding(mode: str) -> None:
     plant(y * 2)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, 1, 2])
 def test_dataloader(workers: int) -> None:
     ds = TensorDataset(torch.arange(40.0).reshape(20, 2))
     total = torch.zeros(())
