@@ -161,7 +161,9 @@ class DeterminismPlugin:
         return self._compile_watch
 
     def _check(self, item: pytest.Item, runs: Runs, **stopped: Any) -> Verdict:
-        """Check ``item``'s runs (:func:`.check.check`) and keep the verdict for its reports.
+        """Check ``item``'s runs with :func:`~pytest_backends.determinism.check.check`.
+
+        The verdict is kept for the test's reports and returned.
 
         ``stopped`` are the :class:`~pytest_backends.determinism.check.Recorded`
         fields that say how the runs ended.
