@@ -80,7 +80,7 @@ def recorder_choice() -> tuple[Any, str]:
 
 
 class NativeRecorder:
-    """One run under the native recorder, with :class:`PythonRecorder`'s interface.
+    """One run under the native recorder: a :class:`~.record.RunLogRecorder`, as the Python one.
 
     ``first_uses`` and ``failure`` are filled in by :meth:`finish`. ``previous``
     (the previous run's recorder) sizes the record and, with ``carry``, lends
