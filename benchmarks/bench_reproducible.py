@@ -56,7 +56,7 @@ from torch.utils._pytree import tree_flatten
 from pytest_backends import assert_reproducible
 from pytest_backends.determinism import digest
 from pytest_backends.determinism.record_native import native_module
-from pytest_backends.determinism.record_python import BoundaryRecorder
+from pytest_backends.determinism.record_python import PythonRecorder
 from pytest_backends.determinism.runs import CompileWatch, Runs
 
 sys.path.append(str(Path(__file__).resolve().parent))  # bench_machine, also for tests
@@ -209,7 +209,7 @@ def bench_modes(
         # The fallback where the extension is not built: the Python dispatch mode.
         previous = None
         for _ in range(runs):
-            recorder = BoundaryRecorder(previous)
+            recorder = PythonRecorder(previous)
             with torch.no_grad(), recorder:
                 model(x)
             recorder.finish()

@@ -159,7 +159,7 @@ def per_op_floor() -> tuple[int, dict[str, float]]:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from pytest_backends.determinism.record_native import NativeRecorder, native_module
-    from pytest_backends.determinism.record_python import BoundaryRecorder
+    from pytest_backends.determinism.record_python import PythonRecorder
 
     body = ode_body()
     module = native_module()
@@ -170,7 +170,7 @@ def per_op_floor() -> tuple[int, dict[str, float]]:
         ) -> Any:
             return func(*args, **(kwargs or {}))
 
-    with BoundaryRecorder() as recorder:
+    with PythonRecorder() as recorder:
         body()
     ops = len(recorder.finish().calls)
 
@@ -182,7 +182,7 @@ def per_op_floor() -> tuple[int, dict[str, float]]:
             body()
 
     def python_recorder() -> None:
-        with BoundaryRecorder() as rec:
+        with PythonRecorder() as rec:
             body()
         rec.finish()
 

@@ -551,3 +551,9 @@ def find_op(
     sub = record(plan, case.rows, grads)
     _, finding = compare_ops(full, sub, plan.n, case.rows, case.label, part)
     return with_location(finding, plan, case.rows, grads)
+
+
+if TYPE_CHECKING:
+    from pytest_backends.recorder import Recorder
+
+    _: type[Recorder] = RowRecorder

@@ -37,6 +37,8 @@ __all__ = [
     "Versions",
     "add_section",
     "atomic_write_json",
+    "entry_rows",
+    "entry_verdicts",
     "evidence",
     "load_baseline",
     "read_census",
@@ -308,6 +310,19 @@ class Census:
         data["not_checked"] = dict(sorted(self.not_checked.items()))
         data["boundary"] = dict(sorted(self.boundary.items()))
         atomic_write_json(path, data, _files.CENSUS)
+
+
+def entry_rows(verdicts: Mapping[Key, str]) -> list[dict[str, Any]]:
+    """One test's census entry as it travels on its reports: a row per op key."""
+    return [
+        {"op": op, "device": device, "dtype": dtype, "verdict": found}
+        for (op, device, dtype), found in verdicts.items()
+    ]
+
+
+def entry_verdicts(rows: Iterable[Mapping[str, Any]]) -> dict[Key, str]:
+    """The verdicts of one test's census entry, from its rows (see :func:`entry_rows`)."""
+    return {(r["op"], r["device"], r["dtype"]): r["verdict"] for r in rows}
 
 
 def evidence(row: Mapping[str, Any], runs: int) -> str:

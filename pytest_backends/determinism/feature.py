@@ -26,9 +26,9 @@ def plugins(config: pytest.Config, settings: Settings) -> list[tuple[object, str
     """
     if not settings.enabled:
         return []
-    from pytest_backends.determinism import subtests
     from pytest_backends.determinism.census import Baseline
     from pytest_backends.determinism.plugin import DeterminismPlugin
+    from pytest_backends.determinism.runs import SubtestCounter
 
     accepted = settings.accepted if settings.accepted is not None else Baseline()
     worker = _xdist.is_worker(config)
@@ -36,7 +36,7 @@ def plugins(config: pytest.Config, settings: Settings) -> list[tuple[object, str
         _check_outputs(settings)
     return [
         (DeterminismPlugin(config, settings, accepted), "backends-determinism"),
-        (subtests.SubtestCounter(), "backends-subtests"),
+        (SubtestCounter(), "backends-subtests"),
     ]
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -29,6 +29,7 @@ __all__ = [
     "PLAIN",
     "OpInfo",
     "covered_memory",
+    "default_generator",
     "digest_function",
     "digest_module",
     "dispatches_in_python",
@@ -261,3 +262,29 @@ def run_op(call: Any, op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> A
         if rewrapped is None:
             raise
         return call(*rewrapped, **kwargs)
+
+
+def default_generator(
+    args: Sequence[Any], kwargs: dict[str, Any]
+) -> torch.Generator | Literal[False] | None:
+    """The default generator of the device a random op runs on (None: it has none).
+
+    False when the op is passed a generator: it draws from that one.
+    """
+    device = "cpu"
+    found = False
+    for a in [*args, *kwargs.values()]:
+        if isinstance(a, torch.Generator):
+            return False
+        if not found and isinstance(a, torch.Tensor):
+            device, found = a.device.type, True
+        elif not found and isinstance(a, torch.device):
+            device, found = a.type, True
+    if device == "cpu":
+        return torch.default_generator
+    if device == "cuda":
+        try:
+            return torch.cuda.default_generators[torch.cuda.current_device()]
+        except (RuntimeError, IndexError, AttributeError):
+            return None
+    return None

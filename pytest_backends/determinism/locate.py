@@ -5,9 +5,9 @@ them, and :func:`locate` re-runs a failing test once, following the same op
 sequence (through the native recorder's observer, or a small Python dispatch
 mode), and notes for the ops the comparison singled out the innermost frame
 outside torch and this plugin (file, line, function), the ``nn.Module`` path,
-and for a backward op the forward op it differentiates. :func:`caller_suffix`
-is the cheap form the recorders use while recording, for the origin of
-uninitialised memory.
+and for a backward op the forward op it differentiates (the frame rule is
+:func:`~pytest_backends.determinism.record.user_frame`, whose cheap forms the
+recorders use while recording, for the origin of uninitialised memory).
 
 Importing this module imports torch: load it only when the harness runs.
 """
@@ -25,39 +25,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pytest_backends.determinism.location import Location
+from pytest_backends.determinism.record import user_frame
 
 if TYPE_CHECKING:
     from pytest_backends.determinism.compare import Comparison, Divergence
 
-__all__ = ["Location", "caller_place", "caller_suffix", "locate"]
-
-
-_SKIPPED_DIRS = (
-    str(Path(torch.__file__).resolve().parent),
-    str(Path(__file__).resolve().parent.parent),
-)
-
-
-def _user_frame(frame: Any) -> tuple[str, int, str] | None:
-    """(file, line, function) of the innermost frame outside torch and this plugin."""
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not filename.startswith(_SKIPPED_DIRS) and not filename.startswith("<"):
-            return filename, frame.f_lineno, frame.f_code.co_name
-        frame = frame.f_back
-    return None
-
-
-def caller_suffix() -> str:
-    """``" (test_x.py:12)"``: where the innermost frame outside torch and this plugin is."""
-    location = _user_frame(sys._getframe(1))
-    return "" if location is None else f" ({Path(location[0]).name}:{location[1]})"
-
-
-def caller_place() -> str:
-    """``"test_x.py:12"``: :func:`caller_suffix` without its parentheses ("" when unknown)."""
-    location = _user_frame(sys._getframe(1))
-    return "" if location is None else f"{Path(location[0]).name}:{location[1]}"
+__all__ = ["Location", "locate"]
 
 
 def _module_path(frame: Any) -> tuple[str, str] | None:
@@ -105,7 +78,7 @@ class _Locator:
             index = len(self.names)
         self.names[index] = name
         node = _current_node()
-        user = _user_frame(frame)
+        user = user_frame(frame)
         if user is not None:
             self._frames[index] = (user, _module_path(frame))
         if node is None and self._get_seq is not None:

@@ -1,17 +1,15 @@
-"""The determinism check's hooks: run selected tests N times, record, compare, report.
+"""The determinism check's hooks: they adapt pytest to the check, and add up the verdicts.
 
 Registered by the registrar (:mod:`pytest_backends.plugin`) through
 :func:`pytest_backends.determinism.feature.plugins` when the check is on. A
-selected test's call phase runs ``N`` times: the global RNGs are reset to the
-state they had when the call phase began, and every op is recorded (natively
-where the extension is built, else by
-:class:`~pytest_backends.determinism.record_python.BoundaryRecorder`). Setup
+selected test's call phase runs ``N`` times (:mod:`~pytest_backends.determinism.runs`):
+the global RNGs are reset to the state they had when the call phase began, and
+every op is recorded (natively where the extension is built, else by
+:class:`~pytest_backends.determinism.record_python.PythonRecorder`). Setup
 and teardown run once, so function-scoped fixture values are shared by all
-runs. The runs then go through the pipeline in its reading order:
-:mod:`~pytest_backends.determinism.record` (what each run left),
-:mod:`~pytest_backends.determinism.compare` (which op, if any, is blamed),
-:mod:`~pytest_backends.determinism.locate` (where it was called, found by one
-more run) and :mod:`~pytest_backends.determinism.verdict` (the words).
+runs. What the runs left goes to :func:`~pytest_backends.determinism.check.check`,
+which runs the pipeline (compare, locate, verdict, census entry) and gives the
+verdict; this module attaches it to the test's reports and raises its failure.
 
 The check never changes the outcome of a test whose ops are deterministic:
 runs that differ only because their inputs differ (Python state outside torch
@@ -30,28 +28,33 @@ had already reported.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_backends import _shared, _xdist
-from pytest_backends.determinism import subtests, verdict
+from pytest_backends.determinism import verdict
 from pytest_backends.determinism.api import NondeterministicOpError
-from pytest_backends.determinism.census import Baseline, Census, CensusFileError, Key, Versions
+from pytest_backends.determinism.census import (
+    Baseline,
+    Census,
+    CensusFileError,
+    Key,
+    Versions,
+    entry_verdicts,
+)
 
 if TYPE_CHECKING:
-    from pytest_backends.determinism.compare import Comparison
+    from pytest_backends.determinism.check import Verdict
     from pytest_backends.determinism.runs import CompileWatch, Runs
     from pytest_backends.determinism.settings import Settings
 
 __all__ = ["DeterminismPlugin"]
 
-#: The determinism verdicts (census rows) of one item, until its report is made.
-_VERDICTS_KEY: pytest.StashKey[list[dict[str, Any]]] = pytest.StashKey()
-#: One item's determinism check (``{"check", "reason", "boundary", "recorder"}``).
-_CHECK_KEY: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
+#: One item's determinism verdict, until its reports are made.
+_VERDICT_KEY: pytest.StashKey[Verdict] = pytest.StashKey()
 
 
 def _selected(item: pytest.Item, select_all: bool) -> bool:
@@ -104,54 +107,50 @@ class DeterminismPlugin:
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
         if not _selected(item, self.settings.select_all):
             return (yield)
-        from pytest_backends.determinism.api import RngState
-        from pytest_backends.determinism.generators import GeneratorStates, roots_of
-        from pytest_backends.determinism.runs import Runs, Start, run_again, stored_outcome
-
-        start = Start(
-            RngState.capture(), GeneratorStates.capture(roots_of(item)), Start.capture_flags()
+        from pytest_backends.determinism.runs import (
+            RUN_KEY,
+            Runs,
+            Start,
+            failed_first_run,
+            repeat,
+            run_again,
+            stored_outcome,
         )
-        runner = Runs(self._watch())
-        runner.begin()
-        item.stash[subtests.RUN_KEY] = 0
+
+        start = Start.capture(item)
+        runs = Runs(self._watch())
+        runs.begin()
+        item.stash[RUN_KEY] = 0
         try:
             result = yield
         except BaseException as exc:
-            runner.end(exc)
-            self._settle(item, runner, None, first=exc)
+            runs.end(exc)
+            self._check(item, runs, first=exc)
             raise
         # A unittest.TestCase stores its failure, skip or xfail instead of raising it.
         stored = stored_outcome(item, 0)
-        runner.end(stored)
-        if stored is not None or subtests.failed_first_run(item):
-            self._settle(item, runner, None, first=stored)
+        runs.end(stored)
+        if stored is not None or failed_first_run(item):
+            self._check(item, runs, first=stored)
             return result
         # A run that compiled is a warm-up: one more run is compared in its place.
-        total = self.settings.runs + (1 if runner.records[0].compiled else 0)
-        for run in range(1, total):
-            item.stash[subtests.RUN_KEY] = run
-            if runner.failure is not None:
-                break
-            try:
-                start.restore()
-            except Exception as exc:  # a flag that cannot be put back: the runs would differ
-                runner.fail(exc)
-                break
-            runner.begin()
-            try:
-                run_again(item)
-            except (KeyboardInterrupt, SystemExit) as exc:
-                runner.end(exc)
-                raise
-            except BaseException as exc:  # pytest.fail and pytest.skip included
-                runner.end(exc)
-                if self._settle(item, runner, (run, exc)):
-                    if hasattr(exc, "add_note"):
-                        exc.add_note(f"(raised in determinism run {run} of {total}; run 0 passed)")
-                    raise
-                return result
-            runner.end()
-        self._settle(item, runner, None, check=True, locate_with=(start, lambda: run_again(item)))
+        total = self.settings.runs + (1 if runs.records[0].compiled else 0)
+        raised = repeat(item, runs, start, total)
+        found = self._check(
+            item,
+            runs,
+            raised=raised,
+            complete=raised is None,
+            restore=start.restore,
+            run_again=lambda: run_again(item),
+        )
+        if raised is not None and found.rerun_is_outcome:
+            run, error = raised
+            if hasattr(error, "add_note"):
+                error.add_note(f"(raised in determinism run {run} of {total}; run 0 passed)")
+            raise error
+        if found.failure is not None:
+            raise found.failure
         return result
 
     def _watch(self) -> CompileWatch:
@@ -161,101 +160,39 @@ class DeterminismPlugin:
             self._compile_watch = CompileWatch()
         return self._compile_watch
 
-    def _settle(
-        self,
-        item: pytest.Item,
-        runner: Runs,
-        raised: tuple[int, BaseException] | None,
-        check: bool = False,
-        locate_with: tuple[Any, Callable[[], object]] | None = None,
-        first: BaseException | None = None,
-    ) -> bool:
-        """Compare the runs, record the verdicts and fail the test where the check says so.
+    def _check(self, item: pytest.Item, runs: Runs, **stopped: Any) -> Verdict:
+        """Check ``item``'s runs with :func:`~pytest_backends.determinism.check.check`.
 
-        ``raised`` is a rerun's exception (run 0 passed). Returns whether that
-        exception is the test's outcome: it is when an op is blamed or when
-        non-repeatable tests fail by option; otherwise the test is not checked
-        and keeps run 0's outcome.
+        The verdict is kept for the test's reports and returned.
+
+        ``stopped`` are the :class:`~pytest_backends.determinism.check.Recorded`
+        fields that say how the runs ended.
         """
-        from pytest_backends.determinism.compare import compare_runs
-        from pytest_backends.determinism.locate import locate
+        from pytest_backends.determinism.check import Recorded, check
+        from pytest_backends.determinism.runs import failed_first_run
 
-        records = runner.compared()
-        reason: str | None = None
-        single = len(records) < 2
-        comparison = None
-        notes: list[str] = []
-        try:
-            threads = sorted({name for r in runner.records for name in r.threads})
-            comparison = compare_runs([r.log for r in records], threads)
-            notes = verdict.boundary_notes(runner.records)
-            if runner.failure is None:
-                if (
-                    locate_with is not None
-                    and comparison.unexplained is not None
-                    and comparison.unexplained.kind == "unproven"
-                    and not (comparison.blamed or comparison.uninitialized)
-                ):
-                    start, run_again = locate_with
-                    start.restore()
-                    comparison = locate(comparison, run_again, runner.native())
-                    locate_with = None
-                reason = verdict.explain_unchecked(comparison, records)
-                blind = next((r.blind for r in runner.records if r.blind), None)
-                if blind and not (comparison.blamed or comparison.uninitialized):
-                    reason = blind
-                if single:
-                    reason = verdict.first_run_reason(first, subtests.failed_first_run(item))
-        except Exception as exc:  # the harness's own failure is never the test's
-            runner.fail(exc)
-        if runner.failure is not None:
-            reason = verdict.recorder_failed(runner.failure)
-            comparison = None
-        elif raised is not None and (comparison is None or not comparison.blamed):
-            reason = verdict.rerun_raised(*raised)
-        if (
-            comparison is not None
-            and locate_with is not None
-            and reason is None
-            and (comparison.blamed or comparison.uninitialized or comparison.unexplained)
-        ):
-            start, run_again = locate_with
-            start.restore()
-            comparison = locate(comparison, run_again, runner.native())  # one more run, with lines
-        if comparison is not None:
-            self._record(item, comparison)
-        repeatable = self.settings.repeatable and runner.failure is None and not single
-        if repeatable:
-            reason = None  # not repeatable is a failure here, reported as such
-        item.stash[_CHECK_KEY] = {
-            "check": "not checked" if reason else "checked",
-            "reason": reason,
-            "boundary": notes,
-            "recorder": runner.described,
-        }
-        if raised is not None:
-            return bool(comparison is not None and comparison.blamed) or repeatable
-        if check and comparison is not None and reason is None:
-            verdict.fail_on(
-                comparison,
-                notes,
-                self.baseline,
-                self.settings.baseline,
-                self.settings.baseline_update,
-            )
-        return False
+        recorded = Recorded(
+            runs.records,
+            runs.failure,
+            runs.described,
+            runs.native(),
+            subtest_failed=failed_first_run(item),
+            **stopped,
+        )
+        found = check(recorded, self.settings, self.baseline)
+        item.stash[_VERDICT_KEY] = found
+        return found
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
-        rows = item.stash.get(_VERDICTS_KEY, None)
-        if rows is not None:
-            _shared.attach(report, _shared.PROPERTY_CENSUS, rows)
-        check = item.stash.get(_CHECK_KEY, None)
-        if check is not None:
-            _shared.attach(report, _shared.PROPERTY_CHECK, check)
+        found = item.stash.get(_VERDICT_KEY, None)
+        if found is not None:
+            if found.census is not None:
+                _shared.attach(report, _shared.PROPERTY_CENSUS, found.census)
+            _shared.attach(report, _shared.PROPERTY_CHECK, found.as_property())
         if call.excinfo is not None and isinstance(call.excinfo.value, NondeterministicOpError):
             # The harness's own frames say nothing useful: show the finding alone.
             report.longrepr = str(call.excinfo.value)
@@ -268,12 +205,6 @@ class DeterminismPlugin:
                     "not the failure the marker expects, so the test fails)"
                 )
         return report
-
-    def _record(self, item: pytest.Item, comparison: Comparison) -> None:
-        item.stash[_VERDICTS_KEY] = [
-            {"op": op, "device": device, "dtype": dtype, "verdict": found}
-            for (op, device, dtype), found in comparison.verdicts.items()
-        ]
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if _xdist.is_worker(self.config):
@@ -293,9 +224,7 @@ class DeterminismPlugin:
         rows = _shared.read(report, _shared.PROPERTY_CENSUS, call=True)
         if not rows:
             return
-        self.census.add_test(
-            report.nodeid, {(r["op"], r["device"], r["dtype"]): r["verdict"] for r in rows}
-        )
+        self.census.add_test(report.nodeid, entry_verdicts(rows))
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         config = session.config

@@ -1,7 +1,8 @@
 """Stage 1 of the determinism pipeline, the record: what one run of a test leaves behind.
 
-Both recorders (the Python :class:`~pytest_backends.determinism.record_python.BoundaryRecorder`
-and the C++ one behind :mod:`~pytest_backends.determinism.record_native`) turn a run into
+Both recorders (the Python :class:`~pytest_backends.determinism.record_python.PythonRecorder`
+and the C++ one behind :class:`~pytest_backends.determinism.record_native.NativeRecorder`,
+each a :class:`RunLogRecorder`) turn a run into
 the same :class:`RunLog`: per op call, its name, where it ran and a key per input and per
 output. Keys are :class:`Digest` objects (a tensor's contents), tagged tuples
 (``("uninitialized", dtype, shape)``, ``("opaque", ...)``, ``("generator", ...)``, ...)
@@ -9,18 +10,40 @@ or plain values. :class:`RunRecord` adds what the harness needs besides the log:
 tensors that entered the record from outside, and whether the run compiled. The next
 stage, :mod:`~pytest_backends.determinism.compare`, reads only these types.
 
-Nothing here imports torch.
+What the recorders write while recording lives here too, so that stage 1 imports
+no later stage: where an op was called (:func:`caller_suffix`, :func:`caller_place`;
+:mod:`~pytest_backends.determinism.locate` finds the same frames), why some ops
+went unseen (:func:`unseen_reason`) and a failure in one line (:func:`failure_text`).
+
+Nothing here imports torch (the frame helpers read its path when first called).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from pytest_backends.determinism.op_tables import SlotTag
+from pytest_backends.recorder import Recorder
 
-__all__ = ["UNPROVEN_TAGS", "Digest", "OpCall", "RunLog", "RunRecord", "Slot", "dtype_name"]
+__all__ = [
+    "UNPROVEN_TAGS",
+    "Digest",
+    "OpCall",
+    "RunLog",
+    "RunLogRecorder",
+    "RunRecord",
+    "Slot",
+    "caller_place",
+    "caller_suffix",
+    "dtype_name",
+    "failure_text",
+    "unseen_reason",
+    "user_frame",
+]
 
 #: Key tags of inputs that cannot be proven equal between runs: an op whose
 #: inputs hold one is never blamed (see :func:`~pytest_backends.determinism.compare.compare_runs`).
@@ -124,7 +147,7 @@ class RunRecord:
     """
 
     log: RunLog
-    first_uses: list[tuple[int, Any]] = field(default_factory=list)
+    first_uses: Sequence[tuple[int, Any]] = field(default_factory=list)
     compiled: bool = False
     keep: Any = None
     #: Why some of the run's ops ran where the recorder cannot see, or None.
@@ -148,3 +171,99 @@ class RunRecord:
                 if t is not None:
                     found.add(id(t))
         return found
+
+
+class RunLogRecorder(Recorder, Protocol):
+    """A recorder of one determinism run: entered for the run, then :meth:`finish` gives its log.
+
+    :class:`~pytest_backends.determinism.record_python.PythonRecorder` and
+    :class:`~pytest_backends.determinism.record_native.NativeRecorder` implement
+    it; :class:`~pytest_backends.determinism.runs.Runs` reads only this.
+    """
+
+    @property
+    def failure(self) -> str | None:
+        """The recorder's own exception (one line), after which it stopped recording."""
+        ...
+
+    @property
+    def first_uses(self) -> Sequence[tuple[int, Any]]:
+        """``(op index, tensor)`` of every tensor that entered the record (:class:`RunRecord`)."""
+        ...
+
+    @property
+    def blind(self) -> str | None:
+        """Why ops of this run ran where the recorder cannot see (None: nowhere)."""
+        ...
+
+    @property
+    def outside(self) -> Sequence[int]:
+        """Indices of the ops that read memory shared with something outside torch."""
+        ...
+
+    @property
+    def outside_places(self) -> Mapping[int, str]:
+        """Op index -> ``"test_x.py:6"``: where the ops in :attr:`outside` were called."""
+        ...
+
+    def finish(self, raised: BaseException | None = None) -> RunLog:
+        """The run's log (``raised``: the run's exception, if any)."""
+        ...
+
+    def keep(self) -> Any:
+        """What keeps the identities in ``first_uses`` from being reused (or None)."""
+        ...
+
+
+def failure_text(exc: BaseException) -> str:
+    """``"RuntimeError: first line"``: a harness failure in one line."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def unseen_reason(type_name: str) -> str:
+    """The "not checked" reason for ops on a ``__torch_dispatch__`` tensor subclass."""
+    return (
+        f"ops on {type_name} tensors (a tensor subclass with __torch_dispatch__, such as a "
+        "wrapper subclass or a jagged NestedTensor) run inside its __torch_dispatch__, where "
+        "no op recorder sees them, so a nondeterministic op there would go unnoticed"
+    )
+
+
+_skipped_dirs: tuple[str, ...] = ()
+
+
+def _skipped() -> tuple[str, ...]:
+    """The directories of torch and of this plugin (computed once, when first needed)."""
+    global _skipped_dirs
+    if not _skipped_dirs:
+        import torch
+
+        _skipped_dirs = (
+            str(Path(torch.__file__).resolve().parent),
+            str(Path(__file__).resolve().parent.parent),
+        )
+    return _skipped_dirs
+
+
+def user_frame(frame: Any) -> tuple[str, int, str] | None:
+    """(file, line, function) of the innermost frame outside torch and this plugin."""
+    skipped = _skipped_dirs or _skipped()
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(skipped) and not filename.startswith("<"):
+            return filename, frame.f_lineno, frame.f_code.co_name
+        frame = frame.f_back
+    return None
+
+
+def caller_suffix() -> str:
+    """``" (test_x.py:12)"``: where the innermost frame outside torch and this plugin is."""
+    location = user_frame(sys._getframe(1))
+    return "" if location is None else f" ({Path(location[0]).name}:{location[1]})"
+
+
+def caller_place() -> str:
+    """``"test_x.py:12"``: :func:`caller_suffix` without its parentheses ("" when unknown)."""
+    location = user_frame(sys._getframe(1))
+    return "" if location is None else f"{Path(location[0]).name}:{location[1]}"

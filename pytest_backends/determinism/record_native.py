@@ -3,7 +3,7 @@
 ``native/recorder.cpp`` registers a boxed dispatcher fallback on a dispatch key
 no torch op uses, puts that key in the recording thread's included set (torch
 carries the set into autograd's worker threads) and records, per op, what
-:class:`~pytest_backends.determinism.record_python.BoundaryRecorder` records: the op, a
+:class:`~pytest_backends.determinism.record_python.PythonRecorder` records: the op, a
 key per input, a key per output, alerts and reads of uninitialised memory.
 It looks through the same ops a Python dispatch mode looks through
 (``CompositeImplicitAutograd`` ops and ops on wrapper tensors), so both give
@@ -19,12 +19,16 @@ Importing this module imports torch: load it only when the harness runs.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_backends.determinism.api import ALERT_TEXT
-from pytest_backends.determinism.locate import caller_suffix
-from pytest_backends.determinism.record import OpCall, RunLog, dtype_name
-from pytest_backends.determinism.verdict import unseen_reason
+from pytest_backends.determinism.record import (
+    OpCall,
+    RunLog,
+    caller_suffix,
+    dtype_name,
+    unseen_reason,
+)
 
 __all__ = ["NativeRecorder", "native_module", "recorder_choice"]
 
@@ -80,7 +84,7 @@ def recorder_choice() -> tuple[Any, str]:
 
 
 class NativeRecorder:
-    """One run under the native recorder, with :class:`BoundaryRecorder`'s interface.
+    """One run under the native recorder: a :class:`~.record.RunLogRecorder`, as the Python one.
 
     ``first_uses`` and ``failure`` are filled in by :meth:`finish`. ``previous``
     (the previous run's recorder) sizes the record and, with ``carry``, lends
@@ -170,3 +174,9 @@ class NativeRecorder:
     def keep(self) -> Any:
         """The object that keeps first-use identities from being reused."""
         return self._recorder
+
+
+if TYPE_CHECKING:
+    from pytest_backends.determinism.record import RunLogRecorder
+
+    _: type[RunLogRecorder] = NativeRecorder

@@ -1,4 +1,4 @@
-"""Stage 1, the Python way: :class:`BoundaryRecorder`, a ``TorchDispatchMode``.
+"""Stage 1, the Python way: :class:`PythonRecorder`, a ``TorchDispatchMode``.
 
 The fallback where the native recorder is not built; both fill the same
 :class:`~pytest_backends.determinism.record.RunLog` from the same op tables and give
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -25,6 +25,7 @@ from pytest_backends.determinism.keys import (
     PLAIN,
     OpInfo,
     covered_memory,
+    default_generator,
     digest_function,
     digest_module,
     dispatches_in_python,
@@ -36,9 +37,18 @@ from pytest_backends.determinism.keys import (
     tensors_in,
     value_key,
 )
-from pytest_backends.determinism.locate import caller_place, caller_suffix
 from pytest_backends.determinism.op_tables import SlotTag
-from pytest_backends.determinism.record import Digest, OpCall, RunLog, Slot, dtype_name
+from pytest_backends.determinism.record import (
+    Digest,
+    OpCall,
+    RunLog,
+    Slot,
+    caller_place,
+    caller_suffix,
+    dtype_name,
+    failure_text,
+    unseen_reason,
+)
 from pytest_backends.determinism.uninitialized import (
     Taints,
     clear_taint,
@@ -46,17 +56,16 @@ from pytest_backends.determinism.uninitialized import (
     taint,
     taint_of,
 )
-from pytest_backends.determinism.verdict import unseen_reason
 
-__all__ = ["BoundaryRecorder"]
+__all__ = ["PythonRecorder"]
 
 _Tensor = torch.Tensor
 
 
-class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class PythonRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records every op dispatched while the mode is active; steps aside where it cannot see.
 
-    Use one recorder per run: ``with BoundaryRecorder() as rec: ...`` then
+    Use one recorder per run: ``with PythonRecorder() as rec: ...`` then
     ``rec.finish()``. ``previous`` (the previous run's recorder) lends, with
     ``carry``, the keys of outside tensors it proved unchanged. ``failure`` is
     None, or the recorder's own exception (one line) after which it stopped
@@ -64,7 +73,7 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     record there (made before the run or outside the recorded ops).
     """
 
-    def __init__(self, previous: BoundaryRecorder | None = None, carry: bool = True) -> None:
+    def __init__(self, previous: PythonRecorder | None = None, carry: bool = True) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         # Per call: (info, inputs, outputs, (device type, dtype) or None, alerted, tainted)
         self._calls: list[tuple[Any, ...]] = []
@@ -371,23 +380,9 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         default generator of its device, whose state is one more input: another
         thread drawing from it makes the inputs differ, never the op nondeterministic.
         """
-        device = "cpu"
-        found = False
-        for a in [*args, *kwargs.values()]:
-            if isinstance(a, torch.Generator):
-                return ()
-            if not found and isinstance(a, torch.Tensor):
-                device, found = a.device.type, True
-            elif not found and isinstance(a, torch.device):
-                device, found = a.type, True
-        gen: torch.Generator | None = None
-        if device == "cpu":
-            gen = torch.default_generator
-        elif device == "cuda":
-            try:
-                gen = torch.cuda.default_generators[torch.cuda.current_device()]
-            except (RuntimeError, IndexError, AttributeError):
-                gen = None
+        gen = default_generator(args, kwargs)
+        if gen is False:
+            return ()
         if gen is None:
             return ("default generator",)
         return (self._generator_key(gen),)
@@ -601,8 +596,7 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _fail(self, exc: BaseException) -> None:
         if self.failure is None:
-            text = str(exc).strip().splitlines()
-            self.failure = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+            self.failure = failure_text(exc)
 
     def keep(self) -> None:
         """Nothing to keep alive: ``first_uses`` holds weak references."""
@@ -618,3 +612,9 @@ class BoundaryRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         except Exception as exc:
             self._fail(exc)
             return RunLog([])
+
+
+if TYPE_CHECKING:
+    from pytest_backends.determinism.record import RunLogRecorder
+
+    _: type[RunLogRecorder] = PythonRecorder

@@ -1,19 +1,46 @@
-"""The runs of one test: recorders started and stopped safely, and what each run starts from.
+"""The runs of one test: what each starts from, the recorders, the reruns, their reports.
 
 The hook layer (:mod:`~pytest_backends.determinism.plugin`) runs a test's
 call phase N times; this module holds the mechanics it needs for that:
+:class:`Start` puts the global RNGs, the test's own generators
+(:class:`GeneratorStates`) and the backend flags back before each run;
 :class:`Runs` chooses the recorder once (native where the extension is built,
-else :class:`~pytest_backends.determinism.record_python.BoundaryRecorder`),
+else :class:`~pytest_backends.determinism.record_python.PythonRecorder`),
 starts and stops one per run and keeps each run's
-:class:`~pytest_backends.determinism.record.RunRecord`; :class:`Start` puts
-the RNGs back before each run; :func:`run_again` repeats the test body and
-turns an outcome a ``unittest.TestCase`` stores into the run's exception;
-:class:`CompileWatch` tells a run that compiled (a warm-up, not compared).
+:class:`~pytest_backends.determinism.record.RunRecord`; :func:`repeat` runs
+runs 1 to N-1 through :func:`run_again`, which repeats the test body and turns
+an outcome a ``unittest.TestCase`` or a subtest stores into the run's
+exception; :class:`CompileWatch` tells a run that compiled (a warm-up, not
+compared); :class:`SubtestCounter` tags each call-phase report with its run.
+What the runs left goes to :func:`~pytest_backends.determinism.check.check`.
 
 A run in which Dynamo compiled is a warm-up for the comparison: compiling
 runs code once (first-call analysis, lazy backward compilation) that later
 calls skip, so its op sequence legitimately differs. It keeps its outcome
 (it is the test's real run), but the runs compared are the later ones.
+
+Explicit ``torch.Generator`` objects that a test reuses across runs (from a
+fixture, a module global, its class or its instance) are captured when the
+call phase begins and restored before each later run, so
+``torch.randn(8, generator=gen)`` draws the same numbers in every run. This is
+for coverage only, not for the verdict: both recorders key a generator
+argument by its state at call time, so a generator the harness does not reach
+(one kept deeper inside an object) simply gives differing inputs in later
+runs, and the test is "not checked" with that reason, never blamed.
+
+Subtests are counted once: each run executes the test body again, so every
+subtest (pytest's ``subtests`` fixture, or ``unittest.TestCase.subTest``)
+logs one report per run. The reports a test makes during its call phase are
+tagged with the number of the run that made them (the report property
+:data:`RUN_PROPERTY`, which travels with the report to the xdist controller).
+Wherever reports are counted, a subtest report of a later run that repeats the
+outcome of the same subtest in run 0 is not counted again; one whose outcome
+differs is (that difference is news). A failed subtest in run 0 fails the
+test, so the runs stop after it (:func:`failed_first_run`), as they do when
+run 0 raises. A subtest that fails in a later run only is reported with run
+0's outcome, passed: the failure is taken (:func:`take_rerun_failure`) as the
+run's exception, which makes the test "not checked", exactly as a test
+without subtests whose later run raises.
 
 Importing this module imports neither torch nor a recorder; they are loaded
 when the first run starts.
@@ -22,16 +49,224 @@ when the first run starts.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_backends.determinism import subtests
-from pytest_backends.determinism.record import RunLog, RunRecord
+from pytest_backends import _shared
+from pytest_backends.determinism.record import RunLog, RunRecord, failure_text
 
-__all__ = ["CompileWatch", "Runs", "Start", "run_again", "stored_outcome"]
+if TYPE_CHECKING:
+    from pytest_backends.determinism.record import RunLogRecorder
+
+__all__ = [
+    "RUN_KEY",
+    "RUN_PROPERTY",
+    "CompileWatch",
+    "GeneratorStates",
+    "Runs",
+    "Start",
+    "SubtestCounter",
+    "failed_first_run",
+    "repeat",
+    "roots_of",
+    "run_again",
+    "run_of",
+    "stored_outcome",
+    "tag",
+    "take_rerun_failure",
+]
+
+#: The determinism run in progress for an item (0 for the first).
+RUN_KEY: pytest.StashKey[int] = pytest.StashKey()
+#: Report property: the determinism run that made the report.
+RUN_PROPERTY = "backends_determinism_run"
+#: Whether a subtest failed in an item's first determinism run.
+_FAILED_KEY: pytest.StashKey[bool] = pytest.StashKey()
+#: The exception of a subtest that failed in a later determinism run only.
+_RERUN_FAILURE_KEY: pytest.StashKey[BaseException] = pytest.StashKey()
+
+_Key = tuple[str, object, tuple[tuple[str, str], ...]]
+
+
+def _context(report: pytest.TestReport) -> tuple[object, tuple[tuple[str, str], ...]] | None:
+    """``(msg, kwargs)`` of a subtest report (pytest >= 9 or pytest-subtests), else ``None``."""
+    context = getattr(report, "context", None)
+    if context is None:
+        return None
+    kwargs = getattr(context, "kwargs", {})
+    items = kwargs.items() if isinstance(kwargs, Mapping) else ()
+    return getattr(context, "msg", None), tuple(sorted((str(k), repr(v)) for k, v in items))
+
+
+def tag(report: pytest.TestReport, run: int) -> None:
+    """Tag ``report`` as made by determinism run ``run``."""
+    _shared.attach(report, RUN_PROPERTY, run)
+
+
+def run_of(report: pytest.TestReport) -> int | None:
+    """The determinism run that made ``report`` (None: not made by one)."""
+    run = _shared.read(report, RUN_PROPERTY)
+    return run if isinstance(run, int) else None
+
+
+def failed_first_run(item: pytest.Item) -> bool:
+    """Whether a subtest of ``item`` failed during determinism run 0."""
+    return item.stash.get(_FAILED_KEY, False)
+
+
+def take_rerun_failure(item: pytest.Item) -> BaseException | None:
+    """The first exception of a subtest that failed in a later run (and forget it)."""
+    failure = item.stash.get(_RERUN_FAILURE_KEY, None)
+    if failure is not None:
+        del item.stash[_RERUN_FAILURE_KEY]
+    return failure
+
+
+class SubtestCounter:
+    """Tags call-phase reports with their run; counts repeated subtests once."""
+
+    def __init__(self) -> None:
+        self._first: dict[_Key, str] = {}
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        run = item.stash.get(RUN_KEY, None)
+        if run is not None and call.when == "call":
+            tag(report, run)
+            if run == 0 and report.failed:
+                item.stash[_FAILED_KEY] = True
+            elif run > 0 and report.failed:
+                # Run 0 passed this far: the failure is the rerun's, not the subtest's.
+                if _RERUN_FAILURE_KEY not in item.stash:
+                    error = call.excinfo.value if call.excinfo is not None else None
+                    item.stash[_RERUN_FAILURE_KEY] = (
+                        error
+                        if isinstance(error, BaseException)
+                        else AssertionError(f"a subtest failed in determinism run {run}")
+                    )
+                report.outcome = "passed"
+                report.longrepr = None
+        return report
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
+        try:
+            return (yield)
+        finally:
+            # The test's own call report (made after this) belongs to no single run.
+            if RUN_KEY in item.stash:
+                del item.stash[RUN_KEY]
+
+    def _forget(self, nodeid: str) -> None:
+        self._first = {key: v for key, v in self._first.items() if key[0] != nodeid}
+
+    def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
+        self._forget(nodeid)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(
+        self, report: pytest.TestReport, config: pytest.Config
+    ) -> tuple[str, str, str] | None:
+        run = run_of(report)
+        context = _context(report)
+        if run is None or context is None:
+            return None
+        key = (report.nodeid, *context)
+        if run == 0:
+            self._first.setdefault(key, report.outcome)
+            return None
+        if self._first.get(key) == report.outcome:
+            return "", "", ""
+        return None
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
+        self._forget(nodeid)
+
+
+# How deep containers in fixture values and globals are searched, and how many items
+# of each (a long list of numbers in a module global must not cost every test).
+_DEPTH = 2
+_WIDTH = 1000
+
+
+def _generators(value: object, depth: int, seen: set[int]) -> Iterator[Any]:
+    torch = sys.modules.get("torch")
+    if torch is None or id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, torch.Generator):
+        yield value
+        return
+    if depth <= 0:
+        return
+    items: Iterable[object]
+    if isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = value
+    else:
+        return
+    for item in itertools.islice(items, _WIDTH):
+        yield from _generators(item, depth - 1, seen)
+
+
+class GeneratorStates:
+    """The states of the explicit generators a test can reach, to restore between runs."""
+
+    def __init__(self, states: list[tuple[Any, Any]]) -> None:
+        self._states = states
+
+    @classmethod
+    def capture(cls, roots: Iterable[object]) -> GeneratorStates:
+        """Capture every ``torch.Generator`` in ``roots`` (and in containers there)."""
+        torch = sys.modules.get("torch")
+        states: list[tuple[Any, Any]] = []
+        if torch is None:
+            return cls(states)
+        seen: set[int] = set()
+        defaults = {id(torch.default_generator)}
+        for root in roots:
+            for gen in _generators(root, _DEPTH, seen):
+                if id(gen) in defaults:
+                    continue  # the global RNG: RngState restores it
+                try:
+                    states.append((gen, gen.get_state()))
+                except (RuntimeError, TypeError):
+                    continue
+        return cls(states)
+
+    def restore(self) -> None:
+        """Put every captured generator back to its captured state."""
+        for gen, state in self._states:
+            gen.set_state(state)
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+
+def roots_of(item: Any) -> list[object]:
+    """Where a test's reused generators live: fixture values, its module, class and instance."""
+    roots: list[object] = []
+    funcargs = getattr(item, "funcargs", None)
+    if isinstance(funcargs, dict):
+        roots.append(dict(funcargs))
+    for owner in (getattr(item, "module", None), getattr(item, "cls", None)):
+        namespace = getattr(owner, "__dict__", None)
+        if namespace is not None:
+            roots.append(dict(namespace))
+    instance = getattr(item, "instance", None)
+    namespace = getattr(instance, "__dict__", None)
+    if isinstance(namespace, dict):
+        roots.append(dict(namespace))
+    return roots
 
 
 class Runs:
@@ -41,7 +276,7 @@ class Runs:
         self.records: list[RunRecord] = []
         self.failure: str | None = None
         self._watch = watch
-        self._recorder: Any = None
+        self._recorder: RunLogRecorder | None = None
         self._previous: Any = None
         self._compiles = 0
         # The native recorder's module, False for the Python recorder, None before the first run.
@@ -56,7 +291,7 @@ class Runs:
     def begin(self) -> None:
         """Start recording a run (a recorder that cannot start leaves the run unrecorded)."""
         from pytest_backends.determinism import outside
-        from pytest_backends.determinism.record_python import BoundaryRecorder
+        from pytest_backends.determinism.record_python import PythonRecorder
 
         outside.install()
         self._threads = _other_threads()
@@ -75,9 +310,9 @@ class Runs:
             if self._native:
                 from pytest_backends.determinism.record_native import NativeRecorder
 
-                recorder: Any = NativeRecorder(self._native, self._previous, self._carry)
+                recorder: RunLogRecorder = NativeRecorder(self._native, self._previous, self._carry)
             else:
-                recorder = BoundaryRecorder(self._previous, self._carry)
+                recorder = PythonRecorder(self._previous, self._carry)
             recorder.__enter__()
         except Exception as exc:
             self.fail(exc)
@@ -99,7 +334,7 @@ class Runs:
         self._previous = recorder  # keys of tensors from outside the run are reused
         if recorder.failure is not None and self.failure is None:
             self.failure = recorder.failure
-        blind = getattr(recorder, "blind", None)
+        blind = recorder.blind
         from pytest_backends.determinism import outside
 
         started = outside.started_since(self._started)
@@ -115,8 +350,8 @@ class Runs:
                 compiled,
                 recorder.keep(),
                 blind=blind,
-                outside=frozenset(getattr(recorder, "outside", ())),
-                outside_places=dict(getattr(recorder, "outside_places", {})),
+                outside=frozenset(recorder.outside),
+                outside_places=dict(recorder.outside_places),
                 threads=threads,
             )
         )
@@ -128,15 +363,7 @@ class Runs:
     def fail(self, exc: BaseException) -> None:
         """Note the harness's own failure (the first one is kept)."""
         if self.failure is None:
-            text = str(exc).strip().splitlines()
-            self.failure = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-    def compared(self) -> list[Any]:
-        """The runs to compare: all, or all but a compiling run 0 when others follow."""
-        records = self.records
-        if len(records) > 2 and records[0].compiled:
-            return records[1:]
-        return records
+            self.failure = failure_text(exc)
 
 
 def _other_threads() -> list[str]:
@@ -161,6 +388,13 @@ class Start:
     rng: Any
     generators: Any
     flags: tuple[object, ...] | None = None
+
+    @classmethod
+    def capture(cls, item: pytest.Item) -> Start:
+        """What ``item``'s runs start from, captured now (when its call phase begins)."""
+        from pytest_backends.determinism.api import RngState
+
+        return cls(RngState.capture(), GeneratorStates.capture(roots_of(item)), cls.capture_flags())
 
     @staticmethod
     def capture_flags() -> tuple[object, ...] | None:
@@ -212,17 +446,47 @@ def run_again(item: pytest.Item) -> None:
     """
     excinfo = _unittest_excinfo(item)
     before = len(excinfo) if excinfo is not None else 0
-    subtests.take_rerun_failure(item)
+    take_rerun_failure(item)
     item.runtest()
     excinfo = _unittest_excinfo(item)
     stored = stored_outcome(item, before)
     if excinfo is not None:
         del excinfo[before:]
-    failure = subtests.take_rerun_failure(item)
+    failure = take_rerun_failure(item)
     if stored is not None:
         raise stored
     if failure is not None:
         raise failure
+
+
+def repeat(
+    item: pytest.Item, runs: Runs, start: Start, total: int
+) -> tuple[int, BaseException] | None:
+    """Runs 1 to ``total - 1`` of ``item`` (run 0 ran in pytest's call), each from ``start``.
+
+    Returns the number and exception of a run that raised (the runs stop
+    there), else None. The runs stop early too when the harness fails.
+    """
+    for run in range(1, total):
+        item.stash[RUN_KEY] = run
+        if runs.failure is not None:
+            break
+        try:
+            start.restore()
+        except Exception as exc:  # a flag that cannot be put back: the runs would differ
+            runs.fail(exc)
+            break
+        runs.begin()
+        try:
+            run_again(item)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            runs.end(exc)
+            raise
+        except BaseException as exc:  # pytest.fail and pytest.skip included
+            runs.end(exc)
+            return run, exc
+        runs.end()
+    return None
 
 
 class CompileWatch:

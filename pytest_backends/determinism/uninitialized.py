@@ -1,6 +1,6 @@
 """Uninitialised memory, as the Python recorder tracks it: which storages hold bytes no op wrote.
 
-:class:`~pytest_backends.determinism.record_python.BoundaryRecorder` keeps a
+:class:`~pytest_backends.determinism.record_python.PythonRecorder` keeps a
 table from a storage's address to a weak reference to the tensor that made
 it uninitialised (``empty``, ``new_empty``, ...) and that op's name and
 source line. An op that reads such memory is marked with that origin, so a

@@ -3,11 +3,13 @@
 Every sentence the check writes about a test is built here, and only here:
 the failure message of a test whose op is blamed
 (:class:`~pytest_backends.determinism.api.NondeterministicOpError`, from
-:func:`fail_on`), each :class:`~pytest_backends.determinism.compare.Divergence`
+:func:`failure_of`), each :class:`~pytest_backends.determinism.compare.Divergence`
 described (:func:`describe_divergence`), and the reasons a test is "not
 checked" (:func:`explain_unchecked` when the runs' inputs differ,
-:func:`rerun_raised`, :func:`first_run_reason`, :func:`recorder_failed`,
-:func:`unseen_reason`) or checked only at a boundary (:func:`boundary_notes`).
+:func:`rerun_raised`, :func:`first_run_reason`, :func:`recorder_failed`) or
+checked only at a boundary (:func:`boundary_notes`); the one sentence a recorder
+writes while recording, why ops went unseen, is stage 1's
+(:func:`~pytest_backends.determinism.record.unseen_reason`).
 The rule behind them: a test keeps run 0's outcome unless an op is blamed
 (or ``--backends-determinism-repeatable`` fails tests that are not repeatable);
 the harness's own failure is never the test's.
@@ -37,12 +39,11 @@ __all__ = [
     "boundary_notes",
     "describe_divergence",
     "explain_unchecked",
-    "fail_on",
+    "failure_of",
     "first_run_reason",
     "format_key",
     "recorder_failed",
     "rerun_raised",
-    "unseen_reason",
 ]
 
 #: The verdict's reason when runs differ only because their inputs did.
@@ -91,14 +92,14 @@ def describe_divergence(d: Divergence, runs: int) -> str:
     )
 
 
-def fail_on(
+def failure_of(
     comparison: Comparison,
     notes: Sequence[str],
     baseline: Baseline,
     baseline_path: Path | None,
     updating: bool,
-) -> None:
-    """Raise the test's failure when ``comparison`` blames an op the baseline does not accept.
+) -> NondeterministicOpError | None:
+    """The test's failure when ``comparison`` blames an op the baseline does not accept.
 
     Uninitialised reads are never accepted (the test reads garbage); a
     divergence no op is blamed for fails too (the caller only asks when the
@@ -112,7 +113,7 @@ def fail_on(
         first = comparison.uninitialized[0]
         lines = [describe_divergence(first, runs)]
         lines += also_lines(comparison.uninitialized, runs)
-        _raise(lines, first)
+        return _error(lines, first)
     if new:
         first = new[0]
         lines = [describe_divergence(first, runs)]
@@ -124,11 +125,12 @@ def fail_on(
         lines += [f"  checked only at their boundary: {note}" for note in notes]
         if baseline_path is not None:
             lines.append(f"  {accept_hint(baseline_path)}")
-        _raise(lines, first)
+        return _error(lines, first)
     if unexplained is not None:
         lines = [f"not reproducible: {describe_divergence(unexplained, runs)}"]
         lines += [f"  checked only at their boundary: {note}" for note in notes]
-        _raise(lines, unexplained, blame=False)
+        return _error(lines, unexplained, blame=False)
+    return None
 
 
 #: How many further findings a failure message shows (one line each, repeats counted).
@@ -162,8 +164,8 @@ def also_lines(found: Sequence[Divergence], runs: int) -> list[str]:
     return lines
 
 
-def _raise(lines: list[str], d: Divergence, blame: bool = True) -> None:
-    raise NondeterministicOpError(
+def _error(lines: list[str], d: Divergence, blame: bool = True) -> NondeterministicOpError:
+    return NondeterministicOpError(
         "\n".join(lines),
         op=d.op if blame else None,
         run=d.run,
@@ -216,15 +218,6 @@ def first_run_reason(first: BaseException | None, subtest_failed: bool) -> str:
     if first is None and subtest_failed:
         return "a subtest failed in its first run, so it was not run again"
     return "it failed in its first run, so it was not run again"
-
-
-def unseen_reason(type_name: str) -> str:
-    """The "not checked" reason for ops on a ``__torch_dispatch__`` tensor subclass."""
-    return (
-        f"ops on {type_name} tensors (a tensor subclass with __torch_dispatch__, such as a "
-        "wrapper subclass or a jagged NestedTensor) run inside its __torch_dispatch__, where "
-        "no op recorder sees them, so a nondeterministic op there would go unnoticed"
-    )
 
 
 def _leaves(a: Any, b: Any) -> Iterator[tuple[Any, Any]]:

@@ -20,7 +20,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from pytest_backends.paths.bounds import Bound, pair_bound, reduction_length, term_scale
-from pytest_backends.paths.record import OpRecord, Recorder, module_tracking
+from pytest_backends.paths.record import OpRecord, PathRecorder, module_tracking
 
 __all__ = ["Divergence", "PathsDisagreeError", "assert_paths_agree", "first_divergence"]
 
@@ -126,7 +126,7 @@ def _run(
     leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad] + params
     with torch.random.fork_rng(devices=[]), override_flags(flags), module_tracking() as mods:
         torch.manual_seed(SEED)
-        recorder = Recorder(mods)
+        recorder = PathRecorder(mods)
         with recorder:
             out = fn(*args)
         outs = _float_tensors(out)

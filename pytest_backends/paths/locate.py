@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from pytest_backends.paths.api import SEED, ConfigRun, first_divergence
-from pytest_backends.paths.record import Recorder, module_tracking
+from pytest_backends.paths.record import PathRecorder, module_tracking
 
 _TRIES = 2
 
@@ -28,7 +28,7 @@ def _recorded(
     passed = True
     with torch.random.fork_rng(devices=[]), override_flags(flags), module_tracking() as mods:
         torch.manual_seed(SEED)
-        recorder = Recorder(mods)
+        recorder = PathRecorder(mods)
         try:
             with recorder:
                 item.runtest()

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -117,8 +117,8 @@ class _ModuleStack:
         return self.stack[-1] if self.stack else ""
 
 
-class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """A dispatch mode that keeps an :class:`OpRecord` per op call.
+class PathRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Records one kernel path: a dispatch mode that keeps an :class:`OpRecord` per op call.
 
     ``keep`` decides whether tensors are copied; ``retain=False`` hands the
     copies to ``on_op`` only (a trace keeps a sketch) and keeps no tensors.
@@ -198,3 +198,9 @@ def module_tracking() -> Iterator[_ModuleStack]:
     finally:
         for handle in handles:
             handle.remove()
+
+
+if TYPE_CHECKING:
+    from pytest_backends.recorder import Recorder
+
+    _: type[Recorder] = PathRecorder

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from pytest_backends.paths.bounds import pair_bound, reduction_length, term_scale
-from pytest_backends.paths.record import OpRecord, Recorder, module_tracking
+from pytest_backends.paths.record import OpRecord, PathRecorder, module_tracking
 
 SAMPLE = 32
 FORMAT = 1
@@ -121,7 +121,7 @@ def tracing(path: Path, header: Mapping[str, Any]) -> Iterator[None]:
             fh.write(json.dumps(sketch(record, stable=_reproduces(record))) + "\n")
 
         with module_tracking() as mods:
-            recorder = Recorder(mods, keep=True, on_op=write, retain=False)
+            recorder = PathRecorder(mods, keep=True, on_op=write, retain=False)
             with recorder:
                 yield
 

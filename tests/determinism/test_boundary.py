@@ -25,7 +25,7 @@ import torch
 
 from pytest_backends.determinism.compare import Comparison, compare_runs
 from pytest_backends.determinism.record import RunRecord
-from pytest_backends.determinism.record_python import BoundaryRecorder
+from pytest_backends.determinism.record_python import PythonRecorder
 from pytest_backends.determinism.verdict import INPUTS_DIFFER, explain_unchecked
 
 HERE = Path(__file__).parent
@@ -261,7 +261,7 @@ def test_trace_check_numbers_reach_ops_as_tensors() -> None:
 
     with pytest.warns(), pytest.raises(torch.jit.TracingCheckError):
         trace()
-    recorder = BoundaryRecorder()
+    recorder = PythonRecorder()
     with pytest.warns(), pytest.raises(torch.jit.TracingCheckError), recorder:
         trace()
     assert recorder.failure is None
@@ -279,7 +279,7 @@ def test_compiled_fullgraph_under_recorder_is_compiled() -> None:
     f = torch.compile(lambda x: torch.ops.aten.sin(x) + 1, backend=backend, fullgraph=True)
     logs = []
     for _ in range(2):
-        recorder = BoundaryRecorder()
+        recorder = PythonRecorder()
         with recorder:
             f(torch.ones(3))
         logs.append(recorder.finish())
@@ -289,7 +289,7 @@ def test_compiled_fullgraph_under_recorder_is_compiled() -> None:
 
 
 def test_recorder_failure_keeps_the_op_result() -> None:
-    recorder = BoundaryRecorder()
+    recorder = PythonRecorder()
 
     def broken(t: torch.Tensor) -> torch.Tensor:
         raise ZeroDivisionError("injected fault")
@@ -307,7 +307,7 @@ def test_recorder_failure_keeps_the_op_result() -> None:
 def _record_runs(body: Callable[[], object], runs: int = 2) -> tuple[Comparison, list[RunRecord]]:
     records = []
     for _ in range(runs):
-        recorder = BoundaryRecorder()
+        recorder = PythonRecorder()
         with recorder:
             body()
         records.append(RunRecord(recorder.finish(), recorder.first_uses))

@@ -93,21 +93,21 @@ def test_a_changed_outside_tensor_is_read_again(
 def test_an_unchanged_parameter_is_digested_once() -> None:
     """The Python recorder reuses the previous run's key of an unchanged parameter."""
     torch = pytest.importorskip("torch")
-    from pytest_backends.determinism.record_python import BoundaryRecorder
+    from pytest_backends.determinism.record_python import PythonRecorder
 
     lin = torch.nn.Linear(4, 4)
     x = torch.ones(1, 4)
     keys = []
     previous = None
     for _ in range(3):
-        recorder = BoundaryRecorder(previous)
+        recorder = PythonRecorder(previous)
         with recorder:
             lin(x).sum()
         keys.append(recorder.finish().calls[0].inputs[0])
         previous = recorder
     assert keys[0] is keys[1] is keys[2]
     # An in-place write through ``.data`` (its own version counter) ends the reuse.
-    recorder = BoundaryRecorder(previous)
+    recorder = PythonRecorder(previous)
     with recorder:
         lin.weight.data.mul_(2)
         lin(x).sum()

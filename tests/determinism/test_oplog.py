@@ -13,7 +13,7 @@ from pytest_backends import override_flags
 from pytest_backends.determinism.api import RngState
 from pytest_backends.determinism.compare import Comparison, compare_runs
 from pytest_backends.determinism.record import Digest, RunLog
-from pytest_backends.determinism.record_python import BoundaryRecorder
+from pytest_backends.determinism.record_python import PythonRecorder
 from pytest_backends.determinism.verdict import describe_divergence
 
 
@@ -22,7 +22,7 @@ def _record(fn: Callable[[int], object], runs: int = 3) -> tuple[list[RunLog], C
     logs = []
     for run in range(runs):
         start.restore()
-        with BoundaryRecorder() as recorder:
+        with PythonRecorder() as recorder:
             fn(run)
         logs.append(recorder.finish())
     return logs, compare_runs(logs)
@@ -130,7 +130,7 @@ def test_in_place_op_returning_nothing_is_digested_through_its_arguments() -> No
 
 
 def test_alert_under_deterministic_mode_is_recorded() -> None:
-    with override_flags({"deterministic_algorithms": True}), BoundaryRecorder() as recorder:
+    with override_flags({"deterministic_algorithms": True}), PythonRecorder() as recorder:
         with pytest.raises(RuntimeError, match="does not have a deterministic"):
             torch.zeros(5).put_(torch.tensor([0, 0]), torch.tensor([1.0, 2.0]))
         torch.ones(2).neg()
@@ -146,7 +146,7 @@ def test_alert_under_warn_only_is_recorded_and_still_warns() -> None:
     flags = {"deterministic_algorithms": True, "deterministic_algorithms.warn_only": True}
     with override_flags(flags), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with BoundaryRecorder() as recorder:
+        with PythonRecorder() as recorder:
             torch.zeros(5).put_(torch.tensor([0, 0]), torch.tensor([1.0, 2.0]))
     log = recorder.finish()
     assert next(c for c in log.calls if c.name == "aten::put_").alerted

@@ -18,7 +18,7 @@ from pytest_backends.determinism.compare import Comparison, compare_runs
 from pytest_backends.determinism.feature import MAX_RUNS, parse_runs
 from pytest_backends.determinism.locate import locate
 from pytest_backends.determinism.record import Digest, RunLog
-from pytest_backends.determinism.record_python import BoundaryRecorder
+from pytest_backends.determinism.record_python import PythonRecorder
 from pytest_backends.determinism.verdict import describe_divergence
 
 
@@ -29,7 +29,7 @@ def _record(fn: Callable[[int], object], runs: int = 3) -> tuple[list[RunLog], C
     recorder = None
     for run in range(runs):
         start.restore()
-        recorder = BoundaryRecorder(previous=recorder)
+        recorder = PythonRecorder(previous=recorder)
         with recorder:
             fn(run)
         logs.append(recorder.finish())

@@ -13,7 +13,7 @@ import pytest
 import torch  # noqa: F401
 
 from pytest_backends import _selected, _shared, nothing_selected
-from pytest_backends.determinism import subtests
+from pytest_backends.determinism import runs
 from pytest_backends.matrix import testcase, verify_cost
 
 Run = Callable[..., pytest.RunResult]
@@ -456,12 +456,12 @@ def _subreport(
     report = pytest.TestReport(nodeid, ("t.py", 1, nodeid), {}, outcome, None, "call")
     report.context = _Context(msg, **kwargs)  # type: ignore[attr-defined]
     if run is not None:
-        subtests.tag(report, run)
+        runs.tag(report, run)
     return report
 
 
 def test_subtest_counter_hides_repeats_of_the_first_run_only() -> None:
-    counter = subtests.SubtestCounter()
+    counter = runs.SubtestCounter()
     config: pytest.Config = None  # type: ignore[assignment]  # not read
 
     def status(report: pytest.TestReport) -> tuple[str, str, str] | None:
@@ -477,7 +477,7 @@ def test_subtest_counter_hides_repeats_of_the_first_run_only() -> None:
     assert status(_subreport("t.py::b", 1, "passed", i=1)) is None  # another test
     assert status(_subreport("t.py::a", None, "passed", i=1)) is None  # not a determinism run
     plain = pytest.TestReport("t.py::a", ("t.py", 1, "a"), {}, "passed", None, "call")
-    subtests.tag(plain, 1)
+    runs.tag(plain, 1)
     assert status(plain) is None  # the test's own report is never hidden
     counter.pytest_runtest_logfinish("t.py::a", None)
     assert status(_subreport("t.py::a", 1, "passed", i=1)) is None  # forgotten at the end
