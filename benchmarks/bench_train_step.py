@@ -145,7 +145,7 @@ def breakdown() -> list[str]:
     from torch.utils._pytree import tree_flatten
 
     from pytest_backends.determinism.record_native import NativeRecorder, native_module
-    from pytest_backends.determinism.record_python import BoundaryRecorder
+    from pytest_backends.determinism.record_python import PythonRecorder
 
     torch.set_num_threads(1)
     namespace: dict[str, Any] = {}
@@ -201,7 +201,7 @@ def breakdown() -> list[str]:
             step()
 
     def python_recorded() -> None:
-        with BoundaryRecorder() as rec:
+        with PythonRecorder() as rec:
             step()
         rec.finish()
 

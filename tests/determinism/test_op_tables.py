@@ -104,7 +104,7 @@ def test_range_markers_are_not_recorded(recorder: str) -> None:
     """record_function ranges are no ops: a different number of them leaves the same record,
     and the ops inside a range are still recorded."""
     from pytest_backends.determinism.compare import compare_runs
-    from pytest_backends.determinism.record_python import BoundaryRecorder
+    from pytest_backends.determinism.record_python import PythonRecorder
 
     native = native_module()
     if recorder == "native" and native is None:
@@ -113,7 +113,7 @@ def test_range_markers_are_not_recorded(recorder: str) -> None:
     assert not op_info(torch.ops.aten.add.Tensor).marker
     logs = []
     for ranges in (1, 3):
-        rec: Any = NativeRecorder(native) if recorder == "native" else BoundaryRecorder()
+        rec: Any = NativeRecorder(native) if recorder == "native" else PythonRecorder()
         with rec:
             _ranges_then_add(ranges)
         logs.append(rec.finish().loaded())
