@@ -239,7 +239,7 @@ def compare_part(
         raise _Reshaped
     if same_bits(ref_rows, joined):
         return joined_rows.identical(label, within_ok)
-    differ = rows_differ(ref_rows, joined, d).cpu().tolist()
+    differ = rows_differ(ref_rows, joined, d).tolist()
     # The figures of the differing rows only: identical rows add nothing to a maximum.
     bad_at = [k for k, x in enumerate(differ) if x]
     abs_rows = [0.0] * len(differ)

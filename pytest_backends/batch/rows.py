@@ -52,7 +52,7 @@ def rows_differ(full_rows: torch.Tensor, sub: torch.Tensor, d: int) -> torch.Ten
         return ne
     if ne.numel() == 0:
         return torch.zeros(ne.shape[d], dtype=torch.bool, device=ne.device)
-    return torch.movedim(ne, d, 0).reshape(ne.shape[d], -1).any(1)
+    return _per_row(ne, d).any(1)
 
 
 def differences(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
@@ -83,6 +83,8 @@ def _per_row(t: torch.Tensor, d: int) -> torch.Tensor:
 
     if t.dim() == 1:
         return t.reshape(-1, 1)
+    if d == 0:
+        return t.reshape(t.shape[0], -1)
     return torch.movedim(t, d, 0).reshape(t.shape[d], -1)
 
 
@@ -111,8 +113,10 @@ def row_differences(a: torch.Tensor, b: torch.Tensor, d: int) -> tuple[list[floa
             diff = torch.where(same_nan, torch.zeros_like(diff), diff)
             diff = torch.nan_to_num(diff, nan=math.inf)
         rel = torch.where(scale > 0, diff / scale, diff)
-        both = torch.stack([_per_row(diff, d).amax(1), _per_row(rel, d).amax(1)])
-        abs_rows, rel_rows = both.tolist()
+        both = torch.stack([diff, rel])
+        if d != 0:
+            both = torch.movedim(both, d + 1, 1)
+        abs_rows, rel_rows = both.reshape(2, n, -1).amax(2).tolist()
         if not finite or all(math.isfinite(v) for v in abs_rows):
             break
     return abs_rows, rel_rows

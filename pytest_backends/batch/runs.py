@@ -553,14 +553,18 @@ def sweep(
 
     inputs = plan.batched()
     forward_only = not (plan.backward and grads is not None and inputs.needs_grad)
-    held, fn, out_dim = inputs.held, plan.fn, plan.out_dim
+    held, fn, out_dim, strided = inputs.held, plan.fn, plan.out_dim, torch.strided
     kept: list[tuple[Case, torch.Tensor | Run]] = []
     size = 0
     for case in cases:
         start.restore()
         if forward_only:
             result = fn(*inputs.select(case.rows))
-            if isinstance(result, torch.Tensor):
+            if (
+                isinstance(result, torch.Tensor)
+                and result.layout == strided
+                and not result.is_nested
+            ):
                 if _storage(result) in held:
                     result = result.detach().clone()
                 kept.append((case, result))
@@ -590,12 +594,7 @@ def _finish(kept: list[tuple[Case, torch.Tensor | Run]], out_dim: int) -> list[t
     made = []
     for case, got in kept:
         if isinstance(got, torch.Tensor):
-            if (
-                not got.is_nested
-                and got.layout == torch.strided
-                and got.dim() > out_dim
-                and got.shape[out_dim] == len(case.rows)
-            ):
+            if got.dim() > out_dim and got.shape[out_dim] == len(case.rows):
                 if got.requires_grad:
                     got = got.detach()
                 got = Run([("output", got, out_dim)], single=True)

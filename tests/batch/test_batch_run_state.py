@@ -108,3 +108,20 @@ def test_single_output_runs_compare_as_general_runs() -> None:
         assert fast == general
         assert [r.first_row for r in fast] == [None, 4, 7]
         assert fast[2].part.startswith("output structure (output is float32 [batch, 6]")
+
+
+@pytest.mark.parametrize(
+    ("fn", "what"),
+    [
+        (lambda t: t.to_sparse() if t.shape[0] == 1 else t * 2, "sparse output `output`"),
+        (
+            lambda t: torch.nested.as_nested_tensor(list(t)) if t.shape[0] == 2 else t * 2,
+            "nested output `output`",
+        ),
+    ],
+)
+def test_a_layout_only_sub_batches_return_is_refused_clearly(
+    fn: Callable[[torch.Tensor], torch.Tensor], what: str
+) -> None:
+    with pytest.raises(TypeError, match=f"not supported: {what}"):
+        assert_batch_invariant(fn, torch.randn(8, 4), backward=False)
