@@ -93,11 +93,15 @@ def compare_all(
         dtype = ref.dtype
         # One tensor output everywhere, of the full batch's dtype, with each sub-batch's rows:
         # the structures are equal where the joined rows have the full batch's shape.
-        if all(
-            sub.single and sub.parts[0][1].dtype == dtype and sub.parts[0][1].shape[d] == case.size
-            for sub, case in runs
-        ):
-            group = [(case, sub.parts[0][1]) for sub, case in runs]
+        group = []
+        for sub, case in runs:
+            if not sub.single:  # (a single run's tensor has the sub-batch's rows)
+                break
+            t = sub.parts[0][1]
+            if t.dtype != dtype:
+                break
+            group.append((case, t))
+        else:
             try:
                 return compare_part(ref, ("output", d), group, tol)
             except _Reshaped:
@@ -177,6 +181,7 @@ class _Joined:
         self.cases = cases  # held: the cache's key is their ids
         self.rows = [r for case in cases for r in case.rows]
         self.first = span(self.rows)
+        self.indices: dict[object, torch.Tensor] = {}
         # The results of identical parts, per (part, within): immutable, so made once.
         self.same: dict[tuple[str, bool | None], list[CaseResult]] = {}
 
@@ -230,11 +235,13 @@ def compare_part(
         except RuntimeError:
             raise _Reshaped from None
     first = joined_rows.first
-    ref_rows = (
-        ref.index_select(d, row_index(rows, ref.device))
-        if first is None
-        else ref.narrow(d, first, len(rows))
-    )
+    if first is None:
+        index = joined_rows.indices.get(ref.device)
+        if index is None:
+            index = joined_rows.indices[ref.device] = row_index(rows, ref.device)
+        ref_rows = ref.index_select(d, index)
+    else:
+        ref_rows = ref.narrow(d, first, len(rows))
     if joined.shape != ref_rows.shape:
         raise _Reshaped
     if same_bits(ref_rows, joined):

@@ -27,10 +27,21 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(_INTS[t.element_size()])
 
 
+# dtype -> the integer dtype its bits are compared as (real dtypes only)
+_VIEWS: dict[torch.dtype, torch.dtype] = {}
+
+
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors of one shape and dtype are bitwise equal (one op: the fast path)."""
     import torch
 
+    if not _VIEWS:
+        for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64):
+            _VIEWS[dt] = _bits(torch.empty(0, dtype=dt)).dtype
+        _VIEWS.update({torch.int32: torch.int32, torch.bool: torch.uint8})
+    view = _VIEWS.get(a.dtype)
+    if view is not None and a.dim() > 0:
+        return bool(torch.equal(a.view(view), b.view(view)))
     if a.is_complex():
         a, b = torch.view_as_real(a), torch.view_as_real(b)
     if a.dim() == 0:

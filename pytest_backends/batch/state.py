@@ -22,6 +22,8 @@ def _modules(fn: object) -> list[Any]:
     """The ``nn.Module`` objects ``fn`` can reach directly: itself, its closure, its globals."""
     import torch
 
+    if isinstance(fn, torch.nn.Module):
+        return [fn]
     found: dict[int, Any] = {}
     seen: set[int] = set()
 
