@@ -557,10 +557,17 @@ def sweep(
     held, fn, out_dim, strided = inputs.held, plan.fn, plan.out_dim, torch.strided
     kept: list[tuple[Case, torch.Tensor | Run]] = []
     size = 0
-    for case in cases:
+    if forward_only:
+        # Every sub-batch's views made at once (the copies put back first): a copy written in
+        # place is rewritten before each run, which its views see.
         start.restore()
+        selected = [inputs.select(case.rows) for case in cases]
+    for k, case in enumerate(cases):
+        if k or not forward_only:
+            start.restore()
         if forward_only:
-            result = fn(*inputs.select(case.rows))
+            result = fn(*selected[k])
+            selected[k] = []
             if (
                 isinstance(result, torch.Tensor)
                 and result.layout == strided
