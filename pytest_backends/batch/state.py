@@ -140,9 +140,22 @@ def _numpy_layout(np: Any) -> tuple[int, int] | None:
 _LAYOUTS: dict[str, Any] = {}
 
 
+_ARRAYS: dict[tuple[int, int], Any] = {}
+
+
 def _memory(address: int, size: int) -> Any:
-    """An array over ``size`` bytes at ``address``: its ``raw`` reads them (one copy)."""
-    return (ctypes.c_char * size).from_address(address)
+    """An array over ``size`` bytes at ``address``: its ``raw`` reads them (one copy).
+
+    The arrays are kept per address: one is only a window on the memory there,
+    and the callers take the address from the live generator each time.
+    """
+    key = (address, size)
+    array = _ARRAYS.get(key)
+    if array is None:
+        if len(_ARRAYS) > 64:
+            _ARRAYS.clear()
+        array = _ARRAYS[key] = (ctypes.c_char * size).from_address(address)
+    return array
 
 
 def _layout(name: str, find: Any, arg: Any) -> Any:
@@ -255,9 +268,10 @@ class State:
         np = sys.modules.get("numpy")
         self._numpy = _NumpyRandom(np) if np is not None else None
         self._buffers: list[tuple[Any, str, torch.Tensor, torch.Tensor]] = []
-        self._modes: list[tuple[Any, bool]] = []
+        # (module, its attributes, its training flag): the flag read without the class lookup
+        self._modes: list[tuple[Any, dict[str, Any], bool]] = []
         for sub in _submodules(_modules(fn)):
-            self._modes.append((sub, sub.training))
+            self._modes.append((sub, sub.__dict__, sub.training))
             for name, buf in sub._buffers.items():
                 if buf is not None:
                     self._buffers.append((sub, name, buf, buf.detach().clone()))
@@ -269,10 +283,15 @@ class State:
             import torch
 
             torch.cuda.set_rng_state_all(self._cuda)
-        if self._python.changed():
-            self._python.reset()
-        if self._numpy is not None and self._numpy.changed():
-            self._numpy.reset()
+        python, numpy = self._python, self._numpy
+        if (
+            python.memory is None
+            or python.memory.raw != python.raw
+            or python.inst.gauss_next is not python.gauss
+        ):
+            python.reset()
+        if numpy is not None and numpy.changed():
+            numpy.reset()
         if self._buffers:
             import torch
 
@@ -283,8 +302,8 @@ class State:
                     if module._buffers.get(name) is not buf:
                         module._buffers[name] = buf
                     buf.copy_(saved)
-        for module, training in self._modes:
-            if module.training != training:
+        for module, attributes, training in self._modes:
+            if attributes.get("training") is not training:
                 module.train(training)
         if self.inputs is not None:
             self.inputs.refresh()
