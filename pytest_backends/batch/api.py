@@ -390,6 +390,8 @@ def _first_failure(
     result: BatchInvariance, tol: tuple[float, float] | str | None
 ) -> CaseResult | None:
     for c in result.cases:
+        if c.first_row is None:
+            continue  # identical rows (a structure difference names a first row)
         if c.part.startswith("output structure"):
             return c  # a structure is the same or not, in every mode
         if tol is None and not c.identical:

@@ -105,6 +105,8 @@ class Run:
     its signature (made when asked for).
     """
 
+    __slots__ = ("_by_label", "_structure", "parts", "single")
+
     def __init__(
         self,
         parts: list[tuple[str, torch.Tensor, int]],
