@@ -300,11 +300,6 @@ def _gather(x: torch.Tensor, d: int, rows: Sequence[int]) -> torch.Tensor:
         return gathered
 
 
-def select_rows(x: torch.Tensor, d: int, rows: Sequence[int]) -> torch.Tensor:
-    """``rows`` of ``x`` along ``d``, in that order (a view for consecutive rows)."""
-    return take_rows(x, d, rows)
-
-
 def prepare(
     inputs: Sequence[object], dims: Sequence[int | None], rows: Sequence[int] | None
 ) -> list[object]:
