@@ -137,9 +137,6 @@ def _numpy_layout(np: Any) -> tuple[int, int] | None:
         return None
 
 
-_LAYOUTS: dict[str, Any] = {}
-
-
 _ARRAYS: dict[tuple[int, int], Any] = {}
 
 
@@ -156,6 +153,9 @@ def _memory(address: int, size: int) -> Any:
             _ARRAYS.clear()
         array = _ARRAYS[key] = (ctypes.c_char * size).from_address(address)
     return array
+
+
+_LAYOUTS: dict[str, Any] = {}  # per generator kind, found once per process
 
 
 def _layout(name: str, find: Any, arg: Any) -> Any:
