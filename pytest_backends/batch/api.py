@@ -17,14 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pytest_backends.batch.compare import HELD_BYTES, CaseResult, compare, compare_all, nbytes
-from pytest_backends.batch.runs import (
-    Case,
-    Plan,
-    Run,
-    call,
-    sub_batches,
-)
+from pytest_backends.batch.compare import HELD_BYTES, CaseResult, compare, compare_all
+from pytest_backends.batch.runs import Case, Plan, Run, call, sub_batches, sweep
 from pytest_backends.batch.state import State
 
 if TYPE_CHECKING:
@@ -287,18 +281,9 @@ def assert_batch_invariant(
         full, grads = call(plan, None, None)
         if backward:
             result.backward = _backward_note(plan, grads)
-        pending: list[tuple[Run, Case]] = []
-        held = 0
-        for case in cases:
-            start.restore()
-            sub, _ = call(plan, case.rows, grads)
-            pending.append((sub, case))
-            held += nbytes(sub)
-            if held > HELD_BYTES:
-                result.cases.extend(compare_all(full, pending, tol))
-                pending, held = [], 0
-        result.cases.extend(compare_all(full, pending, tol))
-        del pending
+        for runs in sweep(plan, cases, grads, start, HELD_BYTES):
+            result.cases.extend(compare_all(full, runs, tol))
+        del runs
         if per_sample_grads:
             _per_sample(plan, full, cases, grads, result, tol, start)
         findings: dict[str, Finding] = {}
@@ -405,6 +390,8 @@ def _first_failure(
     result: BatchInvariance, tol: tuple[float, float] | str | None
 ) -> CaseResult | None:
     for c in result.cases:
+        if c.first_row is None:
+            continue  # identical rows (a structure difference names a first row)
         if c.part.startswith("output structure"):
             return c  # a structure is the same or not, in every mode
         if tol is None and not c.identical:

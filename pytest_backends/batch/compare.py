@@ -4,17 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from pytest_backends.batch.runs import (
-    Case,
-    Run,
-    row_differences,
-    rows_differ,
-    rows_within,
-    same_bits,
-    take_rows,
-)
+from pytest_backends.batch.rows import row_differences, rows_differ, rows_within, same_bits
+from pytest_backends.batch.runs import Case, Run, row_index, span
 
 if TYPE_CHECKING:
     import torch
@@ -25,7 +18,6 @@ __all__ = [
     "compare",
     "compare_all",
     "compare_part",
-    "nbytes",
     "structure_mismatch",
 ]
 
@@ -96,15 +88,44 @@ def compare_all(
     bitwise comparison for all sub-batches, and the per-row figures only where
     a row differs. The figures of a sub-batch are those of its rows.
     """
+    if full.single and runs:
+        _, ref, d = full.parts[0]
+        dtype = ref.dtype
+        # One tensor output everywhere, of the full batch's dtype, with each sub-batch's rows:
+        # the structures are equal where the joined rows have the full batch's shape.
+        group = []
+        for sub, case in runs:
+            if not sub.single:  # (a single run's tensor has the sub-batch's rows)
+                break
+            t = sub.parts[0][1]
+            if t.dtype != dtype:
+                break
+            group.append((case, t))
+        else:
+            try:
+                return compare_part(ref, ("output", d), group, tol, dtypes_checked=True)
+            except _Reshaped:
+                pass  # another shape than the full batch's rows: the structures say where
+    return _compare_parts(full, runs, tol)
+
+
+class _Reshaped(Exception):
+    """A sub-batch's part has another shape or dtype than the full batch's rows."""
+
+
+def _compare_parts(
+    full: Run, runs: Sequence[tuple[Run, Case]], tol: tuple[float, float] | str | None
+) -> list[CaseResult]:
     import math
 
-    slots: list[list[CaseResult] | tuple[str, int]] = []
+    slots: list[CaseResult | tuple[str, int]] = []
     groups: dict[tuple[str, int], list[tuple[Case, torch.Tensor]]] = {}
+    by_label = full.by_label
     for sub, case in runs:
-        mismatch = structure_mismatch(full, sub)
-        if mismatch is not None:
-            slots.append(
-                [
+        if sub.structure != full.structure:
+            mismatch = structure_mismatch(full, sub)
+            if mismatch is not None:
+                slots.append(
                     CaseResult(
                         case.label,
                         case.size,
@@ -116,34 +137,78 @@ def compare_all(
                         math.inf,
                         False if isinstance(tol, tuple) else None,
                     )
-                ]
-            )
-            continue
-        for label, t, d in sub.parts:
-            ref = full.by_label.get(label)
-            if ref is None:
-                continue
-            shape = list(ref.shape)
-            shape[d] = case.size
-            if list(t.shape) != shape or ref.dtype != t.dtype:
-                raise AssertionError(
-                    f"assert_batch_invariant: {label} of {case.label} has shape "
-                    f"{list(t.shape)} ({t.dtype}), but the full batch's rows have "
-                    f"{shape} ({ref.dtype})"
                 )
+                continue
+        for label, t, d in sub.parts:
+            if label not in by_label:
+                continue
             key = (label, d)
             slots.append(key)
-            groups.setdefault(key, []).append((case, t))
-    compared = {
-        key: compare_part(full.by_label[key[0]], key, group, tol) for key, group in groups.items()
-    }
-    results: list[CaseResult] = []
-    for slot in slots:
-        if isinstance(slot, list):
-            results.extend(slot)
-        else:
-            results.append(compared[slot].pop(0))
-    return results
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [(case, t)]
+            else:
+                group.append((case, t))
+    compared = {}
+    for key, group in groups.items():
+        try:
+            compared[key] = iter(compare_part(by_label[key[0]], key, group, tol))
+        except _Reshaped:
+            _check_shapes(by_label[key[0]], key[0], key[1], group)
+            raise AssertionError(
+                f"assert_batch_invariant: the sub-batches' {key[0]} cannot be joined"
+            ) from None
+    return [slot if isinstance(slot, CaseResult) else next(compared[slot]) for slot in slots]
+
+
+def _check_shapes(ref: torch.Tensor, label: str, d: int, group: Sequence[tuple[Case, Any]]) -> None:
+    """Raise where a sub-batch's part has another dtype or shape than the full batch's rows."""
+    for case, t in group:
+        shape = list(ref.shape)
+        shape[d] = case.size
+        if list(t.shape) != shape or ref.dtype != t.dtype:
+            raise AssertionError(
+                f"assert_batch_invariant: {label} of {case.label} has shape "
+                f"{list(t.shape)} ({t.dtype}), but the full batch's rows have "
+                f"{shape} ({ref.dtype})"
+            )
+
+
+class _Joined:
+    """The rows of a list of sub-batches joined: their full-batch indices, and what is the same."""
+
+    def __init__(self, cases: tuple[Case, ...]) -> None:
+        self.cases = cases  # held: the cache's key is their ids
+        self.rows = [r for case in cases for r in case.rows]
+        self.first = span(self.rows)
+        self.indices: dict[object, torch.Tensor] = {}
+        # The results of identical parts, per (part, within): immutable, so made once.
+        self.same: dict[tuple[str, bool | None], list[CaseResult]] = {}
+
+    def identical(self, label: str, within: bool | None) -> list[CaseResult]:
+        """Every sub-batch's result for an identical part."""
+        made = self.same.get((label, within))
+        if made is None:
+            made = self.same[(label, within)] = [
+                CaseResult(case.label, len(case.rows), case.rows, label, None, 0, 0.0, 0.0, within)
+                for case in self.cases
+            ]
+        return list(made)
+
+
+# Joined rows per list of sub-batches (by the ids of its cases): a check of one shape joins the
+# same ones every time.
+_JOINED: dict[tuple[int, ...], _Joined] = {}
+
+
+def _joined(cases: tuple[Case, ...]) -> _Joined:
+    key = tuple(map(id, cases))
+    hit = _JOINED.get(key)
+    if hit is None or any(a is not b for a, b in zip(hit.cases, cases)):
+        if len(_JOINED) > 1024:
+            _JOINED.clear()
+        hit = _JOINED[key] = _Joined(cases)
+    return hit
 
 
 def compare_part(
@@ -151,65 +216,79 @@ def compare_part(
     key: tuple[str, int],
     group: list[tuple[Case, torch.Tensor]],
     tol: tuple[float, float] | str | None,
+    dtypes_checked: bool = False,
 ) -> list[CaseResult]:
-    """One part of every sub-batch in ``group`` against the full batch's rows ``ref``."""
+    """One part of every sub-batch in ``group`` against the full batch's rows ``ref``.
+
+    ``dtypes_checked``: the caller has seen that every part has the full batch's dtype.
+    """
     import torch
 
     label, d = key
-    rows = [r for case, _ in group for r in case.rows]
+    within_ok = True if isinstance(tol, tuple) else None
+    joined_rows = _joined(tuple(case for case, _ in group))
+    rows = joined_rows.rows
+    if not dtypes_checked and not all(t.dtype == ref.dtype for _, t in group):
+        raise _Reshaped
     if len(group) == 1:
         joined = group[0][1]
-        ref_rows = take_rows(ref, d, rows)
     else:
-        joined = torch.cat([t.detach() for _, t in group], d)
-        index = torch.tensor(rows, dtype=torch.long, device=ref.device)
-        ref_rows = ref.detach().index_select(d, index)
-    within_ok = True if isinstance(tol, tuple) else None
+        try:
+            joined = torch.cat([t for _, t in group], d)
+        except RuntimeError:
+            raise _Reshaped from None
+    first = joined_rows.first
+    if first is None:
+        index = joined_rows.indices.get(ref.device)
+        if index is None:
+            index = joined_rows.indices[ref.device] = row_index(rows, ref.device)
+        ref_rows = ref.index_select(d, index)
+    else:
+        ref_rows = ref.narrow(d, first, len(rows))
+    if joined.shape != ref_rows.shape:
+        raise _Reshaped
     if same_bits(ref_rows, joined):
-        return [
-            CaseResult(case.label, case.size, case.rows, label, None, 0, 0.0, 0.0, within_ok)
-            for case, _ in group
-        ]
-    differ = rows_differ(ref_rows, joined, d).cpu().tolist()
+        return joined_rows.identical(label, within_ok)
+    differ = rows_differ(ref_rows, joined, d).tolist()
     # The figures of the differing rows only: identical rows add nothing to a maximum.
     bad_at = [k for k, x in enumerate(differ) if x]
-    abs_rows: dict[int, float] = {}
-    rel_rows: dict[int, float] = {}
-    within_rows: dict[int, bool] = {}
+    abs_rows = [0.0] * len(differ)
+    rel_rows = [0.0] * len(differ)
+    within_rows = [True] * len(differ)
     if bad_at:
         a, b = joined, ref_rows
         if len(bad_at) < len(differ):
-            index = torch.tensor(bad_at, dtype=torch.long, device=ref.device)
+            index = row_index(bad_at, ref.device)
             a, b = a.index_select(d, index), b.index_select(d, index)
         figures = row_differences(a, b, d)
-        abs_rows, rel_rows = dict(zip(bad_at, figures[0])), dict(zip(bad_at, figures[1]))
-        if isinstance(tol, tuple):
-            within_rows = dict(zip(bad_at, rows_within(a, b, d, tol[0], tol[1])))
+        checked = rows_within(a, b, d, tol[0], tol[1]) if isinstance(tol, tuple) else []
+        for j, k in enumerate(bad_at):
+            abs_rows[k], rel_rows[k] = figures[0][j], figures[1][j]
+            if checked:
+                within_rows[k] = checked[j]
     results: list[CaseResult] = []
     at = 0
     for case, _ in group:
-        span = range(at, at + case.size)
-        at += case.size
-        bad = [case.rows[j] for j, k in enumerate(span) if differ[k]]
+        size = len(case.rows)
+        here = slice(at, at + size)
+        at += size
+        bad = [r for r, x in zip(case.rows, differ[here]) if x]
         if not bad:
             results.append(
-                CaseResult(case.label, case.size, case.rows, label, None, 0, 0.0, 0.0, within_ok)
+                CaseResult(case.label, size, case.rows, label, None, 0, 0.0, 0.0, within_ok)
             )
             continue
-        within = None
-        if isinstance(tol, tuple):
-            within = all(within_rows.get(k, True) for k in span)
         results.append(
             CaseResult(
                 case.label,
-                case.size,
+                size,
                 case.rows,
                 label,
                 bad[0],
                 len(bad),
-                max(abs_rows.get(k, 0.0) for k in span),
-                max(rel_rows.get(k, 0.0) for k in span),
-                within,
+                max(abs_rows[here]),
+                max(rel_rows[here]),
+                all(within_rows[here]) if isinstance(tol, tuple) else None,
             )
         )
     return results
@@ -217,8 +296,3 @@ def compare_part(
 
 # Sub-batch outputs held for one joined comparison at most (bytes); more are compared first.
 HELD_BYTES = 64 * 2**20
-
-
-def nbytes(run: Run) -> int:
-    """The bytes of a run's compared tensors."""
-    return sum(t.numel() * t.element_size() for _, t, _ in run.parts)

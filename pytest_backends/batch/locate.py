@@ -42,7 +42,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pytest_backends import _tree
-from pytest_backends.batch.runs import rows_differ
+from pytest_backends.batch.rows import rows_differ
 from pytest_backends.determinism.compare import Comparison, Divergence, merge_verdict
 from pytest_backends.determinism.locate import Location, locate
 from pytest_backends.determinism.op_tables import UNINITIALIZED

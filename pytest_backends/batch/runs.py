@@ -1,16 +1,16 @@
-"""The runs of a batch-invariance check: sub-batches, one call of ``fn``, row comparison.
+"""The runs of a batch-invariance check: sub-batches, their inputs, one call of ``fn``.
 
 Shared by :mod:`~pytest_backends.batch.api` (the check) and
 :mod:`~pytest_backends.batch.locate` (the op-by-op comparison); the state each
-run starts from is in :mod:`~pytest_backends.batch.state`. Importing this
-module does not import torch; its functions do.
+run starts from is in :mod:`~pytest_backends.batch.state`, the row comparison
+in :mod:`~pytest_backends.batch.rows` and :mod:`~pytest_backends.batch.compare`.
+Importing this module does not import torch; its functions do.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,12 +26,11 @@ __all__ = [
     "Run",
     "arguments",
     "call",
-    "differences",
-    "row_differences",
-    "rows_differ",
-    "rows_within",
-    "same_bits",
+    "nbytes",
+    "row_index",
+    "span",
     "sub_batches",
+    "sweep",
 ]
 
 
@@ -100,25 +99,65 @@ class Run:
     """One call of ``fn`` on (a selection of) the batch: its outputs and input gradients.
 
     ``structure`` maps every output leaf's path to ``None`` (an absent
-    output) or ``(dtype, shape without the batch dimension)``.
+    output) or ``(dtype, shape without the batch dimension)``. ``single``
+    says that the output was one tensor with a batch dimension, and no
+    gradient was taken: ``parts`` is that tensor alone, and the structure is
+    its signature (made when asked for).
     """
+
+    __slots__ = ("_by_label", "_structure", "parts", "single")
 
     def __init__(
         self,
         parts: list[tuple[str, torch.Tensor, int]],
         structure: dict[str, object] | None = None,
+        single: bool = False,
     ) -> None:
         self.parts = parts  # (label, tensor, batch dim)
-        self.structure = structure if structure is not None else {}
-        self.by_label = {label: t for label, t, _ in parts}
+        self.single = single
+        self._structure = structure if structure is not None or single else {}
+        self._by_label: dict[str, torch.Tensor] | None = None
+
+    @property
+    def structure(self) -> dict[str, object]:
+        """Every output leaf's path and signature."""
+        if self._structure is None:
+            _, t, d = self.parts[0]
+            self._structure = {"output": _signature(t, d, t.shape[d])}
+        return self._structure
+
+    @property
+    def by_label(self) -> dict[str, torch.Tensor]:
+        """The parts' tensors by label."""
+        if self._by_label is None:
+            self._by_label = {label: t for label, t, _ in self.parts}
+        return self._by_label
 
 
-def _span(rows: Sequence[int]) -> int | None:
+def span(rows: Sequence[int]) -> int | None:
     """The first row when ``rows`` are consecutive and ascending, else None."""
     first = rows[0]
-    if all(r == first + i for i, r in enumerate(rows)):
+    if rows[-1] - first == len(rows) - 1 and tuple(rows) == tuple(range(first, first + len(rows))):
         return first
     return None
+
+
+# Index tensors of the row selections made so far, per (rows, device): a check selects the
+# same rows in every run and comparison.
+_INDEX: dict[tuple[tuple[int, ...], object], torch.Tensor] = {}
+
+
+def row_index(rows: Sequence[int], device: object) -> torch.Tensor:
+    """``rows`` as a long tensor on ``device`` (cached; do not write to it)."""
+    import torch
+
+    key = (tuple(rows), device)
+    index = _INDEX.get(key)
+    if index is None:
+        if len(_INDEX) > 1024:
+            _INDEX.clear()
+        index = _INDEX[key] = torch.tensor(key[0], dtype=torch.long, device=device)  # type: ignore[arg-type]
+    return index
 
 
 def _blank_like(x: torch.Tensor) -> torch.Tensor:
@@ -142,6 +181,10 @@ def _copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 def same_layout(x: torch.Tensor, like: torch.Tensor | None = None) -> torch.Tensor:
     """A copy of ``x`` laid out as ``like`` (default ``x``): sizes, strides, storage offset."""
+    if like is None and x.storage_offset() == 0:
+        copy = x.detach().clone()  # keeps the strides of a dense tensor
+        if copy.stride() == x.stride():
+            return copy
     dst = _blank_like(like if like is not None else x)
     _copy_into(dst, x.detach())
     return dst
@@ -166,7 +209,10 @@ class Inputs:
     memory format and addresses as those rows have in the full batch, as a
     user slicing ``x[i:i + 1]`` gets. Other selections (the batch permuted)
     are gathered into a tensor with the input's strides. A copy that ``fn``
-    wrote in place is refreshed before the next run.
+    wrote in place is refreshed before the next run. ``held`` are the
+    storages (data pointers) of the copies and of the tensors passed
+    unchanged: an output there is the memory of an argument, which a later
+    run may write.
     """
 
     def __init__(self, inputs: Sequence[object], dims: Sequence[int | None]) -> None:
@@ -176,41 +222,54 @@ class Inputs:
         self.dims = list(dims)
         self.copies: list[torch.Tensor | None] = []
         self.versions: list[int] = []
+        self.held: set[int] = set()
+        # (input, batch dim, copy, requires grad) per input; copy None: passed unchanged
+        self._entries: list[tuple[object, int, torch.Tensor | None, bool]] = []
         for i, (x, d) in enumerate(zip(inputs, dims)):
             if d is None or not isinstance(x, torch.Tensor):
                 self.copies.append(None)
                 self.versions.append(0)
+                self._entries.append((x, 0, None, False))
+                if isinstance(x, torch.Tensor):
+                    self.held.add(_storage(x))
                 continue
-            _check_layout(x, f"input {i}")
+            if x.is_nested or x.layout != torch.strided:
+                _check_layout(x, f"input {i}")
             try:
                 copy = same_layout(x)
             except RuntimeError:  # a layout with overlaps that strides alone cannot rebuild
                 copy = x.detach().clone()
             self.copies.append(copy)
             self.versions.append(copy._version)
+            self._entries.append((x, d, copy, x.requires_grad))
+            self.held.add(_storage(copy))
+        self._copied = [(i, c) for i, c in enumerate(self.copies) if c is not None]
+        self.needs_grad = any(grad for _, _, _, grad in self._entries)
 
     def refresh(self) -> None:
         """Rewrite every copy that a run wrote in place."""
-        import torch
-
-        for i, copy in enumerate(self.copies):
-            if copy is not None and copy._version != self.versions[i]:
-                x = self.inputs[i]
-                assert isinstance(x, torch.Tensor)
-                _copy_into(copy, x.detach())
-                self.versions[i] = copy._version
+        versions = self.versions
+        for i, copy in self._copied:
+            if copy._version != versions[i]:
+                _copy_into(copy, self.inputs[i].detach())  # type: ignore[attr-defined]
+                versions[i] = copy._version
 
     def select(self, rows: Sequence[int] | None) -> list[object]:
         """The arguments of one run: batched inputs selected as detached leaves."""
         args: list[object] = []
-        for x, d, copy in zip(self.inputs, self.dims, self.copies):
-            if copy is None or d is None:
+        first = None if rows is None else span(rows)
+        for x, d, copy, grad in self._entries:
+            if copy is None:
                 args.append(x)
                 continue
-            y = take_rows(copy, d, rows)
-            if y is copy:
+            if rows is None:
                 y = copy.detach()
-            if x.requires_grad:  # type: ignore[attr-defined]
+            elif first is not None:
+                # A view of the rows; slicing along dim 0 is the cheapest way to make one.
+                y = copy[first : first + len(rows)] if d == 0 else copy.narrow(d, first, len(rows))
+            else:
+                y = _gather(copy, d, rows)
+            if grad:
                 y.requires_grad_(True)
             args.append(y)
         return args
@@ -218,26 +277,27 @@ class Inputs:
 
 def take_rows(x: torch.Tensor, d: int, rows: Sequence[int] | None) -> torch.Tensor:
     """``rows`` of ``x`` along ``d`` in ``x``'s own layout (a view for consecutive rows)."""
-    import torch
 
     if x.requires_grad:
         x = x.detach()
     if rows is None:
         return x.detach()
-    first = _span(rows)
+    first = span(rows)
     if first is not None:
         return x.narrow(d, first, len(rows))
-    index = torch.tensor(list(rows), dtype=torch.long, device=x.device)
-    gathered = x.index_select(d, index)
+    return _gather(x, d, rows)
+
+
+def _gather(x: torch.Tensor, d: int, rows: Sequence[int]) -> torch.Tensor:
+    """``rows`` of ``x`` along ``d`` gathered into a new tensor with the strides ``x`` has."""
+    gathered = x.index_select(d, row_index(rows, x.device))
+    like = x.narrow(d, 0, len(rows))
+    if gathered.stride() == like.stride() and like.storage_offset() == 0:
+        return gathered  # already laid out as the input (a contiguous one, say)
     try:
-        return same_layout(gathered, x.narrow(d, 0, len(rows)))
+        return same_layout(gathered, like)
     except RuntimeError:
         return gathered
-
-
-def select_rows(x: torch.Tensor, d: int, rows: Sequence[int]) -> torch.Tensor:
-    """``rows`` of ``x`` along ``d``, in that order (a view for consecutive rows)."""
-    return take_rows(x, d, rows)
 
 
 def prepare(
@@ -247,11 +307,12 @@ def prepare(
     return Inputs(inputs, dims).select(rows)
 
 
-def _signature(leaf: torch.Tensor, out_dim: int, n: int) -> tuple[str, tuple[int, ...]]:
-    shape = list(leaf.shape)
-    if leaf.dim() > out_dim and shape[out_dim] == n:
-        shape[out_dim] = -1  # the batch
-    return (str(leaf.dtype), tuple(shape))
+def _signature(leaf: torch.Tensor, out_dim: int, n: int) -> tuple[object, tuple[int, ...]]:
+    """``(dtype, shape)`` of an output leaf, its batch dimension (``n`` rows) shown as -1."""
+    shape = leaf.shape
+    if len(shape) > out_dim and shape[out_dim] == n:
+        return (leaf.dtype, (*shape[:out_dim], -1, *shape[out_dim + 1 :]))
+    return (leaf.dtype, tuple(shape))
 
 
 def outputs_of(
@@ -299,6 +360,22 @@ def outputs_of(
     if not found and structure is None:
         raise ValueError("assert_batch_invariant: fn returned no tensor")
     return found
+
+
+def _single_output(
+    result: torch.Tensor, out_dim: int, n: int, full: bool, structure: dict[str, object]
+) -> list[tuple[str, torch.Tensor]]:
+    """:func:`outputs_of` and the structure of an output that is one tensor."""
+    import torch
+
+    if result.is_nested or result.layout != torch.strided:
+        _check_layout(result, "output `output`")
+    sig = structure["output"] = _signature(result, out_dim, n)
+    if -1 in sig[1]:
+        return [("output", result)]
+    if full:
+        outputs_of(result, out_dim, n)  # raises: the full batch's output has no batch dimension
+    return []
 
 
 def upstream_grads(outputs: Sequence[torch.Tensor], seed: int) -> list[torch.Tensor | None]:
@@ -362,6 +439,9 @@ def arguments(
     return args, upstream
 
 
+_NO_WATCH = contextlib.nullcontext()
+
+
 def call(
     plan: Plan,
     rows: Sequence[int] | None,
@@ -383,56 +463,152 @@ def call(
 
     args, upstream = prepared if prepared is not None else arguments(plan, rows, grads)
     n = plan.n if rows is None else len(rows)
+    out_dim = plan.out_dim
     structure: dict[str, object] = {}
     got: Sequence[torch.Tensor | None] = ()
     wrt: list[tuple[int, torch.Tensor, int]] = []
     used = None
-    with watch if watch is not None else contextlib.nullcontext():
+    with watch if watch is not None else _NO_WATCH:
         result = plan.fn(*args)
-        if rows is None:  # the full batch's outputs must be batched tensors
-            outs = outputs_of(result, plan.out_dim, n)
-            if isinstance(result, torch.Tensor):
-                structure["output"] = _signature(result, plan.out_dim, n)
-            else:
-                for path, leaf in _tree.leaves(result, "output"):
-                    structure[path] = None if leaf is None else _signature(leaf, plan.out_dim, n)
+        if isinstance(result, torch.Tensor):  # the common case, without the tree walk
+            outs = _single_output(result, out_dim, n, rows is None, structure)
+        elif rows is None:  # the full batch's outputs must be batched tensors
+            outs = outputs_of(result, out_dim, n)
+            for path, leaf in _tree.leaves(result, "output"):
+                structure[path] = None if leaf is None else _signature(leaf, out_dim, n)
         else:
-            outs = outputs_of(result, plan.out_dim, n, structure)
-        if plan.backward and grads is None and rows is None:
-            with torch.utils._python_dispatch._disable_current_modes():
-                grads = upstream = upstream_grads([t for _, t in outs], plan.seed)
-        if upstream is not None and len(upstream) == len(outs):
-            wrt = [
-                (i, a, d)
-                for i, (a, d) in enumerate(zip(args, plan.dims))
-                if d is not None and isinstance(a, torch.Tensor) and a.requires_grad
-            ]
-            diff = [
-                (t, g) for (_, t), g in zip(outs, upstream) if g is not None and differentiable(t)
-            ]
-            if wrt and diff:
-                mark = getattr(watch, "backward_starts", None)
-                if mark is not None:
-                    mark()
-                got = torch.autograd.grad(
-                    [t for t, _ in diff],
-                    [a for _, a, _ in wrt],
-                    [g for _, g in diff],
-                    allow_unused=True,
-                )
-                used = grads
+            outs = outputs_of(result, out_dim, n, structure)
+        if plan.backward:
+            if grads is None and rows is None:
+                with torch.utils._python_dispatch._disable_current_modes():
+                    grads = upstream = upstream_grads([t for _, t in outs], plan.seed)
+            if upstream is not None and len(upstream) == len(outs):
+                wrt = [
+                    (i, a, d)
+                    for i, (a, d) in enumerate(zip(args, plan.dims))
+                    if d is not None and isinstance(a, torch.Tensor) and a.requires_grad
+                ]
+                diff = [
+                    (t, g)
+                    for (_, t), g in zip(outs, upstream)
+                    if g is not None and differentiable(t)
+                ]
+                if wrt and diff:
+                    mark = getattr(watch, "backward_starts", None)
+                    if mark is not None:
+                        mark()
+                    got = torch.autograd.grad(
+                        [t for t, _ in diff],
+                        [a for _, a, _ in wrt],
+                        [g for _, g in diff],
+                        allow_unused=True,
+                    )
+                    used = grads
     # Detached outside ``watch``: the check's own ops are not the function's.
-    # An output that is an input's memory (fn wrote it in place) is copied: the input
-    # copy is rewritten before the next run.
-    held = {_storage(a) for a in args if isinstance(a, torch.Tensor)}
-    parts = [
-        (label, t.detach().clone() if _storage(t) in held else t.detach(), plan.out_dim)
-        for label, t in outs
-    ]
+    parts = _parts(outs, plan.batched().held, out_dim)
     for (i, _, d), g in zip(wrt, got):
         if g is not None:
             parts.append((f"grad of input {i}", g, d))
-    return Run(parts, structure), used
+    single = isinstance(result, torch.Tensor) and len(parts) == 1 and not got
+    return Run(parts, structure, single), used
+
+
+def _parts(
+    outs: list[tuple[str, torch.Tensor]], held: set[int], out_dim: int
+) -> list[tuple[str, torch.Tensor, int]]:
+    """The compared parts of a run's outputs, detached.
+
+    An output that is an argument's memory (fn wrote an input in place, or
+    returned a view of it) is copied: the input copy is rewritten before the
+    next run.
+    """
+    parts = []
+    for label, t in outs:
+        if _storage(t) in held:
+            t = t.detach().clone()
+        elif t.requires_grad:
+            t = t.detach()
+        parts.append((label, t, out_dim))
+    return parts
+
+
+def nbytes(run: Run) -> int:
+    """The bytes of a run's compared tensors."""
+    return sum(t.nbytes for _, t, _ in run.parts)
+
+
+def sweep(
+    plan: Plan, cases: Sequence[Case], grads: Grads | None, start: Any, limit: int
+) -> Iterator[list[tuple[Run, Case]]]:
+    """The runs of ``cases``, each begun from ``start``, in lists of about ``limit`` bytes.
+
+    Where no input gradient is compared, a run is only restore, select and
+    call: a tensor output is kept as it is (copied at once where it is an
+    argument's memory) and its structure and parts are taken after the
+    loop, for a list of runs at a time, instead of between two calls.
+    """
+    import torch
+
+    inputs = plan.batched()
+    forward_only = not (plan.backward and grads is not None and inputs.needs_grad)
+    held, fn, out_dim, strided = inputs.held, plan.fn, plan.out_dim, torch.strided
+    kept: list[tuple[Case, torch.Tensor | Run]] = []
+    size = 0
+    if forward_only:
+        # Every sub-batch's views made at once (the copies put back first): a copy written in
+        # place is rewritten before each run, which its views see.
+        start.restore()
+        selected = [inputs.select(case.rows) for case in cases]
+    for k, case in enumerate(cases):
+        if k or not forward_only:
+            start.restore()
+        if forward_only:
+            result = fn(*selected[k])
+            selected[k] = []
+            if (
+                isinstance(result, torch.Tensor)
+                and result.layout == strided
+                and not result.is_nested
+            ):
+                if _storage(result) in held:
+                    result = result.detach().clone()
+                kept.append((case, result))
+                size += result.nbytes
+                if size > limit:
+                    yield _finish(kept, out_dim)
+                    kept, size = [], 0
+                continue
+            structure: dict[str, object] = {}
+            outs = outputs_of(result, out_dim, len(case.rows), structure)
+            run = Run(_parts(outs, held, out_dim), structure)
+        else:
+            run, _ = call(plan, case.rows, grads)
+        kept.append((case, run))
+        size += nbytes(run)
+        if size > limit:
+            yield _finish(kept, out_dim)
+            kept, size = [], 0
+    if kept:
+        yield _finish(kept, out_dim)
+
+
+def _finish(kept: list[tuple[Case, torch.Tensor | Run]], out_dim: int) -> list[tuple[Run, Case]]:
+    """The runs of :func:`sweep`, a tensor output made a run."""
+    import torch
+
+    made = []
+    for case, got in kept:
+        if isinstance(got, torch.Tensor):
+            if got.dim() > out_dim and got.shape[out_dim] == len(case.rows):
+                if got.requires_grad:
+                    got = got.detach()
+                got = Run([("output", got, out_dim)], single=True)
+            else:
+                structure: dict[str, object] = {}
+                outs = _single_output(got, out_dim, len(case.rows), False, structure)
+                got = Run([(label, t.detach(), out_dim) for label, t in outs], structure)
+        made.append((got, case))
+    return made
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -440,124 +616,3 @@ def _storage(t: torch.Tensor) -> int:
         return int(t.untyped_storage().data_ptr())
     except (RuntimeError, NotImplementedError):  # no storage (a tensor subclass)
         return -1
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """``t`` viewed as integers of its element size (no copy), so NaNs and -0.0 compare by bits."""
-    import torch
-
-    if t.dtype == torch.bool:
-        return t.view(torch.uint8)
-    size = t.element_size()
-    if size == 1:
-        return t.view(torch.uint8)
-    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors of one shape and dtype are bitwise equal (one op: the fast path)."""
-    import torch
-
-    if a.is_complex():
-        a, b = torch.view_as_real(a), torch.view_as_real(b)
-    if a.dim() == 0:
-        a, b = a.reshape(1), b.reshape(1)
-    return bool(torch.equal(_bits(a), _bits(b)))
-
-
-def rows_differ(full_rows: torch.Tensor, sub: torch.Tensor, d: int) -> torch.Tensor:
-    """A bool per row (along ``d``): whether the two tensors' rows differ bitwise."""
-    import torch
-
-    a, b = full_rows.detach(), sub.detach()
-    if a.is_complex():
-        a, b = torch.view_as_real(a), torch.view_as_real(b)
-    if a.dim() == 0:
-        a, b = a.reshape(1), b.reshape(1)
-    ne = _bits(a) != _bits(b)
-    if ne.dim() == 1:
-        return ne
-    if ne.numel() == 0:
-        return torch.zeros(ne.shape[d], dtype=torch.bool, device=ne.device)
-    return torch.movedim(ne, d, 0).reshape(ne.shape[d], -1).any(1)
-
-
-def differences(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
-    """``(max abs, max rel)`` difference of ``a`` from the reference ``b``; NaN vs number is inf."""
-    import torch
-
-    if a.numel() == 0 or not (a.is_floating_point() or a.is_complex()):
-        if torch.equal(a, b):
-            return 0.0, 0.0
-        diff = (a.double() - b.double()).abs()
-        m = float(diff.max())
-        return m, m
-    wide = torch.complex128 if a.is_complex() else torch.float64
-    x, y = a.detach().to(wide), b.detach().to(wide)
-    diff = (x - y).abs()
-    if not bool(torch.isfinite(diff).all()):
-        same_nan = torch.isnan(x) & torch.isnan(y)
-        diff = torch.where(same_nan, torch.zeros_like(diff), diff)
-        diff = torch.nan_to_num(diff, nan=math.inf)
-    scale = y.abs()
-    rel = torch.where(scale > 0, diff / scale, diff)
-    return float(diff.max()), float(rel.max())
-
-
-def _per_row(t: torch.Tensor, d: int) -> torch.Tensor:
-    """``t`` (non-empty) as one row per index along ``d``: shape ``(rows, elements per row)``."""
-    import torch
-
-    if t.dim() == 1:
-        return t.reshape(-1, 1)
-    return torch.movedim(t, d, 0).reshape(t.shape[d], -1)
-
-
-def row_differences(a: torch.Tensor, b: torch.Tensor, d: int) -> tuple[list[float], list[float]]:
-    """Per row along ``d``: :func:`differences` of that row of ``a`` from that row of ``b``.
-
-    One pass over the tensors for every row at once; the max over a set of
-    rows is the :func:`differences` of those rows.
-    """
-    import torch
-
-    n = a.shape[d]
-    if a.numel() == 0:
-        return [0.0] * n, [0.0] * n
-    if not (a.is_floating_point() or a.is_complex()):
-        diff = (a.double() - b.double()).abs()
-        m = _per_row(diff, d).amax(1).tolist()
-        return m, list(m)
-    wide = torch.complex128 if a.is_complex() else torch.float64
-    x, y = a.detach().to(wide), b.detach().to(wide)
-    diff = (x - y).abs()
-    scale = y.abs()
-    for finite in (True, False):
-        if not finite:  # a NaN or infinity somewhere (amax propagates NaN)
-            same_nan = torch.isnan(x) & torch.isnan(y)
-            diff = torch.where(same_nan, torch.zeros_like(diff), diff)
-            diff = torch.nan_to_num(diff, nan=math.inf)
-        rel = torch.where(scale > 0, diff / scale, diff)
-        both = torch.stack([_per_row(diff, d).amax(1), _per_row(rel, d).amax(1)])
-        abs_rows, rel_rows = both.tolist()
-        if not finite or all(math.isfinite(v) for v in abs_rows):
-            break
-    return abs_rows, rel_rows
-
-
-def rows_within(a: torch.Tensor, b: torch.Tensor, d: int, rtol: float, atol: float) -> list[bool]:
-    """Per row along ``d``: whether ``|a - b| <= atol + rtol * |b|`` everywhere (NaN equals NaN).
-
-    Integer and bool rows are within only when equal.
-    """
-    import torch
-
-    n = a.shape[d]
-    if a.numel() == 0:
-        return [True] * n
-    if not (a.is_floating_point() or a.is_complex()):
-        return (~rows_differ(b, a, d)).tolist()
-    close = torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
-    if close.dim() == 0:
-        close = close.reshape(1)
-    return _per_row(close, d).all(1).tolist()

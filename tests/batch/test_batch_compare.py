@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from pytest_backends.batch.compare import CaseResult, compare_all
-from pytest_backends.batch.runs import Case, Run, differences
+from pytest_backends.batch.rows import differences
+from pytest_backends.batch.runs import Case, Run
 
 N = 8
 CASES = [
