@@ -50,21 +50,33 @@ def test_numpy_buffer_seeded_is_checked():
     (buf * 2).sum()
 
 
+RUNS = [0]
+
+
 def test_thread_draws_from_global_generator():
-    stop = threading.Event()
+    # The augmenter draws as many numbers before each of the test's draws as the
+    # run's number: the interleaving differs between runs on every scheduler.
+    RUNS[0] += 1
+    go, done = threading.Semaphore(0), threading.Semaphore(0)
 
     def augment():
-        while not stop.is_set():
-            torch.rand(1)
+        while go.acquire() and RUNS[0]:
+            for _ in range(RUNS[0]):
+                torch.rand(1)
+            done.release()
 
     worker = threading.Thread(target=augment, name="augmenter", daemon=True)
     worker.start()
     try:
-        for _ in range(200):
+        for _ in range(20):
+            go.release()
+            done.acquire()
             torch.randn(8)
     finally:
-        stop.set()
+        runs, RUNS[0] = RUNS[0], 0
+        go.release()
         worker.join()
+        RUNS[0] = runs
 
 
 def test_mkldnn_disabled_after_conv():
