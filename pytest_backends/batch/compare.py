@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_backends.batch.rows import row_differences, rows_differ, rows_within, same_bits
+from pytest_backends.batch.rows import row_differences, rows_differ_list, rows_within, same_bits
 from pytest_backends.batch.runs import Case, Run, row_index, span
 
 if TYPE_CHECKING:
@@ -181,19 +181,25 @@ class _Joined:
         self.cases = cases  # held: the cache's key is their ids
         self.rows = [r for case in cases for r in case.rows]
         self.first = span(self.rows)
+        # (case, first, end) of each sub-batch's rows in the joined rows
+        self.spans: list[tuple[Case, int, int]] = []
+        at = 0
+        for case in cases:
+            self.spans.append((case, at, at + len(case.rows)))
+            at += len(case.rows)
         self.indices: dict[object, torch.Tensor] = {}
         # The results of identical parts, per (part, within): immutable, so made once.
         self.same: dict[tuple[str, bool | None], list[CaseResult]] = {}
 
-    def identical(self, label: str, within: bool | None) -> list[CaseResult]:
-        """Every sub-batch's result for an identical part."""
+    def identical(self, label: str, within: bool | None, copy: bool = True) -> list[CaseResult]:
+        """Every sub-batch's result for an identical part (``copy=False``: the cached list)."""
         made = self.same.get((label, within))
         if made is None:
             made = self.same[(label, within)] = [
                 CaseResult(case.label, len(case.rows), case.rows, label, None, 0, 0.0, 0.0, within)
                 for case in self.cases
             ]
-        return list(made)
+        return list(made) if copy else made
 
 
 # Joined rows per list of sub-batches (by the ids of its cases): a check of one shape joins the
@@ -249,7 +255,7 @@ def compare_part(
         raise _Reshaped
     if same_bits(ref_rows, joined):
         return joined_rows.identical(label, within_ok)
-    differ = rows_differ(ref_rows, joined, d).tolist()
+    differ = rows_differ_list(ref_rows, joined, d)
     # The figures of the differing rows only: identical rows add nothing to a maximum.
     bad_at = [k for k, x in enumerate(differ) if x]
     abs_rows = [0.0] * len(differ)
@@ -266,29 +272,24 @@ def compare_part(
             abs_rows[k], rel_rows[k] = figures[0][j], figures[1][j]
             if checked:
                 within_rows[k] = checked[j]
+    same = joined_rows.identical(label, within_ok, copy=False)
     results: list[CaseResult] = []
-    at = 0
-    for case, _ in group:
-        size = len(case.rows)
-        here = slice(at, at + size)
-        at += size
-        bad = [r for r, x in zip(case.rows, differ[here]) if x]
-        if not bad:
-            results.append(
-                CaseResult(case.label, size, case.rows, label, None, 0, 0.0, 0.0, within_ok)
-            )
+    for i, (case, lo, hi) in enumerate(joined_rows.spans):
+        if not any(differ[lo:hi]):
+            results.append(same[i])
             continue
+        bad = [r for r, x in zip(case.rows, differ[lo:hi]) if x]
         results.append(
             CaseResult(
                 case.label,
-                size,
+                hi - lo,
                 case.rows,
                 label,
                 bad[0],
                 len(bad),
-                max(abs_rows[here]),
-                max(rel_rows[here]),
-                all(within_rows[here]) if isinstance(tol, tuple) else None,
+                max(abs_rows[lo:hi]),
+                max(rel_rows[lo:hi]),
+                all(within_rows[lo:hi]) if isinstance(tol, tuple) else None,
             )
         )
     return results

@@ -6,12 +6,19 @@ Importing this module does not import torch; its functions do.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["differences", "row_differences", "rows_differ", "rows_within", "same_bits"]
+__all__ = [
+    "differences",
+    "row_differences",
+    "rows_differ",
+    "rows_differ_list",
+    "rows_within",
+    "same_bits",
+]
 
 _INTS: dict[int, torch.dtype] = {}  # element size -> the integer dtype of that size
 
@@ -31,10 +38,55 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 _VIEWS: dict[torch.dtype, torch.dtype] = {}
 
 
+def _find_memcmp() -> Any:
+    """The C library's ``memcmp`` through ctypes, or None where it cannot be loaded."""
+    try:
+        import ctypes
+
+        memcmp = ctypes.CDLL(None).memcmp
+        memcmp.restype = ctypes.c_int
+        memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    except (OSError, AttributeError, TypeError):  # no C library in the process (Windows)
+        return None
+    return memcmp
+
+
+_MEMCMP: list[Any] = []  # [memcmp or None], found on first use
+
+
+def _dense_cpu(t: torch.Tensor, tensor_type: type) -> bool:
+    """Whether ``t``'s elements are its ``nbytes`` bytes at ``data_ptr()`` in CPU memory."""
+    return (
+        type(t) is tensor_type
+        and t.device.type == "cpu"
+        and t.is_contiguous()
+        and not t.is_quantized
+        and not t.is_conj()
+        and not t.is_neg()
+        and not t._is_zerotensor()
+    )
+
+
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors of one shape and dtype are bitwise equal (one op: the fast path)."""
+    """Whether two tensors of one shape and dtype are bitwise equal (one op: the fast path).
+
+    Dense CPU tensors are compared by their bytes (``memcmp``): several times
+    faster than ``torch.equal``, which compares element by element.
+    """
     import torch
 
+    if not _MEMCMP:
+        _MEMCMP.append(_find_memcmp())
+    memcmp = _MEMCMP[0]
+    if (
+        memcmp is not None
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and _dense_cpu(a, torch.Tensor)
+        and _dense_cpu(b, torch.Tensor)
+    ):
+        size = a.nbytes
+        return size == 0 or memcmp(a.data_ptr(), b.data_ptr(), size) == 0
     if not _VIEWS:
         for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64):
             _VIEWS[dt] = _bits(torch.empty(0, dtype=dt)).dtype
@@ -64,6 +116,65 @@ def rows_differ(full_rows: torch.Tensor, sub: torch.Tensor, d: int) -> torch.Ten
     if ne.numel() == 0:
         return torch.zeros(ne.shape[d], dtype=torch.bool, device=ne.device)
     return _per_row(ne, d).any(1)
+
+
+def _numpy_rows(a: torch.Tensor, b: torch.Tensor, d: int) -> Any:
+    """NumPy, where the rows of ``a`` and ``b`` along ``d`` can be read as NumPy arrays.
+
+    That is: NumPy already imported, both tensors dense in CPU memory, rows
+    along dimension 0. On tensors of a few rows, NumPy's element-wise ops
+    cost a fraction of torch's dispatch; their IEEE results are the same.
+    """
+    import sys
+
+    import torch
+
+    np = sys.modules.get("numpy")
+    if (
+        np is None
+        or d != 0
+        or a.dim() == 0
+        or a.numel() == 0
+        or a.dtype != b.dtype
+        or a.shape != b.shape
+        or not _dense_cpu(a, torch.Tensor)
+        or not _dense_cpu(b, torch.Tensor)
+    ):
+        return None
+    return np
+
+
+def rows_differ_list(full_rows: torch.Tensor, sub: torch.Tensor, d: int) -> list[bool]:
+    """:func:`rows_differ` as a list."""
+    np = _numpy_rows(full_rows, sub, d)
+    if np is None or full_rows.is_complex():
+        return rows_differ(full_rows, sub, d).tolist()
+    a, b = _bits(full_rows.detach()).numpy(), _bits(sub.detach()).numpy()
+    n = a.shape[0]
+    return (a.reshape(n, -1) != b.reshape(n, -1)).any(axis=1).tolist()  # type: ignore[no-any-return]
+
+
+def _numpy_row_differences(
+    np: Any, a: torch.Tensor, b: torch.Tensor
+) -> tuple[list[float], list[float]]:
+    """:func:`row_differences` along dimension 0 in NumPy, op for op."""
+    n = a.shape[0]
+    x = a.detach().numpy().reshape(n, -1).astype(np.float64)
+    y = b.detach().numpy().reshape(n, -1).astype(np.float64)
+    with np.errstate(all="ignore"):
+        diff = np.abs(x - y)
+        scale = np.abs(y)
+        for finite in (True, False):
+            if not finite:
+                same_nan = np.isnan(x) & np.isnan(y)
+                diff = np.where(same_nan, np.zeros_like(diff), diff)
+                diff = np.nan_to_num(diff, nan=math.inf)
+            rel = np.where(scale > 0, diff / scale, diff)
+            abs_rows = diff.max(axis=1).tolist()
+            rel_rows = rel.max(axis=1).tolist()
+            if not finite or all(math.isfinite(v) for v in abs_rows):
+                break
+    return abs_rows, rel_rows
 
 
 def differences(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
@@ -114,6 +225,10 @@ def row_differences(a: torch.Tensor, b: torch.Tensor, d: int) -> tuple[list[floa
         diff = (a.double() - b.double()).abs()
         m = _per_row(diff, d).amax(1).tolist()
         return m, list(m)
+    if a.dtype in (torch.float32, torch.float64, torch.float16):
+        np = _numpy_rows(a, b, d)
+        if np is not None:
+            return _numpy_row_differences(np, a, b)
     wide = torch.complex128 if a.is_complex() else torch.float64
     x, y = a.detach().to(wide), b.detach().to(wide)
     diff = (x - y).abs()

@@ -10,6 +10,7 @@ Importing this module does not import torch; its functions do.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,11 @@ class Case:
     def size(self) -> int:
         """The number of rows."""
         return len(self.rows)
+
+    @functools.cached_property
+    def first(self) -> int | None:
+        """:func:`span` of the rows: the first when they are consecutive and ascending."""
+        return span(self.rows)
 
 
 def sub_batches(
@@ -254,10 +260,14 @@ class Inputs:
                 _copy_into(copy, self.inputs[i].detach())  # type: ignore[attr-defined]
                 versions[i] = copy._version
 
-    def select(self, rows: Sequence[int] | None) -> list[object]:
-        """The arguments of one run: batched inputs selected as detached leaves."""
+    def select(self, rows: Sequence[int] | None, first: int | None = -1) -> list[object]:
+        """The arguments of one run: batched inputs selected as detached leaves.
+
+        ``first``: :func:`span` of ``rows`` where the caller knows it (-1: not given).
+        """
         args: list[object] = []
-        first = None if rows is None else span(rows)
+        if first == -1:
+            first = None if rows is None else span(rows)
         for x, d, copy, grad in self._entries:
             if copy is None:
                 args.append(x)
@@ -291,7 +301,8 @@ def take_rows(x: torch.Tensor, d: int, rows: Sequence[int] | None) -> torch.Tens
 def _gather(x: torch.Tensor, d: int, rows: Sequence[int]) -> torch.Tensor:
     """``rows`` of ``x`` along ``d`` gathered into a new tensor with the strides ``x`` has."""
     gathered = x.index_select(d, row_index(rows, x.device))
-    like = x.narrow(d, 0, len(rows))
+    # All the rows (the batch permuted): laid out as ``x`` itself.
+    like = x if len(rows) == x.shape[d] else x.narrow(d, 0, len(rows))
     if gathered.stride() == like.stride() and like.storage_offset() == 0:
         return gathered  # already laid out as the input (a contiguous one, say)
     try:
@@ -558,7 +569,7 @@ def sweep(
         # Every sub-batch's views made at once (the copies put back first): a copy written in
         # place is rewritten before each run, which its views see.
         start.restore()
-        selected = [inputs.select(case.rows) for case in cases]
+        selected = [inputs.select(case.rows, case.first) for case in cases]
     for k, case in enumerate(cases):
         if k or not forward_only:
             start.restore()
