@@ -6,8 +6,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_backends.batch.rows import row_differences, rows_differ_list, rows_within, same_bits
-from pytest_backends.batch.runs import Case, Run, row_index, span
+from pytest_backends.batch.rows import (
+    row_differences,
+    row_index,
+    rows_differ_list,
+    rows_within,
+    same_bits,
+    span,
+)
+from pytest_backends.batch.runs import Case, Run
 
 if TYPE_CHECKING:
     import torch

@@ -6,6 +6,7 @@ Importing this module does not import torch; its functions do.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -14,11 +15,40 @@ if TYPE_CHECKING:
 __all__ = [
     "differences",
     "row_differences",
+    "row_index",
     "rows_differ",
     "rows_differ_list",
     "rows_within",
     "same_bits",
+    "span",
 ]
+
+
+def span(rows: Sequence[int]) -> int | None:
+    """The first row when ``rows`` are consecutive and ascending, else None."""
+    first = rows[0]
+    if rows[-1] - first == len(rows) - 1 and tuple(rows) == tuple(range(first, first + len(rows))):
+        return first
+    return None
+
+
+# Index tensors of the row selections made so far, per (rows, device): a check selects the
+# same rows in every run and comparison.
+_INDEX: dict[tuple[tuple[int, ...], object], torch.Tensor] = {}
+
+
+def row_index(rows: Sequence[int], device: object) -> torch.Tensor:
+    """``rows`` as a long tensor on ``device`` (cached; do not write to it)."""
+    import torch
+
+    key = (tuple(rows), device)
+    index = _INDEX.get(key)
+    if index is None:
+        if len(_INDEX) > 1024:
+            _INDEX.clear()
+        index = _INDEX[key] = torch.tensor(key[0], dtype=torch.long, device=device)  # type: ignore[arg-type]
+    return index
+
 
 _INTS: dict[int, torch.dtype] = {}  # element size -> the integer dtype of that size
 

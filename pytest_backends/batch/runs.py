@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_backends import _tree
+from pytest_backends.batch.rows import row_index, span
 
 if TYPE_CHECKING:
     import torch
@@ -28,8 +29,6 @@ __all__ = [
     "arguments",
     "call",
     "nbytes",
-    "row_index",
-    "span",
     "sub_batches",
     "sweep",
 ]
@@ -138,32 +137,6 @@ class Run:
         if self._by_label is None:
             self._by_label = {label: t for label, t, _ in self.parts}
         return self._by_label
-
-
-def span(rows: Sequence[int]) -> int | None:
-    """The first row when ``rows`` are consecutive and ascending, else None."""
-    first = rows[0]
-    if rows[-1] - first == len(rows) - 1 and tuple(rows) == tuple(range(first, first + len(rows))):
-        return first
-    return None
-
-
-# Index tensors of the row selections made so far, per (rows, device): a check selects the
-# same rows in every run and comparison.
-_INDEX: dict[tuple[tuple[int, ...], object], torch.Tensor] = {}
-
-
-def row_index(rows: Sequence[int], device: object) -> torch.Tensor:
-    """``rows`` as a long tensor on ``device`` (cached; do not write to it)."""
-    import torch
-
-    key = (tuple(rows), device)
-    index = _INDEX.get(key)
-    if index is None:
-        if len(_INDEX) > 1024:
-            _INDEX.clear()
-        index = _INDEX[key] = torch.tensor(key[0], dtype=torch.long, device=device)  # type: ignore[arg-type]
-    return index
 
 
 def _blank_like(x: torch.Tensor) -> torch.Tensor:
