@@ -36,7 +36,7 @@ test:
 else
 test: $(STAMP)
 	-$(PY) -m pytest_backends build-native
-	@echo "Running the test suite on 2 xdist workers, the slow group left out (~1,760 tests,"
+	@echo "Running the test suite on 2 xdist workers, the slow group left out (~1,800 tests,"
 	@echo "~13 CPU-min: about 8 min on 2 cores); make test INSTALL=wheel runs the slow group."
 	$(PY) -m pytest -n 2 -q --durations=5 -m "not slow" $(PYTEST_ARGS)
 endif
