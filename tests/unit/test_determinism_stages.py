@@ -15,6 +15,7 @@ import pytest_backends
 
 PACKAGE = Path(pytest_backends.__file__).parent
 DETERMINISM = PACKAGE / "determinism"
+ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "explanation" / "architecture.rst"
 
 #: Each determinism module's place: a module imports only modules of its place or earlier.
 RANK = {
@@ -130,5 +131,5 @@ def test_one_checked_test_crosses_at_most_ten_files_each_imported_on_the_way() -
             assert any(module in _imported(_tree(PACKAGE / before)) for before in seen), file
         seen.append(file)
         assert path.is_file()
-    page = (PACKAGE.parent / "docs" / "explanation" / "architecture.rst").read_text("utf-8")
+    page = ARCHITECTURE.read_text("utf-8")
     assert all(f"``{file}``" in page for file in PATH), "the architecture page lists the path"
