@@ -1,7 +1,7 @@
 """The build cache is checked before loading; builds happen at session start, or are announced.
 
 The pytester runs use a private copy of the session's build (see
-``conftest.native_build``): the cached library is truncated, replaced or
+``conftest.native_build`` and ``relinkable_build``): the cached library is truncated, replaced or
 removed there, so the only compiling they do is relinking its objects.
 """
 
@@ -46,6 +46,39 @@ def cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
+def _names_these_sources(directory: Path) -> bool:
+    """Whether the build files in ``directory`` compile this process's ``native/`` sources."""
+    ninja = directory / "build.ninja"
+    wanted = f" {_native.source_dir() / 'digest.cpp'}\n"
+    return ninja.is_file() and wanted in ninja.read_text()
+
+
+@pytest.fixture(scope="session")
+def relinkable_build(native_module: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session build's cache directory, rebuilt once from this tree's sources if need be.
+
+    ninja compares every compile command, and a command names its source's path: a cache
+    built from another checkout of the same sources (its build record matches, so nothing
+    rebuilt it) would be compiled again in full by every test that removes its library.
+    Rebuilt here once, the tests' builds are relinks.
+    """
+    source = Path(str(native_module.__file__)).parent
+    if _names_these_sources(source):
+        return source
+    root = tmp_path_factory.mktemp("relinkable") / "pytest_backends"
+    root.mkdir(mode=0o700)
+    target = root / source.name
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.lock", "lock"))
+    (target / "build-ok").unlink()
+    env = {**os.environ, "PYTEST_BACKENDS_CACHE_DIR": str(root), "PYTEST_BACKENDS_NATIVE": "jit"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    code = "from pytest_backends import _native; _native.build()"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _names_these_sources(target)
+    return target
+
+
 @pytest.fixture
 def copied_cache(
     native_build: NativeBuild,
@@ -54,7 +87,18 @@ def copied_cache(
     monkeypatch: pytest.MonkeyPatch,
 ) -> Path:
     """A private copy of the session build's cache directory; returns the copy's variant dir."""
-    source = Path(str(native_module.__file__)).parent
+    return _copy_cache(Path(str(native_module.__file__)).parent, tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def relinkable_cache(
+    relinkable_build: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """As :func:`copied_cache`, from a build whose objects the next build relinks."""
+    return _copy_cache(relinkable_build, tmp_path, monkeypatch)
+
+
+def _copy_cache(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "copy" / "pytest_backends"
     root.mkdir(parents=True, mode=0o700)
     root.chmod(0o700)
@@ -178,9 +222,9 @@ def _run(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], ["-n", "2"]], ids=["serial", "xdist"])
 def test_truncated_library_is_rebuilt_and_the_test_that_triggered_it_is_named(
-    pytester: pytest.Pytester, copied_cache: Path, extra: list[str]
+    pytester: pytest.Pytester, relinkable_cache: Path, extra: list[str]
 ) -> None:
-    library = copied_cache / f"{_native.EXTENSION_NAME}.so"
+    library = relinkable_cache / f"{_native.EXTENSION_NAME}.so"
     with open(library, "r+b") as f:
         f.truncate(library.stat().st_size // 3)  # used to kill the session with SIGBUS
     result, out = _run(pytester, *extra)
@@ -193,14 +237,14 @@ def test_truncated_library_is_rebuilt_and_the_test_that_triggered_it_is_named(
     assert "truncated" in notices[0]
     if extra:
         assert "[gw" in notices[0]
-    _assert_record_matches(copied_cache)
+    _assert_record_matches(relinkable_cache)
 
 
 @pytest.mark.slow
-def test_a_build_killed_midway_does_not_hang_the_next_one(copied_cache: Path) -> None:
+def test_a_build_killed_midway_does_not_hang_the_next_one(relinkable_cache: Path) -> None:
     """torch's build lock, left by a killed build, is stale under the cache's own lock."""
-    (copied_cache / "lock").write_text("")  # what a build killed midway leaves
-    (copied_cache / "build-ok").unlink()  # so the next load relinks
+    (relinkable_cache / "lock").write_text("")  # what a build killed midway leaves
+    (relinkable_cache / "build-ok").unlink()  # so the next load relinks
     code = "from pytest_backends import _native; _native.build(); print('built')"
     try:
         proc = subprocess.run(
@@ -209,8 +253,8 @@ def test_a_build_killed_midway_does_not_hang_the_next_one(copied_cache: Path) ->
     except subprocess.TimeoutExpired:
         pytest.fail("the build waited for the stale lock file of a killed build")
     assert proc.returncode == 0 and "built" in proc.stdout, proc.stderr[-3000:]
-    assert not (copied_cache / "lock").exists()
-    _assert_record_matches(copied_cache)
+    assert not (relinkable_cache / "lock").exists()
+    _assert_record_matches(relinkable_cache)
 
 
 def test_garbage_library_without_a_compiler_falls_back_with_one_warning(
@@ -231,10 +275,10 @@ def test_garbage_library_without_a_compiler_falls_back_with_one_warning(
 
 @pytest.mark.slow
 def test_determinism_option_builds_once_in_the_controller_before_workers_start(
-    pytester: pytest.Pytester, copied_cache: Path
+    pytester: pytest.Pytester, relinkable_cache: Path
 ) -> None:
-    (copied_cache / f"{_native.EXTENSION_NAME}.so").unlink()
-    (copied_cache / "build-ok").unlink()
+    (relinkable_cache / f"{_native.EXTENSION_NAME}.so").unlink()
+    (relinkable_cache / "build-ok").unlink()
     pytester.makepyfile(test_harness=HARNESS_TEST)
     result = pytester.runpytest_subprocess(
         "-p", "no:randomly", "-n", "2", "--backends-determinism=2"
@@ -248,11 +292,11 @@ def test_determinism_option_builds_once_in_the_controller_before_workers_start(
     workers = next(i for i, line in enumerate(lines) if "workers" in line and "created" in line)
     assert start[0] < done[0] < workers
     assert "triggered a build" not in out
-    _assert_record_matches(copied_cache)
+    _assert_record_matches(relinkable_cache)
     # the next session finds the cache up to date: nothing to build, no progress line
     key = _native._build_key(_native.sources())
-    library = copied_cache / f"{_native.EXTENSION_NAME}.so"
-    assert _native._record_mismatch(copied_cache / "build-ok", key, library) is None
+    library = relinkable_cache / f"{_native.EXTENSION_NAME}.so"
+    assert _native._record_mismatch(relinkable_cache / "build-ok", key, library) is None
 
 
 def test_an_inline_session_gives_the_build_listener_back(pytester: pytest.Pytester) -> None:
