@@ -94,11 +94,30 @@ class _Calls(TorchDispatchMode):  # type: ignore[no-untyped-call]
         name = func.name().split(".", 1)[0]
         tensors = [a for a in _leaves([list(args), kwargs]) if isinstance(a[1], torch.Tensor)]
         self.seen.append((name, [t for _, t in tensors]))
-        clone = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        # One clone per distinct tensor: an op may take another path for aliased arguments
+        # (multi-head attention's fused projection for query is key is value).
+        clones: dict[int, torch.Tensor] = {}
+        clone = [
+            clones.setdefault(id(a), a.clone()) if isinstance(a, torch.Tensor) else a for a in args
+        ]
         out = func(*args, **kwargs)
         if self.names is not None and name in self.names:
             self.calls.append((func, clone, dict(kwargs), out))
         return out
+
+
+def replay_args(args: Sequence[object], n: int, start: int, size: int) -> list[object]:
+    """``args`` with every batch-sized tensor narrowed to the rows, one view per distinct tensor.
+
+    An argument passed twice (``query is key``) stays one tensor passed twice.
+    """
+    views: dict[int, torch.Tensor] = {}
+    return [
+        views.setdefault(id(a), a.narrow(0, start, size))
+        if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == n
+        else a
+        for a in args
+    ]
 
 
 def op_rows_differ(
@@ -121,12 +140,7 @@ def op_rows_differ(
     for func, args, kwargs, out in mode.calls:
         if not any(isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == n for a in args):
             continue
-        sub = [
-            a.narrow(0, start, size)
-            if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == n
-            else a
-            for a in args
-        ]
+        sub = replay_args(args, n, start, size)
         try:
             got = func(*sub, **kwargs)
         except Exception:

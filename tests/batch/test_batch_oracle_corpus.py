@@ -18,7 +18,15 @@ from collections import Counter
 
 import pytest
 import torch
-from batch_oracle import Case, cases, op_rows_differ, ops_with_batch_rows, oracle
+from batch_oracle import (
+    Case,
+    _Calls,
+    cases,
+    op_rows_differ,
+    ops_with_batch_rows,
+    oracle,
+    replay_args,
+)
 from hypothesis import HealthCheck, given, settings
 
 from pytest_backends import BatchInvarianceError, assert_batch_invariant
@@ -110,3 +118,21 @@ def test_report_counts(capsys: pytest.CaptureFixture[str]) -> None:
     with capsys.disabled():
         print(f"\nbatch oracle corpus: {dict(TALLY)}; disagreements: {len(DISAGREEMENTS)}")
     assert not DISAGREEMENTS
+
+
+def test_the_replay_keeps_aliased_arguments_aliased() -> None:
+    """An op called with one tensor twice is replayed with one tensor twice (its rows' view).
+
+    Multi-head attention's native kernel projects query, key and value in one
+    GEMM when they are the same tensor: a replay with separate clones takes
+    the other path, and an op's blame would look unconfirmed.
+    """
+    x = torch.randn(4, 3)
+    mode = _Calls({"aten::add"})
+    with torch.no_grad(), mode:
+        torch.add(x, x)
+    ((_, args, _, _),) = mode.calls
+    assert args[0] is args[1] and args[0] is not x
+    sub = replay_args(args, 4, 1, 2)
+    assert sub[0] is sub[1] and sub[0].shape == (2, 3)
+    assert torch.equal(sub[0], x[1:3])
