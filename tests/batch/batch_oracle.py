@@ -64,13 +64,17 @@ def oracle(
     dims: Sequence[int | None],
     out_dim: int,
     sizes: Sequence[int],
+    starts: Callable[[int, int], Sequence[int]] | None = None,
 ) -> tuple[bool, int | None]:
-    """``(invariant, first differing slice size)`` over every offset of every size below N."""
+    """``(invariant, first differing slice size)`` over every offset of every size below N.
+
+    ``starts(n, size)``, where given, names the offsets instead.
+    """
     n = next(x.shape[d] for x, d in zip(inputs, dims) if d is not None)  # type: ignore[union-attr]
     with torch.no_grad():
         full = fn(*inputs)
         for size in sorted({s for s in sizes if s < n}):
-            for start in range(n - size + 1):
+            for start in range(n - size + 1) if starts is None else starts(n, size):
                 sub = [
                     x if d is None else x.narrow(d, start, size)  # type: ignore[union-attr]
                     for x, d in zip(inputs, dims)

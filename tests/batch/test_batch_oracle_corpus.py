@@ -1,11 +1,14 @@
 """assert_batch_invariant against a brute-force oracle on a generated corpus of functions.
 
-The oracle (``batch_oracle.py``) runs every slice of each checked size at
-every offset, in the input's own layout, and compares every output leaf
-bitwise. The check samples three offsets per size; its verdict must equal
-the oracle's on every generated case, and an op it blames must give
-different output rows for row 0 alone when replayed. The same corpus runs
-through a marked test's census: no op without batch-row inputs gets a verdict.
+The oracle (``batch_oracle.py``) runs slices of each checked size, in the
+input's own layout, and compares every output leaf bitwise. The check samples
+three offsets per size: its verdict must equal the oracle's over those
+slices on every generated case, and an op it blames must give different
+output rows for the sub-batch's rows when replayed. The oracle also runs every
+slice at every offset: a case variant only at offsets the check does not
+take is counted ("variant only at other offsets"), the sampling's measured
+miss rate, which the docs give. The same corpus runs through a marked test's
+census: no op without batch-row inputs gets a verdict.
 
 CI runs a bounded, derandomized number of examples; ``PYTEST_BACKENDS_BATCH_CORPUS=N``
 (``make bench``) runs N.
@@ -32,6 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from pytest_backends import BatchInvarianceError, assert_batch_invariant
 from pytest_backends.batch import api as batch_api
 from pytest_backends.batch.plugin import TestCheck
+from pytest_backends.batch.runs import sub_batches
 from pytest_backends.determinism.census import Baseline
 
 EXAMPLES = int(os.environ.get("PYTEST_BACKENDS_BATCH_CORPUS", "40"))
@@ -42,6 +46,11 @@ DISAGREEMENTS: list[str] = []
 def _sizes(case: Case) -> list[int]:
     n = next(x.shape[d] for x, d in zip(case.inputs, case.dims) if d is not None)  # type: ignore[attr-defined]
     return sorted({1, 2, n // 2})
+
+
+def _sampled(n: int, size: int) -> list[int]:
+    """The offsets the check takes for ``size`` in a batch of ``n`` (its own sub-batch plan)."""
+    return [c.rows[0] for c in sub_batches(n, [size], None, False, 0)]
 
 
 def _check(case: Case) -> tuple[bool, BatchInvarianceError | None]:
@@ -64,10 +73,15 @@ def _check(case: Case) -> tuple[bool, BatchInvarianceError | None]:
 )
 @given(cases())
 def test_the_check_agrees_with_the_oracle(case: Case) -> None:
-    truth, size = oracle(case.fn, case.inputs, case.dims, case.out_dim, _sizes(case))
+    truth, size = oracle(
+        case.fn, case.inputs, case.dims, case.out_dim, _sizes(case), starts=_sampled
+    )
     verdict, error = _check(case)
     TALLY["cases"] += 1
     TALLY["variant (oracle)"] += not truth
+    if truth:
+        everywhere, _ = oracle(case.fn, case.inputs, case.dims, case.out_dim, _sizes(case))
+        TALLY["variant only at other offsets"] += not everywhere
     if verdict != truth:
         DISAGREEMENTS.append(f"{case.label}: oracle {truth} (size {size}), check {verdict}")
     assert verdict == truth, DISAGREEMENTS[-1]

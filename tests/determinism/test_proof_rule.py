@@ -13,10 +13,9 @@ from __future__ import annotations
 import re
 
 import pytest
+from sessions import RECORDERS, outcomes, session, verdicts
 
 from pytest_backends.determinism.record_native import native_module
-
-RECORDERS = ["native", "python"]
 
 _KINDS = """
 import threading
@@ -112,18 +111,6 @@ def test_profiler_ranges_differ_between_runs():
 """
 
 
-def _session(
-    pytester: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch, *args: str
-) -> pytest.RunResult:
-    if recorder == "native":
-        if native_module() is None:
-            pytest.skip("the native extension is not built here")
-        monkeypatch.delenv("PYTEST_BACKENDS_NATIVE", raising=False)
-    else:
-        monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "off")
-    return pytester.runpytest_subprocess("-p", "no:xdist", *args)
-
-
 def _reasons(out: str) -> dict[str, str]:
     found = {}
     for line in out.splitlines():
@@ -140,7 +127,7 @@ def test_every_input_kind_is_covered(
     """Each input kind: no op blamed; an input that differed is named, with its kind."""
     pytest.importorskip("numpy")
     planted_conftest.makepyfile(test_kinds=_KINDS)
-    result = _session(
+    result = session(
         planted_conftest,
         recorder,
         monkeypatch,
@@ -204,7 +191,7 @@ def test_findings_fail_xfail_tests_and_loops_are_counted(
 ) -> None:
     """A finding in an xfail test fails it; a blamed op in a loop is one line with its count."""
     planted_conftest.makepyfile(test_gates=_GATES)
-    result = _session(
+    result = session(
         planted_conftest,
         "python",
         monkeypatch,
@@ -256,21 +243,6 @@ def test_same_file_for_both_baselines_is_refused(planted_conftest: pytest.Pytest
     assert not (planted_conftest.path / "b.json").exists()
 
 
-def _verdicts(pytester: pytest.Pytester, name: str) -> tuple[dict[str, str], set[str], set[str]]:
-    """Per test: its outcome or "not checked"; the blamed ops; the tests they were blamed in."""
-    import json
-
-    census = json.loads((pytester.path / f"{name}.json").read_text(encoding="utf-8"))
-    verdicts = {nodeid: "not checked" for nodeid in census["not_checked"]}
-    blamed_ops, blamed_in = set(), set()
-    for row in census["entries"]:
-        found = row.get("nondeterministic_in", [])
-        if found:
-            blamed_ops.add(row["op"])
-            blamed_in.update(found)
-    return verdicts, blamed_ops, blamed_in
-
-
 def test_corpus_both_recorders_agree_with_the_oracle(
     planted_conftest: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -302,7 +274,7 @@ def test_corpus_both_recorders_agree_with_the_oracle(
     for recorder in RECORDERS:
         thread_log = planted_conftest.path / f"thread-{recorder}.txt"
         monkeypatch.setenv("THREAD_LOG", str(thread_log))
-        result = _session(
+        result = session(
             planted_conftest,
             recorder,
             monkeypatch,
@@ -311,14 +283,11 @@ def test_corpus_both_recorders_agree_with_the_oracle(
             f"--backends-census={recorder}.json",
             "-rA",
         )
-        verdicts, blamed_ops, blamed_in = _verdicts(planted_conftest, recorder)
-        for line in result.stdout.lines:
-            if line.startswith(("PASSED ", "FAILED ", "SKIPPED ", "XFAIL ")):
-                kind, nodeid = line.split()[:2]
-                verdicts.setdefault(nodeid, kind)
+        found, blamed_ops, blamed_in = verdicts(planted_conftest, recorder)
+        found = outcomes(result, found)
         # "nondeterministic" only where rerunning the op alone gives different bits.
         assert blamed_ops <= oracle, (recorder, blamed_ops - oracle)
-        seen[recorder] = (verdicts, blamed_in)
+        seen[recorder] = (found, blamed_in)
         # The augmentation thread's draws interleave with the test's as the scheduler
         # lets them; the test logs, per run, how many of the thread's draws preceded
         # each of its own, which fixes the generator's state at each of its draws.
