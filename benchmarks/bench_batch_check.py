@@ -28,13 +28,11 @@ TransformerEncoderLayer at batch 64 plainly (the passes the check makes),
 through the check, and through a marked test's check (every sub-batch
 recorded op by op for the census); ratios against the plain run.
 
-Corpus: with ``--corpus N``, the oracle-vs-check property test runs N
-generated cases (``PYTEST_BACKENDS_BATCH_CORPUS``) and its counts are
-reported.
+The oracle corpus's counts are in ``bench_corpora.py``'s result.
 
 Usage::
 
-    python benchmarks/bench_batch_check.py [--rounds 15] [--corpus 0] [--out PATH]
+    python benchmarks/bench_batch_check.py [--rounds 15] [--out PATH]
 """
 
 from __future__ import annotations
@@ -45,7 +43,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -171,46 +168,15 @@ def memory() -> list[str]:
     ]
 
 
-def corpus(examples: int) -> list[str]:
-    env = dict(os.environ, PYTEST_BACKENDS_BATCH_CORPUS=str(examples))
-    start = time.perf_counter()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-s",
-            "tests/batch/test_batch_oracle_corpus.py",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    counts = next(
-        (line for line in done.stdout.splitlines() if line.startswith("batch oracle corpus")),
-        "no counts printed",
-    )
-    return [
-        f"oracle corpus: {examples} examples, exit {done.returncode}, "
-        f"{time.perf_counter() - start:.0f} s wall",
-        f"  {counts}",
-    ]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--corpus", type=int, default=0)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     torch.set_num_threads(1)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines = [
-        "assert_batch_invariant: cost against the passes it needs, peak memory, oracle corpus",
+        "assert_batch_invariant: cost against the passes it needs, peak memory",
         f"CPU: {describe(FEATURES)}",
         f"torch {torch.__version__}, {platform.machine()}, 1 thread, {args.rounds} interleaved "
         f"rounds (process CPU time), load average {load:.1f}",
@@ -219,8 +185,6 @@ def main() -> None:
         "",
         *memory(),
     ]
-    if args.corpus:
-        lines += ["", *corpus(args.corpus)]
     write_result("\n".join(lines), args.out)
 
 

@@ -70,10 +70,18 @@ def benchmarks(quick: bool) -> list[tuple[str, list[str]]]:
             "batch-check",
             [
                 "bench_batch_check.py",
-                "--corpus",
-                "100" if quick else "400",
                 "--out",
                 str(RESULTS / "batch-check-cpu.txt"),
+            ],
+        ),
+        (
+            "corpora",
+            [
+                "bench_corpora.py",
+                "--seeds",
+                "1" if quick else "3",
+                "--out",
+                str(RESULTS / "corpora-cpu.txt"),
             ],
         ),
         ("capability", ["bench_capability.py"]),

@@ -39,6 +39,8 @@ from pytest_backends.batch.runs import sub_batches
 from pytest_backends.determinism.census import Baseline
 
 EXAMPLES = int(os.environ.get("PYTEST_BACKENDS_BATCH_CORPUS", "40"))
+# ``PYTEST_BACKENDS_CORPUS_SEEDED=1`` (with ``--hypothesis-seed``): other examples than CI's.
+DERANDOMIZE = os.environ.get("PYTEST_BACKENDS_CORPUS_SEEDED") != "1"
 TALLY: Counter[str] = Counter()
 DISAGREEMENTS: list[str] = []
 
@@ -66,7 +68,7 @@ def _check(case: Case) -> tuple[bool, BatchInvarianceError | None]:
 
 @settings(
     max_examples=EXAMPLES,
-    derandomize=True,
+    derandomize=DERANDOMIZE,
     deadline=None,
     suppress_health_check=list(HealthCheck),
     database=None,
@@ -101,7 +103,7 @@ def test_the_check_agrees_with_the_oracle(case: Case) -> None:
 
 @settings(
     max_examples=max(EXAMPLES // 2, 10),
-    derandomize=True,
+    derandomize=DERANDOMIZE,
     deadline=None,
     suppress_health_check=list(HealthCheck),
     database=None,

@@ -26,6 +26,8 @@ from sessions import RECORDERS, outcomes, session, verdicts
 from pytest_backends.determinism.record_native import native_module
 
 EXAMPLES = int(os.environ.get("DETERMINISM_CORPUS_EXAMPLES", "2"))
+# ``PYTEST_BACKENDS_CORPUS_SEEDED=1`` (with ``--hypothesis-seed``): other examples than CI's.
+DERANDOMIZE = os.environ.get("PYTEST_BACKENDS_CORPUS_SEEDED") != "1"
 PER_MODULE = 12
 TALLY: Counter[str] = Counter()
 
@@ -44,7 +46,7 @@ def _oracle(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> set[s
 @pytest.mark.slow
 @settings(
     max_examples=EXAMPLES,
-    derandomize=True,
+    derandomize=DERANDOMIZE,
     deadline=None,
     suppress_health_check=list(HealthCheck),
     database=None,

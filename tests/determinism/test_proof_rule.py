@@ -210,7 +210,8 @@ def test_findings_fail_xfail_tests_and_loops_are_counted(
     assert "test_finding_in_xfail" in census
 
 
-def test_leak_in_xfail_test_fails(planted_conftest: pytest.Pytester) -> None:
+@pytest.mark.parametrize("workers", [["-p", "no:xdist"], ["-n", "2"]], ids=["serial", "xdist"])
+def test_leak_in_xfail_test_fails(planted_conftest: pytest.Pytester, workers: list[str]) -> None:
     """A leak under --backends-leaks=fail fails an xfail test too (never one more xfailed)."""
     planted_conftest.makepyfile(
         test_leak="""
@@ -221,10 +222,20 @@ def test_leak_in_xfail_test_fails(planted_conftest: pytest.Pytester) -> None:
         def test_leaks():
             torch.backends.cudnn.benchmark = not torch.backends.cudnn.benchmark
             assert False
+
+        @pytest.mark.xfail(reason="a known bug elsewhere")
+        def test_xpass_leaks():
+            torch.backends.cudnn.benchmark = not torch.backends.cudnn.benchmark
+
+        @pytest.mark.xfail(reason="a known bug elsewhere")
+        def test_xfail_clean():
+            assert False
         """
     )
-    result = planted_conftest.runpytest_subprocess("-p", "no:xdist", "--backends-leaks=fail")
-    result.assert_outcomes(xfailed=1, errors=1)
+    result = planted_conftest.runpytest_subprocess(*workers, "--backends-leaks=fail", "-rA")
+    result.assert_outcomes(xfailed=2, xpassed=1, errors=2)
+    errors = [line for line in result.outlines if line.startswith("ERROR ")]
+    assert len(errors) == 2 and all("leak" in line for line in errors), result.outlines[-20:]
 
 
 def test_same_file_for_both_baselines_is_refused(planted_conftest: pytest.Pytester) -> None:
