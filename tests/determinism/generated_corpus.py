@@ -2,14 +2,16 @@
 
 A body is a list of steps drawn from a vocabulary of ordinary user code, each
 rewriting ``x`` (a (4, 8) float32 tensor from the seeded global generator):
-layers and ops (linear, conv1d, softmax, cumsum, sort), layouts (a transposed
-copy), dtypes (a bfloat16 round trip, integer ``argmax`` outputs), training
+layers and ops (linear, conv1d, a channels_last conv2d, an embedding lookup,
+index_add, softmax, cumsum, sort), layouts (a transposed copy), dtypes (a
+bfloat16 round trip, integer ``argmax`` outputs), training
 (an optimizer step on a parameter), data (a shuffling ``DataLoader``),
 randomness (``torch.randn``, dropout, :mod:`random`, NumPy seeded), and the
 inputs the proof rule is about: NumPy's unseeded generator writing a buffer or
 a tensor's own memory, and a thread drawing from torch's global generator
 while the test does. A step may be the planted nondeterministic op
-``pbtest::noisy`` (``planted_ops.py``).
+``pbtest::noisy`` (``planted_ops.py``). A quarter of the bodies are rendered as
+``unittest.TestCase`` methods.
 
 What each body's verdict must be follows from its steps (:func:`expected`):
 with the planted op and no outside input, the test fails, the planted op
@@ -32,6 +34,12 @@ STEPS: dict[str, str] = {
         "x = torch.nn.functional.conv1d(x.unsqueeze(1), torch.tensor([[[0.25, 0.5, 0.25]]]),"
         " padding=1).squeeze(1)"
     ),
+    "conv2d_channels_last": (
+        "x = torch.nn.functional.conv2d(x.reshape(4, 2, 2, 2).contiguous("
+        "memory_format=torch.channels_last), torch.full((2, 2, 1, 1), 0.5)).reshape(4, 8)"
+    ),
+    "embedding": "x = x + torch.nn.functional.embedding(x.argmax(-1), torch.eye(8) * 0.1)",
+    "index_add": "x = x.index_add(0, torch.tensor([0, 1, 1, 3]), x)",
     "softmax": "x = x.softmax(-1)",
     "cumsum": "x = x.cumsum(-1)",
     "sort": "x = x.sort(-1).values",
@@ -82,6 +90,7 @@ MAY_DIFFER = frozenset({"thread"})
 HEADER = """\
 import random
 import threading
+import unittest
 
 import numpy as np
 import torch
@@ -96,9 +105,10 @@ def _draws():
 
 @dataclass(frozen=True)
 class Body:
-    """One generated test: its steps, in order."""
+    """One generated test: its steps, in order; a ``unittest.TestCase`` method or a function."""
 
     steps: tuple[str, ...]
+    testcase: bool = False
 
     @property
     def planted(self) -> bool:
@@ -112,22 +122,33 @@ class Body:
 
 
 def bodies() -> st.SearchStrategy[Body]:
-    """Bodies of 1 to 5 steps."""
-    return st.lists(st.sampled_from(sorted(STEPS)), min_size=1, max_size=5).map(
-        lambda steps: Body(tuple(steps))
-    )
+    """Bodies of 1 to 5 steps, a quarter of them ``unittest.TestCase`` methods."""
+    steps = st.lists(st.sampled_from(sorted(STEPS)), min_size=1, max_size=5).map(tuple)
+    return st.builds(Body, steps, st.sampled_from([False, False, False, True]))
+
+
+def nodeid(i: int, body: Body) -> str:
+    """The node id of body ``i`` in the module :func:`render` writes (``test_generated.py``)."""
+    if body.testcase:
+        return f"test_generated.py::TestCase{i}::test_body"
+    return f"test_generated.py::test_case_{i}"
 
 
 def render(cases: list[Body]) -> str:
-    """The source of a test module with one test function per body (``test_case_<i>``)."""
+    """The source of a test module with one test per body (see :func:`nodeid`)."""
     parts = [HEADER]
     for i, body in enumerate(cases):
-        lines = [f"def test_case_{i}():", "    # steps: " + ", ".join(body.steps)]
-        lines.append("    x = torch.randn(4, 8)")
+        lines = ["x = torch.randn(4, 8)"]
         for step in body.steps:
-            lines += ["    " + line for line in STEPS[step].splitlines()]
-        lines.append("    assert x.shape == (4, 8)")
-        parts.append("\n\n" + "\n".join(lines) + "\n")
+            lines += STEPS[step].splitlines()
+        lines.append("assert x.shape == (4, 8)")
+        if body.testcase:
+            head = [f"class TestCase{i}(unittest.TestCase):", "    def test_body(self):"]
+            indent = "        "
+        else:
+            head, indent = [f"def test_case_{i}():"], "    "
+        head.append(indent + "# steps: " + ", ".join(body.steps))
+        parts.append("\n\n" + "\n".join(head + [indent + line for line in lines]) + "\n")
     return "".join(parts)
 
 

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from generated_corpus import Body, bodies, expected, render
+from generated_corpus import Body, bodies, expected, nodeid, render
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sessions import RECORDERS, outcomes, session, verdicts
@@ -79,20 +79,21 @@ def test_generated_bodies_get_the_verdict_their_steps_allow(
         seen[recorder] = found
         assert blamed_ops <= oracle, (recorder, blamed_ops - oracle, result.stdout.str()[-3000:])
         for i, body in enumerate(cases):
-            nodeid = f"test_generated.py::test_case_{i}"
-            verdict = found.get(nodeid, "missing")
+            test = nodeid(i, body)
+            verdict = found.get(test, "missing")
             TALLY[f"{recorder} {verdict}"] += 1
             if verdict not in expected(body):
-                wrong.append(f"{recorder} {nodeid} {body.steps}: {verdict}")
-            if nodeid in blamed_in and not body.planted:
-                wrong.append(f"{recorder} {nodeid} {body.steps}: an op blamed")
+                wrong.append(f"{recorder} {test} {body.steps}: {verdict}")
+            if test in blamed_in and not body.planted:
+                wrong.append(f"{recorder} {test} {body.steps}: an op blamed")
     for i, body in enumerate(cases):
-        nodeid = f"test_generated.py::test_case_{i}"
+        test = nodeid(i, body)
         TALLY["bodies"] += 1
-        if "thread" not in body.steps and seen["python"].get(nodeid) != seen["native"].get(nodeid):
+        TALLY["TestCase methods"] += body.testcase
+        if "thread" not in body.steps and seen["python"].get(test) != seen["native"].get(test):
             wrong.append(
-                f"{nodeid} {body.steps}: python {seen['python'].get(nodeid)}, "
-                f"native {seen['native'].get(nodeid)}"
+                f"{test} {body.steps}: python {seen['python'].get(test)}, "
+                f"native {seen['native'].get(test)}"
             )
     TALLY["disagreements"] += len(wrong)
     assert not wrong, "\n".join(wrong)
