@@ -12,8 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
-
-from pytest_backends.determinism.record_native import native_module
+from sessions import session
 
 _CASES = """
 import itertools
@@ -61,16 +60,11 @@ def test_a_changed_outside_tensor_is_read_again(
 ) -> None:
     """No stale key is blamed: each changed tensor makes its test "not checked", by content."""
     pytest.importorskip("numpy")
-    if recorder == "native":
-        if native_module() is None:
-            pytest.skip("the native extension is not built here")
-        monkeypatch.delenv("PYTEST_BACKENDS_NATIVE", raising=False)
-    else:
-        monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "off")
     planted_conftest.makepyfile(test_carry=_CASES)
-    result = planted_conftest.runpytest_subprocess(
-        "-p",
-        "no:xdist",
+    result = session(
+        planted_conftest,
+        recorder,
+        monkeypatch,
         "--backends-determinism=3",
         "--backends-determinism-all",
         "--backends-leaks=off",

@@ -13,8 +13,7 @@ from __future__ import annotations
 import re
 
 import pytest
-
-from pytest_backends.determinism.record_native import native_module
+from sessions import session
 
 RECORDERS = ["native", "python"]
 
@@ -25,13 +24,7 @@ def _session(
     monkeypatch: pytest.MonkeyPatch,
     *args: str,
 ) -> pytest.RunResult:
-    if recorder == "native":
-        if native_module() is None:
-            pytest.skip("the native extension is not built here")
-        monkeypatch.delenv("PYTEST_BACKENDS_NATIVE", raising=False)
-    else:
-        monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "off")
-    return pytester.runpytest_subprocess("-p", "no:xdist", "--backends-determinism-all", *args)
+    return session(pytester, recorder, monkeypatch, "--backends-determinism-all", *args)
 
 
 def _assert_recorder(result: pytest.RunResult, recorder: str) -> None:
