@@ -4,6 +4,7 @@ exited, hooks that can only be removed, config options read through their overri
 from __future__ import annotations
 
 import functools
+import contextvars
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -147,6 +148,21 @@ def module_attr_read(module: str, attr: str) -> Callable[[], object]:
     return functools.partial(vars(mod).get, attr)  # imported: its dictionary, read directly
 
 
+def override(entry: Any) -> object:
+    """A config entry's user override: a ContextVar's value, or in older torch (2.11), the attribute itself."""
+    held = entry.user_override
+    return held.get() if isinstance(held, contextvars.ContextVar) else held
+
+
+def set_override(entry: Any, value: object) -> None:
+    """Set a config entry's user override, in either of torch's layouts (see :func:`override`)."""
+    held = entry.user_override
+    if isinstance(held, contextvars.ContextVar):
+        held.set(value)
+    else:
+        entry.user_override = value
+
+
 class _ConfigOption:
     """One option of a torch config module, read through its user override.
 
@@ -162,7 +178,7 @@ class _ConfigOption:
     def read(self) -> object:
         mod = sys.modules.get(self.module)
         entry = None if mod is None else getattr(mod, "_config", {}).get(self.key)
-        return self.unset if entry is None else entry.user_override.get()
+        return self.unset if entry is None else override(entry)
 
     def plain(self, value: object) -> object:
         mod = sys.modules.get(self.module)
@@ -177,7 +193,7 @@ class _ConfigOption:
         if entry is None:
             return
         if value == "default" or value is self.unset:
-            entry.user_override.set(self.unset)
+            set_override(entry, self.unset)
             return
         *path, last = self.key.split(".")
         obj: Any = mod
@@ -198,8 +214,10 @@ def config_row(add: Add, name: str, module: str, key: str, unset: object, doc: s
     option = _ConfigOption(module, key, unset)
     mod = sys.modules.get(module)
     entry = None if mod is None else getattr(mod, "_config", {}).get(key)
-    # an imported module's option: its override's ContextVar getter, called directly
-    read = entry.user_override.get if entry is not None else option.read
+    held = None if entry is None else entry.user_override
+    # an imported module's option in a torch that keeps overrides in a ContextVar: its
+    # getter, called directly
+    read = held.get if isinstance(held, contextvars.ContextVar) else option.read
     add(
         name,
         True,

@@ -270,3 +270,38 @@ def test_a_gate_not_proved_here_is_not_used(monkeypatch: pytest.MonkeyPatch) -> 
             assert reg.to_plain(reg.fingerprint())[row.name] is True
         finally:
             torch.set_autocast_enabled(device, False)
+
+
+class _AttributeEntry:
+    """A config entry as older torch (2.11) lays it out: the override is a plain attribute."""
+
+    def __init__(self, default: object) -> None:
+        self.default = default
+        self.user_override: object = _UNSET
+
+
+@pytest.mark.skipif(_UNSET is None, reason="this torch has no config modules")
+def test_config_options_of_an_older_torch_are_read_and_restored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch 2.11 keeps a config option's override in an attribute, not a ContextVar.
+
+    Building the registry then raised AttributeError, which took down every session
+    (INTERNALERROR) on the first test that read the flags.
+    """
+    module = types.ModuleType("torch._inductor.config")
+    module._config = {  # type: ignore[attr-defined]
+        key: _AttributeEntry(False) for key in ("deterministic", "fallback_random", "numerics")
+    }
+    monkeypatch.setitem(__import__("sys").modules, "torch._inductor.config", module)
+    rows, absent = build_catalogue(torch)
+    reg = FlagRegistry(torch, rows, absent)
+    name = next(r.name for r in reg.snapshot_rows if r.name.endswith("fallback_random"))
+    before = reg.fingerprint()
+    assert reg.to_plain(before)[name] == "default"
+    module._config["fallback_random"].user_override = True  # type: ignore[attr-defined]
+    after = reg.fingerprint()
+    assert after != before and reg.to_plain(after)[name] is True
+    reg.restore(reg.to_plain(before))
+    assert module._config["fallback_random"].user_override is _UNSET  # type: ignore[attr-defined]
+    assert reg.fingerprint() == before
