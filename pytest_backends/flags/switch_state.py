@@ -3,8 +3,8 @@ exited, hooks that can only be removed, config options read through their overri
 
 from __future__ import annotations
 
-import functools
 import contextvars
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -149,7 +149,7 @@ def module_attr_read(module: str, attr: str) -> Callable[[], object]:
 
 
 def override(entry: Any) -> object:
-    """A config entry's user override: a ContextVar's value, or in older torch (2.11), the attribute itself."""
+    """A config entry's user override: a ContextVar's value, or (torch 2.11) the attribute."""
     held = entry.user_override
     return held.get() if isinstance(held, contextvars.ContextVar) else held
 
