@@ -32,9 +32,8 @@ def pair_row(
 ) -> None:
     """A row for a getter/setter pair of ``owner`` (a bool unless ``check`` says otherwise)."""
     read, write = get_attr(owner, getter), get_attr(owner, setter)
-    exists: bool | str = (callable(read) and callable(write)) or kw.pop(
-        "absent", "not in this torch"
-    )
+    absent: str = kw.pop("absent", "not in this torch")  # never a keyword of the row
+    exists: bool | str = (callable(read) and callable(write)) or absent
     kw.setdefault("check", check_bool)
     kw.setdefault("allowed", "True, False")
     check, allowed = kw.pop("check"), kw.pop("allowed")

@@ -297,3 +297,34 @@ def test_generated_switch_reference_matches_the_catalogue() -> None:
     assert page.read_text() == render([*reg.names(), *reg.absent]), (
         "regenerate it: python -m pytest_backends.flags.reference > docs/reference/switches.rst"
     )
+
+
+def test_a_pair_row_with_an_absence_reason_is_added_where_the_pair_exists() -> None:
+    """``absent=`` is the reason when the pair is missing, never a keyword of the row.
+
+    TunableOp's rows pass one ("needs a CUDA device"), and on a machine with a GPU,
+    where the pair exists, it reached the row's constructor: the registry could not
+    be built and every session ended in an INTERNALERROR.
+    """
+    from pytest_backends.flags.switch_state import pair_row
+
+    class Owner:
+        value = 3
+
+        def get_value(self) -> int:
+            return self.value
+
+        def set_value(self, value: int) -> None:
+            self.value = value
+
+    rows: dict[str, tuple[object, ...]] = {}
+
+    def add(name: str, exists: object, *rest: object, **extra: object) -> None:
+        rows[name] = (exists, *rest, extra)
+
+    owner = Owner()
+    pair_row(add, "x.value", owner, "get_value", "set_value", "doc", absent="needs a GPU")
+    pair_row(add, "x.gone", owner, "get_gone", "set_gone", "doc", absent="needs a GPU")
+    exists, read, *_, extra = rows["x.value"]
+    assert exists is True and extra == {} and read() == 3  # type: ignore[operator]
+    assert rows["x.gone"][0] == "needs a GPU"
