@@ -215,7 +215,9 @@ ZOO: dict[str, Callable[[str], Built]] = {
     "linalg_solve": lambda d: _linalg(d, "solve"),
     "fft_rfft": _fn(lambda x: torch.fft.rfft(x, dim=-1).abs(), (3, 16)),
     "fft_fft2": _fn(lambda x: torch.view_as_real(torch.fft.fft2(x)), (2, 8, 8)),
-    "cross_entropy": _fn(lambda x: F.cross_entropy(x, torch.arange(4) % 3), (4, 3)),
+    "cross_entropy": _fn(
+        lambda x: F.cross_entropy(x, torch.arange(4, device=x.device) % 3), (4, 3)
+    ),
     "unfold": _fn(lambda x: F.unfold(x, 3, padding=1), (2, 2, 5, 5)),
     "reflection_pad": _fn(lambda x: F.pad(x, (2, 2, 1, 1), mode="reflect"), (2, 3, 5, 5)),
     "cdist": _fn(lambda a, b: torch.cdist(a, b), (5, 3), (4, 3)),
@@ -255,6 +257,8 @@ KNOWN_NONDETERMINISTIC_CUDA = (
     "scaled_dot_product_attention",  # backward
     "conv_transpose3d",
     "cumsum",
+    "reflection_pad",  # backward: reflection_pad2d_backward (atomics; seen on an H200)
+    "interpolate_trilinear",  # backward: upsample_trilinear3d_backward (seen on an H200)
 )
 
 
