@@ -79,7 +79,9 @@ def test_suite_wide_finds_the_known_nondeterministic_kernels(
     )
     failed = set(re.findall(r"FAILED test_zoo_cuda.py::test_entry\[(\w+)\]", result.stdout.str()))
     assert failed <= set(zoo.KNOWN_NONDETERMINISTIC_CUDA), failed
-    assert {"index_add", "scatter_add", "index_put_accumulate"} <= failed, failed
+    # index_put_(accumulate=True) may take a sorted, deterministic kernel (torch 2.11 on an
+    # H200 did, in 5 runs): listed as known, so caught or not, never a false verdict.
+    assert {"index_add", "scatter_add"} <= failed, failed
     census = json.loads((pytester.path / "census.json").read_text())
     nondet = {e["op"] for e in census["entries"] if e["verdict"] == "nondeterministic"}
     assert {"aten::index_add", "aten::scatter_add"} <= nondet, nondet
