@@ -259,6 +259,7 @@ KNOWN_NONDETERMINISTIC_CUDA = (
     "cumsum",
     "reflection_pad",  # backward: reflection_pad2d_backward (atomics; seen on an H200)
     "interpolate_trilinear",  # backward: upsample_trilinear3d_backward (seen on an H200)
+    "adaptive_max_pool2d",  # backward: adaptive_max_pool2d_backward (seen on an H200)
 )
 
 
