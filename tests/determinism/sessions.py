@@ -51,3 +51,24 @@ def outcomes(result: pytest.RunResult, found: dict[str, str]) -> dict[str, str]:
             kind, nodeid = line.split()[:2]
             merged.setdefault(nodeid, kind)
     return merged
+
+
+def checked_session(
+    pytester: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[pytest.RunResult, dict[str, str], set[str], set[str]]:
+    """Every test checked over 3 runs under ``recorder``, the census in ``<recorder>.json``.
+
+    Returns the run, each test's verdict (:func:`outcomes`), the blamed ops and the
+    tests they were blamed in.
+    """
+    result = session(
+        pytester,
+        recorder,
+        monkeypatch,
+        "--backends-determinism-all",
+        "--backends-determinism=3",
+        f"--backends-census={recorder}.json",
+        "-rA",
+    )
+    found, blamed_ops, blamed_in = verdicts(pytester, recorder)
+    return result, outcomes(result, found), blamed_ops, blamed_in

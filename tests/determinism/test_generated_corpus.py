@@ -21,7 +21,7 @@ import pytest
 from generated_corpus import Body, bodies, expected, nodeid, render
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sessions import RECORDERS, outcomes, session, verdicts
+from sessions import RECORDERS, checked_session
 
 from pytest_backends.determinism.record_native import native_module
 
@@ -65,17 +65,9 @@ def test_generated_bodies_get_the_verdict_their_steps_allow(
     seen: dict[str, dict[str, str]] = {}
     wrong: list[str] = []
     for recorder in RECORDERS:
-        result = session(
-            planted_conftest,
-            recorder,
-            monkeypatch,
-            "--backends-determinism-all",
-            "--backends-determinism=3",
-            f"--backends-census={recorder}.json",
-            "-rA",
+        result, found, blamed_ops, blamed_in = checked_session(
+            planted_conftest, recorder, monkeypatch
         )
-        found, blamed_ops, blamed_in = verdicts(planted_conftest, recorder)
-        found = outcomes(result, found)
         seen[recorder] = found
         assert blamed_ops <= oracle, (recorder, blamed_ops - oracle, result.stdout.str()[-3000:])
         for i, body in enumerate(cases):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from sessions import RECORDERS, outcomes, session, verdicts
+from sessions import RECORDERS, checked_session, session
 
 from pytest_backends.determinism.record_native import native_module
 
@@ -285,17 +285,7 @@ def test_corpus_both_recorders_agree_with_the_oracle(
     for recorder in RECORDERS:
         thread_log = planted_conftest.path / f"thread-{recorder}.txt"
         monkeypatch.setenv("THREAD_LOG", str(thread_log))
-        result = session(
-            planted_conftest,
-            recorder,
-            monkeypatch,
-            "--backends-determinism-all",
-            "--backends-determinism=3",
-            f"--backends-census={recorder}.json",
-            "-rA",
-        )
-        found, blamed_ops, blamed_in = verdicts(planted_conftest, recorder)
-        found = outcomes(result, found)
+        _, found, blamed_ops, blamed_in = checked_session(planted_conftest, recorder, monkeypatch)
         # "nondeterministic" only where rerunning the op alone gives different bits.
         assert blamed_ops <= oracle, (recorder, blamed_ops - oracle)
         seen[recorder] = (found, blamed_in)
