@@ -27,8 +27,10 @@ hooks around each test), :mod:`.snapshot` (fingerprints and diffs of the flag
 registry), :mod:`.modules` (flags set while test modules are imported),
 :mod:`.threads` (threads that may change flags), :mod:`.findings` (what is
 reported outside a test's own report, across xdist too), :mod:`.markers` (the
-leak modes and ``@pytest.mark.backends_leaks``) and :mod:`.setter` (the
-``backend_flags`` fixture's value).
+leak modes and ``@pytest.mark.backends_leaks``), :mod:`.first_use` (values
+torch gives a switch itself on first use, adopted as the process's state),
+:mod:`.xfail` (a leak in an xfail-marked test reported as an error) and
+:mod:`.setter` (the ``backend_flags`` fixture's value).
 """
 
 from __future__ import annotations

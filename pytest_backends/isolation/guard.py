@@ -21,12 +21,14 @@ import pytest
 
 from pytest_backends import _shared
 from pytest_backends.isolation.findings import Findings, warn_leak
+from pytest_backends.isolation.first_use import FIRST_USE
 from pytest_backends.isolation.markers import marker_mode
 from pytest_backends.isolation.modules import ModuleFlags
 from pytest_backends.isolation.snapshot import Fingerprint, diff_lines, registry
 from pytest_backends.isolation.threads import ThreadOrigins
 from pytest_backends.isolation.threads import hint as thread_hint
 from pytest_backends.isolation.watch import HOOK_SOURCE, WATCH, TorchStateWatch
+from pytest_backends.isolation.xfail import unmask_xfail
 
 if TYPE_CHECKING:
     from pytest_backends.isolation.settings import Settings
@@ -44,44 +46,6 @@ def _fixture_label(fixturedef: Any) -> str:
         getattr(fixturedef, "func", None), "__module__", "a plugin"
     )
     return f"fixture {fixturedef.argname!r} ({fixturedef.scope} scope, defined in {where})"
-
-
-class XfailUnmask:
-    """Reports a leak in an xfail-marked test's teardown as the error it is.
-
-    pytest turns any exception of an xfail-marked test, teardown included,
-    into "xfailed"; a leak is not the failure the marker expects. Registered
-    on the first such leak (an idle session never pays for the hook); its
-    report wrapper runs after pytest's own and makes the report a failure.
-    """
-
-    def __init__(self) -> None:
-        self.nodeids: set[str] = set()
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_makereport(
-        self, item: pytest.Item, call: pytest.CallInfo[None]
-    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        report = yield
-        if call.when == "teardown" and item.nodeid in self.nodeids:
-            self.nodeids.discard(item.nodeid)
-            if hasattr(report, "wasxfail"):
-                report.outcome = "failed"
-                del report.wasxfail
-        return report
-
-
-def _unmask_xfail(item: pytest.Item) -> None:
-    """Have the teardown report of ``item`` (marked xfail) say failed, not xfailed."""
-    if item.get_closest_marker("xfail") is None:
-        return
-    manager = item.config.pluginmanager
-    unmask = manager.get_plugin(XfailUnmask.__name__)
-    if unmask is None:
-        unmask = XfailUnmask()
-        manager.register(unmask, XfailUnmask.__name__)
-    assert isinstance(unmask, XfailUnmask)
-    unmask.nodeids.add(item.nodeid)
 
 
 @dataclass
@@ -157,6 +121,27 @@ class IsolationPlugin:
             self.findings.add(
                 "torch backend flags that could not be restored", str(exc), fails=True
             )
+
+    def _torch_own(
+        self, delta: dict[str, tuple[object, object]], *references: dict[str, object]
+    ) -> dict[str, tuple[object, object]]:
+        """``delta`` less torch's own first-use settings, which become the process's state.
+
+        They are written into the between-tests reference, the session
+        baseline, the running test's expected state and ``references``, so
+        nothing restores them (see :mod:`.first_use`).
+        """
+        own = FIRST_USE.claim(delta) if delta else {}
+        if not own:
+            return delta
+        for reference in (self._ensure_ambient(), self.watch.baseline, *references):
+            reference.update(own)
+        self._ambient_fp = self.watch.baseline_fp = None
+        current = self._current
+        if current is not None and current.expected is not None:
+            current.expected.update(own)
+            current.expected_fp = None
+        return {name: change for name, change in delta.items() if name not in own}
 
     @contextlib.contextmanager
     def _unchecked_on_error(self, where: str) -> Iterator[None]:
@@ -282,7 +267,7 @@ class IsolationPlugin:
         fp = reg.fingerprint()
         drift: dict[str, tuple[object, object]] = {}
         if fp != self._ambient_fp:
-            drift = reg.diff(ambient, reg.to_plain(fp))
+            drift = self._torch_own(reg.diff(ambient, reg.to_plain(fp)))
             self._restore(reg, ambient)
             self._ambient_fp = reg.fingerprint()
         text = self._late_text(drift)
@@ -313,7 +298,7 @@ class IsolationPlugin:
         ambient = self._ensure_ambient()
         fp = reg.fingerprint()
         if state.checked_fp is not None and fp != state.checked_fp:
-            late = reg.diff(reg.to_plain(state.checked_fp), reg.to_plain(fp))
+            late = self._torch_own(reg.diff(reg.to_plain(state.checked_fp), reg.to_plain(fp)))
             if late and self.settings.mode != "off":
                 self._late.append((f"after {item.nodeid} finished", late))
         if self._ambient_fp is None or fp != self._ambient_fp:
@@ -360,7 +345,7 @@ class IsolationPlugin:
         if after_fp == before_fp:
             return
         before = reg.to_plain(before_fp) if before_fp is not None else dict(self.watch.baseline)
-        delta = reg.diff(before, reg.to_plain(after_fp))
+        delta = self._torch_own(reg.diff(before, reg.to_plain(after_fp)), before)
         if not delta:
             return
         # A function-scoped fixture is part of its test; a wider one is judged by
@@ -445,7 +430,7 @@ class IsolationPlugin:
                     "teardown", "torch backend flags leaked (warn)", "\n\n".join(warn)
                 )
             # A leak is not the failure an xfail marker expects.
-            _unmask_xfail(item)
+            unmask_xfail(item)
             pytest.fail("\n\n".join(fail), pytrace=False)
         for message in warn:
             warn_leak(message)
@@ -489,7 +474,7 @@ class IsolationPlugin:
         expected = state.expected
         if expected is None:
             expected = dict(self._ensure_ambient())
-        leaked = reg.diff(expected, reg.to_plain(fp))
+        leaked = self._torch_own(reg.diff(expected, reg.to_plain(fp)), expected)
         if not leaked:
             return fp
         self._restore(reg, expected)
@@ -531,7 +516,7 @@ class IsolationPlugin:
         fp = reg.fingerprint()
         late: dict[str, tuple[object, object]] = {}
         if fp != self._ambient_fp:
-            late = reg.diff(reference, reg.to_plain(fp))
+            late = self._torch_own(reg.diff(reference, reg.to_plain(fp)))
             self._restore(reg, reference)
         text = self._late_text(late)
         if not text:
