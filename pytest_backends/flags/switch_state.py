@@ -285,11 +285,6 @@ def unrestorable_write(hint: str, _value: object) -> None:
     raise RuntimeError(hint)
 
 
-def tunable_filename_write(tunable: Any, value: str) -> None:
-    """Set TunableOp's results file name (without the device suffix)."""
-    tunable.set_filename(value, False)
-
-
 INTEROP_HINT = (
     "torch can set the inter-op thread count only once per process: call "
     "torch.set_num_interop_threads() in conftest.py before any test, or run this test "

@@ -50,10 +50,9 @@ from pytest_backends.flags.switch_state import (
     saved_hooks_read,
     saved_hooks_write,
     sharing_write,
-    str_or_none,
-    tunable_filename_write,
     unrestorable_write,
 )
+from pytest_backends.flags.tunable import tunable_rows
 
 
 def switch_rows(torch: Any, add: Add, c_flag: Callable[..., None]) -> None:
@@ -143,7 +142,7 @@ def switch_rows(torch: Any, add: Add, c_flag: Callable[..., None]) -> None:
     _process_state_rows(torch, add)
     _stack_rows(torch, add)
     _hook_rows(torch, add)
-    _tunable_rows(torch, add)
+    tunable_rows(torch, add, _cuda_ready(torch))
     _native_aot_rows(torch, add)
     unset = _unset_sentinel()
     if unset is None:
@@ -483,97 +482,6 @@ def _hook_rows(torch: Any, add: Add) -> None:
             f"global nn.Module hooks (torch.nn.modules.module.{attr})",
             plain=handles,
         )
-
-
-def _tunable_rows(torch: Any, add: Add) -> None:
-    """TunableOp: only on builds with a usable CUDA/ROCm device."""
-    need = "needs a CUDA device (TunableOp)"
-    tunable: Any = None
-    if _cuda_ready(torch):
-        with contextlib.suppress(Exception):
-            tunable = importlib.import_module("torch.cuda.tunable")
-    for name, getter, setter, check, allowed in (
-        ("enabled", "is_enabled", "enable", check_bool, "True, False"),
-        ("tuning", "tuning_is_enabled", "tuning_enable", check_bool, "True, False"),
-        (
-            "record_untuned",
-            "record_untuned_is_enabled",
-            "record_untuned_enable",
-            check_bool,
-            "True, False",
-        ),
-        (
-            "max_tuning_duration",
-            "get_max_tuning_duration",
-            "set_max_tuning_duration",
-            non_negative_int,
-            "milliseconds",
-        ),
-        (
-            "max_tuning_iterations",
-            "get_max_tuning_iterations",
-            "set_max_tuning_iterations",
-            non_negative_int,
-            "an int",
-        ),
-        (
-            "rotating_buffer_size",
-            "get_rotating_buffer_size",
-            "set_rotating_buffer_size",
-            any_value,
-            "MB (negative: the L2 size)",
-        ),
-        (
-            "cublaslt_requested_algo_count",
-            "get_cublaslt_requested_algo_count",
-            "set_cublaslt_requested_algo_count",
-            non_negative_int,
-            "an int",
-        ),
-        (
-            "wildcard_fallback",
-            "wildcard_fallback_is_enabled",
-            "wildcard_fallback_enable",
-            check_bool,
-            "True, False",
-        ),
-    ):
-        pair_row(
-            add,
-            f"tunableop.{name}",
-            tunable,
-            getter,
-            setter,
-            f"torch.cuda.tunable.{setter}",
-            check=check,
-            allowed=allowed,
-            absent=need,
-        )
-    add(
-        "tunableop.filename",
-        (tunable is not None and hasattr(tunable, "get_filename")) or need,
-        get_attr(tunable, "get_filename") or missing_flag,
-        functools.partial(tunable_filename_write, tunable),
-        str_or_none,
-        "a file name",
-        "torch.cuda.tunable.set_filename",
-    )
-    add(
-        "tunableop.results",
-        (tunable is not None and hasattr(tunable, "get_results")) or need,
-        lambda: tuple(tunable.get_results()) if tunable is not None else (),
-        functools.partial(_tunable_results_write, tunable),
-        any_value,
-        "the tuned results (cleared on restore)",
-        "TunableOp's in-memory results: a test that tunes changes later tests' kernels",
-    )
-
-
-def _tunable_results_write(tunable: Any, value: object) -> None:
-    clear = getattr(tunable, "_clear_all", None)
-    if clear is None:
-        raise RuntimeError("this torch cannot clear TunableOp results (needs torch >= 2.15)")
-    clear()
 
 
 def _cuda_ready(torch: Any) -> bool:

@@ -1,0 +1,86 @@
+"""TunableOp's rotating buffer row round-trips on both of torch's unit conventions.
+
+The row exists only with a CUDA device, so fakes of ``torch.cuda.tunable``
+model the two conventions torch has had: newer torch sets megabytes, reports
+bytes and reads a negative size as the L2 cache size; older torch sets and
+reports one number. Writing a read value back must give the same read,
+never a size a million times larger (which overflows torch's int).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_backends.flags.row import Invalid
+from pytest_backends.flags.tunable import rotating_buffer_check, rotating_buffer_write
+
+MIB = 1 << 20
+INT_MAX = 2**31 - 1
+
+
+class MegabyteTunable:
+    """Newer torch: ``SetRotatingBufferSize(size)`` stores ``size * MB``; -1 reads as L2."""
+
+    def __init__(self, l2: int = 50 * MIB) -> None:
+        self.stored, self.l2 = -1, l2
+
+    def set_rotating_buffer_size(self, size: int) -> None:
+        if not -(2**31) <= size * MIB <= INT_MAX:
+            raise OverflowError(f"{size} MB overflows torch's int")
+        self.stored = size * MIB
+
+    def get_rotating_buffer_size(self) -> int:
+        return self.l2 if self.stored < 0 else self.stored
+
+
+class SameUnitTunable:
+    """Older torch: stores the number, a negative one as 0."""
+
+    def __init__(self) -> None:
+        self.stored = 0
+
+    def set_rotating_buffer_size(self, size: int) -> None:
+        self.stored = max(size, 0)
+
+    def get_rotating_buffer_size(self) -> int:
+        return self.stored
+
+
+class EnvTunable(SameUnitTunable):
+    """PYTORCH_TUNABLEOP_ROTATING_BUFFER_SIZE set: the getter reports it, whatever is set."""
+
+    def get_rotating_buffer_size(self) -> int:
+        return 16 * MIB
+
+
+@pytest.mark.parametrize("make", [MegabyteTunable, SameUnitTunable, EnvTunable])
+@pytest.mark.parametrize("user_sets", [None, 0, 1, 8, 64, 1024])
+def test_a_read_value_written_back_reads_the_same(make: type, user_sets: int | None) -> None:
+    tunable = make()
+    if user_sets is not None:
+        tunable.set_rotating_buffer_size(user_sets)
+    before = tunable.get_rotating_buffer_size()
+    tunable.set_rotating_buffer_size(3)  # a test changes it
+    rotating_buffer_write(tunable, before)  # the guard restores the read value
+    assert tunable.get_rotating_buffer_size() == before
+
+
+def test_the_l2_size_is_restored_where_it_is_not_whole_megabytes() -> None:
+    tunable = MegabyteTunable(l2=40 * MIB + 4096)
+    before = tunable.get_rotating_buffer_size()
+    tunable.set_rotating_buffer_size(2)
+    rotating_buffer_write(tunable, before)
+    assert tunable.get_rotating_buffer_size() == before and tunable.stored < 0
+
+
+def test_a_size_torch_cannot_hold_is_a_clear_error() -> None:
+    tunable = MegabyteTunable()
+    with pytest.raises(ValueError, match="whole megabytes"):
+        rotating_buffer_write(tunable, 3 * MIB + 1)
+
+
+def test_the_value_is_an_int() -> None:
+    assert rotating_buffer_check(8 * MIB) == 8 * MIB
+    for bad in (True, 1.5, "8"):
+        with pytest.raises(Invalid):
+            rotating_buffer_check(bad)
