@@ -201,6 +201,9 @@ NOT_STATE: tuple[tuple[tuple[str, ...], str], ...] = (
             "_get_value_trace",
             "_set_value_trace",
             "_set_print_stack_traces_on_fatal_signal",
+            # torch <= 2.12: vitals (TORCH_VITAL) are a log of usage facts, read by no kernel
+            "torch.set_vital",
+            "_set_vital",
         ),
         _PROFILE,
     ),

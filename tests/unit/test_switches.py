@@ -328,3 +328,10 @@ def test_a_pair_row_with_an_absence_reason_is_added_where_the_pair_exists() -> N
     exists, read, *_, extra = rows["x.value"]
     assert exists is True and extra == {} and read() == 3  # type: ignore[operator]
     assert rows["x.gone"][0] == "needs a GPU"
+
+
+def test_a_logging_setter_of_an_older_torch_is_no_unknown_switch() -> None:
+    # torch 2.11 defines torch.set_vital (a usage log); later torch only warns it is deprecated
+    surface = classify(["torch.set_vital", "_set_vital", "_set_cudnn_benchmark"], _known_rows())
+    assert surface.unknown == []
+    assert "torch.set_vital" in surface.not_state and "_set_vital" in surface.not_state
