@@ -50,9 +50,9 @@ from pytest_backends.flags.switch_state import (
     saved_hooks_read,
     saved_hooks_write,
     sharing_write,
+    tunable_rows,
     unrestorable_write,
 )
-from pytest_backends.flags.tunable import tunable_rows
 
 
 def switch_rows(torch: Any, add: Add, c_flag: Callable[..., None]) -> None:

@@ -21,14 +21,12 @@ import pytest
 
 from pytest_backends import _shared
 from pytest_backends.isolation.findings import Findings, warn_leak
-from pytest_backends.isolation.first_use import FIRST_USE
 from pytest_backends.isolation.markers import marker_mode
 from pytest_backends.isolation.modules import ModuleFlags
 from pytest_backends.isolation.snapshot import Fingerprint, diff_lines, registry
 from pytest_backends.isolation.threads import ThreadOrigins
 from pytest_backends.isolation.threads import hint as thread_hint
 from pytest_backends.isolation.watch import HOOK_SOURCE, WATCH, TorchStateWatch
-from pytest_backends.isolation.xfail import unmask_xfail
 
 if TYPE_CHECKING:
     from pytest_backends.isolation.settings import Settings
@@ -131,7 +129,11 @@ class IsolationPlugin:
         baseline, the running test's expected state and ``references``, so
         nothing restores them (see :mod:`.first_use`).
         """
-        own = FIRST_USE.claim(delta) if delta else {}
+        if not delta:
+            return delta
+        from pytest_backends.isolation.first_use import FIRST_USE  # only once a flag changed
+
+        own = FIRST_USE.claim(delta)
         if not own:
             return delta
         for reference in (self._ensure_ambient(), self.watch.baseline, *references):
@@ -430,6 +432,8 @@ class IsolationPlugin:
                     "teardown", "torch backend flags leaked (warn)", "\n\n".join(warn)
                 )
             # A leak is not the failure an xfail marker expects.
+            from pytest_backends.isolation.xfail import unmask_xfail  # on the first leak
+
             unmask_xfail(item)
             pytest.fail("\n\n".join(fail), pytrace=False)
         for message in warn:

@@ -47,6 +47,14 @@ class ModuleFlags:
         if fp == watch.baseline_fp:
             return
         diff = reg.diff(watch.baseline, reg.to_plain(fp))
+        from pytest_backends.isolation.first_use import FIRST_USE  # only once a flag changed
+
+        own = FIRST_USE.claim(diff)
+        if own:  # torch's own first-use setting: the baseline from now on
+            watch.baseline.update(own)
+            diff = {name: change for name, change in diff.items() if name not in own}
+            if not diff:
+                watch.baseline_fp = fp
         if not diff:
             return
         mode, _error = marker_mode(collector, default_mode)

@@ -156,6 +156,11 @@ class TorchStateWatch:
         diff = reg.diff(self.baseline, current)
         self.baseline, self.baseline_fp = current, fp
         if diff:
+            from pytest_backends.isolation.first_use import FIRST_USE  # only once a flag changed
+
+            for name in FIRST_USE.claim(diff):  # torch's own, not the source's
+                del diff[name]
+        if diff:
             self.baseline_changes.append(Change(source, diff))
 
     def source_of(self, plugin: object) -> str | None:

@@ -147,3 +147,39 @@ def test_only_torchs_exact_value_is_claimed(monkeypatch: pytest.MonkeyPatch) -> 
     }
     # torch makes the change once per process
     assert record.claim({"sdp.priority_order": (STATIC, CUDNN_FIRST)}) == {}
+
+
+IMPORTED_EARLY = f"""
+import torch
+
+# a model warmed up at import, where torch makes its first SDPA call
+torch._C._set_sdp_priority_order({CUDNN_FIRST!r})
+
+
+def test_uses_torchs_order():
+    assert list(torch._C._get_sdp_priority_order()) == {CUDNN_FIRST!r}
+"""
+
+OTHER_MODULE = f"""
+import torch
+
+
+def test_other_module_keeps_torchs_order():
+    assert list(torch._C._get_sdp_priority_order()) == {CUDNN_FIRST!r}
+"""
+
+
+@pytest.mark.parametrize("where", ["conftest", "test module"])
+def test_a_first_call_at_import_is_no_module_change_and_no_baseline_line(
+    pytester: pytest.Pytester, where: str
+) -> None:
+    if where == "conftest":
+        pytester.makeconftest(FAKE_GPU + IMPORTED_EARLY.split("\n\ndef ")[0])
+    else:
+        pytester.makeconftest(FAKE_GPU)
+    pytester.makepyfile(test_a_early=IMPORTED_EARLY, test_b_other=OTHER_MODULE)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-rA")
+    result.assert_outcomes(passed=2)
+    text = result.stdout.str()
+    assert "changed torch backend flags while it was imported" not in text
+    assert "session baseline differs" not in text

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_backends.flags.row import Invalid
-from pytest_backends.flags.tunable import rotating_buffer_check, rotating_buffer_write
+from pytest_backends.flags.switch_state import rotating_buffer_check, rotating_buffer_write
 
 MIB = 1 << 20
 INT_MAX = 2**31 - 1
