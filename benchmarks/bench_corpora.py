@@ -10,11 +10,15 @@ seed:
   take (the sampling's misses), and every blamed op replayed;
 * determinism (``tests/determinism/test_generated_corpus.py``): generated test
   bodies under both recorders, each verdict one its steps allow, blamed ops
-  only where the op oracle finds them.
+  only where the op oracle finds them;
+* kernel paths (``tests/paths/test_oracle_corpus.py``): generated op chains
+  run with oneDNN on and off, the blamed op against an oracle that replays
+  every op on both paths (disagreements must be 0).
 
 Usage::
 
-    python benchmarks/bench_corpora.py [--seeds 3] [--batch 600] [--determinism 6] [--out PATH]
+    python benchmarks/bench_corpora.py [--seeds 3] [--first-seed 1] [--batch 600]
+        [--determinism 6] [--paths 100] [--out PATH]
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ CORPORA = {
         "tests/determinism/test_generated_corpus.py",
         "DETERMINISM_CORPUS_EXAMPLES",
     ),
+    "paths": ("tests/paths/test_oracle_corpus.py", "PATHS_CORPUS_EXAMPLES"),
 }
 
 
@@ -77,8 +82,10 @@ def run(name: str, examples: int, seed: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--batch", type=int, default=600)
     parser.add_argument("--determinism", type=int, default=6)
+    parser.add_argument("--paths", type=int, default=100)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     lines = [
@@ -86,9 +93,10 @@ def main() -> None:
         f"CPU: {describe(FEATURES)}",
         f"torch {torch.__version__}",
     ]
-    for seed in range(1, args.seeds + 1):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         lines.append(run("batch", args.batch, seed))
         lines.append(run("determinism", args.determinism, seed))
+        lines.append(run("paths", args.paths, seed))
     write_result("\n".join(lines), args.out)
 
 

@@ -84,8 +84,20 @@ def oracle(
     return True, None
 
 
+def clone_as_is(a: torch.Tensor) -> torch.Tensor:
+    """A copy of ``a`` in its own memory with the same sizes, strides and storage offset.
+
+    ``Tensor.clone`` makes an expanded (stride 0) or offset view dense, and a
+    kernel may take another path for the dense copy than for the view.
+    """
+    storage = a.untyped_storage().clone()
+    return torch.empty(0, dtype=a.dtype, device=a.device).set_(
+        storage, a.storage_offset(), a.shape, a.stride()
+    )
+
+
 class _Calls(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Keeps every call (with cloned tensor arguments) of the ops named."""
+    """Keeps every call (with tensor arguments copied as they are laid out) of the ops named."""
 
     def __init__(self, names: set[str] | None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -98,11 +110,13 @@ class _Calls(TorchDispatchMode):  # type: ignore[no-untyped-call]
         name = func.name().split(".", 1)[0]
         tensors = [a for a in _leaves([list(args), kwargs]) if isinstance(a[1], torch.Tensor)]
         self.seen.append((name, [t for _, t in tensors]))
-        # One clone per distinct tensor: an op may take another path for aliased arguments
-        # (multi-head attention's fused projection for query is key is value).
+        # One copy per distinct tensor, laid out as it is: an op may take another path for
+        # aliased arguments (multi-head attention's fused projection for query is key is
+        # value) or for an expanded one (a GEMM over stride-0 rows).
         clones: dict[int, torch.Tensor] = {}
         clone = [
-            clones.setdefault(id(a), a.clone()) if isinstance(a, torch.Tensor) else a for a in args
+            clones.setdefault(id(a), clone_as_is(a)) if isinstance(a, torch.Tensor) else a
+            for a in args
         ]
         out = func(*args, **kwargs)
         if self.names is not None and name in self.names:

@@ -152,3 +152,20 @@ def test_the_replay_keeps_aliased_arguments_aliased() -> None:
     sub = replay_args(args, 4, 1, 2)
     assert sub[0] is sub[1] and sub[0].shape == (2, 3)
     assert torch.equal(sub[0], x[1:3])
+
+
+def test_the_replay_keeps_an_expanded_argument_expanded() -> None:
+    """A GEMM over stride-0 rows may round otherwise than over their dense copy.
+
+    Found by the corpus (seed 4): a Linear layer on an expanded input was
+    rightly blamed, but the replay's clone made the input dense and the rows
+    replayed equal.
+    """
+    x = torch.randn(4, 5).narrow(-1, 1, 1).expand(4, 5)
+    mode = _Calls({"aten::mul"})
+    with torch.no_grad(), mode:
+        torch.mul(x, 2.0)
+    ((_, args, _, _),) = mode.calls
+    kept = args[0]
+    assert kept.stride() == x.stride() and kept.storage_offset() == x.storage_offset()
+    assert kept.data_ptr() != x.data_ptr() and torch.equal(kept, x)

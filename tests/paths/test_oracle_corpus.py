@@ -4,7 +4,8 @@ The oracle replays *every* op of the reference run under both configurations
 on identical (the reference's) inputs and takes the first whose two results
 differ beyond the op's bound.  The fast verdict replays only the ops whose
 recorded results differ.  ``PATHS_CORPUS_EXAMPLES`` raises the example count
-(``make bench``).
+(``make bench``), and ``PYTEST_BACKENDS_CORPUS_SEEDED=1`` with ``--hypothesis-seed``
+draws other examples than CI's.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 EXAMPLES = int(os.environ.get("PATHS_CORPUS_EXAMPLES", "25"))
+# ``PYTEST_BACKENDS_CORPUS_SEEDED=1`` (with ``--hypothesis-seed``): other examples than CI's.
+DERANDOMIZE = os.environ.get("PYTEST_BACKENDS_CORPUS_SEEDED") != "1"
 ON = ("mkldnn-on", {"mkldnn.enabled": True})
 OFF = ("mkldnn-off", {"mkldnn.enabled": False})
 COUNTS = {"cases": 0, "blamed": 0, "disagreements": 0}
@@ -88,7 +91,7 @@ def oracle(ref: ConfigRun, other: ConfigRun) -> Identity | None:
 
 @settings(
     max_examples=EXAMPLES,
-    derandomize=True,
+    derandomize=DERANDOMIZE,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
