@@ -73,10 +73,19 @@ def run(name: str, examples: int, seed: int) -> str:
         (line for line in done.stdout.splitlines() if "corpus:" in line),
         "no counts printed: " + done.stdout[-2000:],
     )
-    return (
+    line = (
         f"  {name}, seed {seed}, {examples} examples: exit {done.returncode}, "
         f"{time.perf_counter() - start:.0f} s wall\n    {counts.strip()}"
     )
+    if done.returncode != 0:  # what failed, for the result file: a failure may not come back
+        failed = [
+            text
+            for text in done.stdout.splitlines()
+            if text.lstrip(" |+").startswith(("E ", "FAILED", "AssertionError"))
+            or "Falsifying" in text
+        ]
+        line += "".join(f"\n      {text}" for text in failed[-40:])
+    return line
 
 
 def main() -> None:
