@@ -363,25 +363,34 @@ def tunable_rows(torch: Any, add: Add, cuda_ready: bool) -> None:
             allowed=allowed,
             absent=need,
         )
-    exists = tunable is not None and hasattr(tunable, "get_rotating_buffer_size")
-    add(
-        "tunableop.rotating_buffer_size",
-        (exists and hasattr(tunable, "set_rotating_buffer_size")) or need,
-        get_attr(tunable, "get_rotating_buffer_size") or missing_flag,
-        functools.partial(rotating_buffer_write, tunable),
-        rotating_buffer_check,
-        "bytes, as get_rotating_buffer_size() reports (whole MB, or the L2 cache size)",
-        "torch.cuda.tunable.set_rotating_buffer_size",
-    )
-    add(
-        "tunableop.filename",
-        (tunable is not None and hasattr(tunable, "get_filename")) or need,
-        get_attr(tunable, "get_filename") or missing_flag,
-        functools.partial(tunable_filename_write, tunable),
-        str_or_none,
-        "a file name",
-        "torch.cuda.tunable.set_filename",
-    )
+    # rows whose writer takes the module: the rotating buffer's, in the getter's unit
+    for name, getter, setter, write, check, allowed in (
+        (
+            "rotating_buffer_size",
+            "get_rotating_buffer_size",
+            "set_rotating_buffer_size",
+            rotating_buffer_write,
+            rotating_buffer_check,
+            "bytes, as get_rotating_buffer_size() reports (whole MB, or the L2 cache size)",
+        ),
+        (
+            "filename",
+            "get_filename",
+            "set_filename",
+            tunable_filename_write,
+            str_or_none,
+            "a file name",
+        ),
+    ):
+        add(
+            f"tunableop.{name}",
+            (tunable is not None and hasattr(tunable, getter) and hasattr(tunable, setter)) or need,
+            get_attr(tunable, getter) or missing_flag,
+            functools.partial(write, tunable),
+            check,
+            allowed,
+            f"torch.cuda.tunable.{setter}",
+        )
     add(
         "tunableop.results",
         (tunable is not None and hasattr(tunable, "get_results")) or need,
