@@ -76,8 +76,26 @@ __device__ __forceinline__ void thread_sums(const uint8_t* p, int64_t nbytes, in
   const uint64_t step1 = 2 * static_cast<uint64_t>(stride) * kKey1;
   uint64_t key0 = 2 * static_cast<uint64_t>(first) * kKey0 + kSeed0;
   uint64_t key1 = 2 * static_cast<uint64_t>(first) * kKey1 + kSeed1;
-  for (int64_t i = first; i < pairs; i += stride) {
-    const ulonglong2 v = __ldg(reinterpret_cast<const ulonglong2*>(p) + i);
+  const auto* pairs_p = reinterpret_cast<const ulonglong2*>(p);
+  int64_t i = first;
+  // Four loads in flight per thread before any is used: one load at a time
+  // left the memory system idle between a thread's iterations.
+  for (; i + 3 * stride < pairs; i += 4 * stride) {
+    ulonglong2 v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[k] = __ldg(pairs_p + i + k * stride);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      s0 += lane_term0(v[k].x ^ key0) + lane_term0(v[k].y ^ (key0 + kKey0));
+      s1 += lane_term1(v[k].x ^ key1) + lane_term1(v[k].y ^ (key1 + kKey1));
+      key0 += step0;
+      key1 += step1;
+    }
+  }
+  for (; i < pairs; i += stride) {
+    const ulonglong2 v = __ldg(pairs_p + i);
     s0 += lane_term0(v.x ^ key0) + lane_term0(v.y ^ (key0 + kKey0));
     s1 += lane_term1(v.x ^ key1) + lane_term1(v.y ^ (key1 + kKey1));
     key0 += step0;
@@ -105,22 +123,27 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Large tensors: blocks add partial sums atomically. Wrapping addition is
-// commutative, so the result does not depend on the order of the atomics.
+// commutative, so the result does not depend on the order of the atomics. The
+// last block to finish finalizes, so one launch does the whole digest.
 __global__ void __launch_bounds__(kThreads)
-    digest_grid(const uint8_t* p, int64_t nbytes, int64_t nwords, unsigned long long* acc) {
+    digest_grid(const uint8_t* p, int64_t nbytes, int64_t nwords, uint64_t h0, uint64_t h1,
+                unsigned long long* scratch, int64_t* out) {
   uint64_t s0 = 0;
   uint64_t s1 = 0;
   thread_sums(p, nbytes, nwords, s0, s1);
   block_sum(s0, s1);
   if (threadIdx.x == 0) {
-    atomicAdd(acc, static_cast<unsigned long long>(s0));
-    atomicAdd(acc + 1, static_cast<unsigned long long>(s1));
+    atomicAdd(scratch, static_cast<unsigned long long>(s0));
+    atomicAdd(scratch + 1, static_cast<unsigned long long>(s1));
+    __threadfence();  // this block's sums are visible before it counts itself done
+    const unsigned long long done = atomicAdd(scratch + 2, 1ULL);
+    if (done == gridDim.x - 1) {
+      const uint64_t t0 = atomicAdd(scratch, 0ULL);
+      const uint64_t t1 = atomicAdd(scratch + 1, 0ULL);
+      out[0] = static_cast<int64_t>(mix0(h0 ^ t0));
+      out[1] = static_cast<int64_t>(mix1(h1 ^ t1));
+    }
   }
-}
-
-__global__ void digest_finalize(unsigned long long* acc, uint64_t h0, uint64_t h1) {
-  acc[0] = mix0(h0 ^ acc[0]);
-  acc[1] = mix1(h1 ^ acc[1]);
 }
 
 at::Tensor digest_cuda(const at::Tensor& t) {
@@ -137,15 +160,17 @@ at::Tensor digest_cuda(const at::Tensor& t) {
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return out;
   }
-  at::Tensor out = at::zeros({2}, t.options().dtype(at::kLong));
-  auto* acc = reinterpret_cast<unsigned long long*>(out.data_ptr<int64_t>());
+  at::Tensor out = at::empty({2}, t.options().dtype(at::kLong));
+  // two sums and the count of finished blocks, zeroed without a kernel launch
+  at::Tensor scratch = at::empty({3}, t.options().dtype(at::kLong));
+  auto* acc = reinterpret_cast<unsigned long long*>(scratch.data_ptr<int64_t>());
+  C10_CUDA_CHECK(cudaMemsetAsync(acc, 0, 3 * sizeof(int64_t), stream));
   int sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, t.get_device()));
-  const int64_t wanted = (nwords + 4 * kThreads - 1) / (4 * kThreads);
+  const int64_t wanted = (nwords + 8 * kThreads - 1) / (8 * kThreads);
   const int blocks = static_cast<int>(std::min<int64_t>(wanted, static_cast<int64_t>(sms) * 8));
-  digest_grid<<<blocks, kThreads, 0, stream>>>(p, nbytes, nwords, acc);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  digest_finalize<<<1, 1, 0, stream>>>(acc, prep.header[0], prep.header[1]);
+  digest_grid<<<blocks, kThreads, 0, stream>>>(p, nbytes, nwords, prep.header[0], prep.header[1],
+                                               acc, out.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }

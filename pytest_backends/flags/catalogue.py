@@ -27,6 +27,7 @@ from pytest_backends.flags.row import (
     missing_flag,
     non_negative_int,
     one_of,
+    outside_modes,
     pair_writer,
     positive_int,
     priority_order,
@@ -302,8 +303,8 @@ def build_catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
             rows.append(
                 Flag(
                     f"cuda.cufft_plan_cache[{index}].max_size",
-                    functools.partial(getattr, cache, "max_size"),
-                    functools.partial(setattr, cache, "max_size"),
+                    functools.partial(outside_modes, torch, getattr, cache, "max_size"),
+                    functools.partial(outside_modes, torch, setattr, cache, "max_size"),
                     non_negative_int,
                     "a non-negative int",
                     f"cuFFT plan cache size, cuda:{index}",

@@ -299,3 +299,23 @@ def set_attr(torch: Any, obj: object, attr: str, value: object) -> None:
     """Set ``obj.attr`` even while the backend flags are frozen."""
     with unfrozen(torch):
         setattr(obj, attr, value)
+
+
+def outside_modes(torch: Any, fn: Callable[..., object], *args: object) -> object:
+    """``fn(*args)`` with the user's torch-function and dispatch modes out of the way.
+
+    Some getters and setters are torch ops (the per-device cuFFT plan cache's
+    are): called under a mode a test left pushed, they reach that mode, which
+    may raise (a bare ``TorchFunctionMode`` does) or answer for torch.
+    """
+    C = torch._C
+    disable = getattr(C, "DisableTorchFunction", contextlib.nullcontext)
+    exclude: Any = getattr(C, "_ExcludeDispatchKeyGuard", None)
+    keys: Any = None
+    if exclude is not None:
+        with contextlib.suppress(Exception):
+            keys = C.DispatchKeySet(C.DispatchKey.Python) | C.DispatchKeySet(
+                C.DispatchKey.PythonTLSSnapshot
+            )
+    with disable(), exclude(keys) if keys is not None else contextlib.nullcontext():
+        return fn(*args)

@@ -313,6 +313,7 @@ def tunable_rows(torch: Any, add: Add, cuda_ready: bool) -> None:
     if cuda_ready:
         with contextlib.suppress(Exception):
             tunable = importlib.import_module("torch.cuda.tunable")
+        settle_tunable_filename(tunable)
     for name, getter, setter, check, allowed in (
         ("enabled", "is_enabled", "enable", check_bool, "True, False"),
         ("tuning", "tuning_is_enabled", "tuning_enable", check_bool, "True, False"),
@@ -400,6 +401,22 @@ def tunable_rows(torch: Any, add: Add, cuda_ready: bool) -> None:
         "the tuned results (cleared on restore)",
         "TunableOp's in-memory results: a test that tunes changes later tests' kernels",
     )
+
+
+def settle_tunable_filename(tunable: Any) -> None:
+    """Let torch give TunableOp's results file its lazy default before the first reading.
+
+    torch names the file (``PYTORCH_TUNABLEOP_FILENAME``, else
+    ``tunableop_results.csv``, with the device ordinal inserted) the first time
+    anything asks for the results: a tuned GEMM, or ``get_results()``, which is
+    how the results row is read. Unsettled, the guard's own first reading of
+    the results changed the filename it had just read, and the next reading
+    blamed a test, a module or a conftest for it on every CUDA machine.
+    """
+    get_results = getattr(tunable, "get_results", None)
+    if callable(get_results):
+        with contextlib.suppress(Exception):
+            get_results()
 
 
 def _tunable_results_write(tunable: Any, value: object) -> None:

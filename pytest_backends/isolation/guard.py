@@ -146,15 +146,19 @@ class IsolationPlugin:
         return {name: change for name, change in delta.items() if name not in own}
 
     @contextlib.contextmanager
-    def _unchecked_on_error(self, where: str) -> Iterator[None]:
-        """Report the guard's own failure in the summary instead of raising it."""
+    def _unchecked_on_error(self, where: str, fails: bool = False) -> Iterator[None]:
+        """Report the guard's own failure in the summary instead of raising it.
+
+        With ``fails`` the run fails where leaks fail it: the flags may not have
+        been restored for the tests after ``where``.
+        """
         try:
             yield
         except Exception as exc:
             self.findings.add(
                 "torch backend flags that could not be checked",
                 f"{where}: {type(exc).__name__}: {exc}",
-                fails=False,
+                fails=fails and self.settings.mode == "fail",
             )
 
     # -- collection: what conftests and test modules change while imported --
@@ -206,7 +210,8 @@ class IsolationPlugin:
             self._previous = item.nodeid
             self.threads.started_by(set(threading.enumerate()) - threads_before, item.nodeid)
             if state is not None:
-                self._end(item, state)
+                with self._unchecked_on_error(f"after {item.nodeid} finished", fails=True):
+                    self._end(item, state)
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:

@@ -63,6 +63,8 @@ CASES: dict[str, Callable[[], torch.Tensor]] = {
     "big-fp16": _big,
     "big-offset-2": lambda: _big()[1:],  # not 8-byte aligned: byte loads
     "big-offset-8": lambda: _random_bits(1 << 20, torch.float32, seed=2)[2:],  # 8, not 16
+    # many 16-byte loads per thread: the unrolled loop, its remainder and the word tail
+    "big-32mb": lambda: _random_bits((8 << 20) + 3, torch.float32, seed=4),
     "transpose": lambda: _random_bits(999 * 77, torch.float32, seed=3).reshape(999, 77).t(),
     "empty": lambda: torch.zeros(0, 5),
 }

@@ -85,7 +85,8 @@ def test_next():
 def test_the_same_change_is_a_leak_where_torch_would_not_make_it(
     pytester: pytest.Pytester,
 ) -> None:
-    # This machine's CUDA is not initialised (or absent): torch never makes the change here.
+    # A machine where torch never makes the change (faked: on a Hopper GPU torch would).
+    pytester.makeconftest(FAKE_GPU.replace("True", "False"))
     pytester.makepyfile(test_leak=LEAK)
     result = pytester.runpytest_subprocess("-p", "no:randomly")
     result.assert_outcomes(passed=2, errors=1)

@@ -425,3 +425,36 @@ def test_fixture_leaks_reported_once_by_fixture_in_any_order(pytester: pytest.Py
 
 def _fixture_reports_in(text: str) -> list[tuple[str, str]]:
     return re.findall(r"fixture '(\w+)' \((\w+) scope", text)
+
+
+BROKEN_READER = """
+import torch
+
+from pytest_backends.flags import registry
+
+
+def test_a_breaks_a_getter():
+    def broken():
+        raise NotImplementedError("a getter dispatched to a leaked mode")
+
+    registry()._read_all = broken
+
+
+def test_b_still_runs():
+    pass
+"""
+
+
+def test_a_getter_that_raises_after_a_test_is_reported_not_an_internal_error(
+    pytester: pytest.Pytester,
+) -> None:
+    # Seen on a GPU: a per-device getter dispatched to a TorchFunctionMode a test
+    # left pushed, and the guard's reading after the test was an INTERNALERROR.
+    pytester.makepyfile(test_suite=BROKEN_READER)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider")
+    _assert_no_crash(result)
+    text = result.stdout.str()
+    assert "after test_suite.py::test_a_breaks_a_getter finished: NotImplementedError" in text
+    # the next test still runs, and says its flags could not be read
+    assert "ERROR at setup of test_b_still_runs" in text
+    assert result.ret != 0

@@ -84,3 +84,49 @@ def test_the_value_is_an_int() -> None:
     for bad in (True, 1.5, "8"):
         with pytest.raises(Invalid):
             rotating_buffer_check(bad)
+
+
+class LazyFileTunable:
+    """torch >= 2.5: the results file is named the first time the results are asked for."""
+
+    def __init__(self) -> None:
+        self.filename = ""
+        self.settled = False
+
+    def get_filename(self) -> str:
+        return self.filename
+
+    def set_filename(self, filename: str, insert_device_ordinal: bool = False) -> None:
+        self.filename = filename
+
+    def get_results(self) -> tuple[object, ...]:
+        if not self.settled:  # GetTuningResultsManager's call_once
+            self.settled = True
+            if not self.filename:
+                self.filename = "tunableop_results0.csv"
+        return ()
+
+
+def test_the_filename_is_settled_before_the_first_reading(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    import torch.cuda
+
+    from pytest_backends.flags.switch_state import tunable_rows
+
+    fake = LazyFileTunable()
+    monkeypatch.setitem(sys.modules, "torch.cuda.tunable", fake)
+    rows: dict[str, object] = {}
+
+    def add(name: str, present: object, read: object, *rest: object) -> None:
+        rows[name] = read
+
+    tunable_rows(torch, add, cuda_ready=True)
+    read_filename = rows["tunableop.filename"]
+    read_results = rows["tunableop.results"]
+    assert callable(read_filename) and callable(read_results)
+    first = read_filename()
+    read_results()  # the guard reads every row, the results too
+    assert read_filename() == first == "tunableop_results0.csv"
