@@ -400,7 +400,15 @@ def tunable_rows(torch: Any, add: Add, cuda_ready: bool) -> None:
         any_value,
         "the tuned results (cleared on restore)",
         "TunableOp's in-memory results: a test that tunes changes later tests' kernels",
+        plain=_results_plain,
     )
+
+
+def _results_plain(value: object) -> object:
+    """The results as lists, as they read back from JSON (the raw value is a tuple)."""
+    if isinstance(value, (tuple, list)):
+        return [_results_plain(v) for v in value]
+    return value
 
 
 def settle_tunable_filename(tunable: Any) -> None:

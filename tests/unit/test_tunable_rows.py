@@ -9,6 +9,8 @@ never a size a million times larger (which overflows torch's int).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pytest_backends.flags.row import Invalid
@@ -119,9 +121,11 @@ def test_the_filename_is_settled_before_the_first_reading(
     fake = LazyFileTunable()
     monkeypatch.setitem(sys.modules, "torch.cuda.tunable", fake)
     rows: dict[str, object] = {}
+    extras: dict[str, dict[str, object]] = {}
 
-    def add(name: str, present: object, read: object, *rest: object) -> None:
+    def add(name: str, present: object, read: object, *rest: object, **extra: object) -> None:
         rows[name] = read
+        extras[name] = extra
 
     tunable_rows(torch, add, cuda_ready=True)
     read_filename = rows["tunableop.filename"]
@@ -130,3 +134,8 @@ def test_the_filename_is_settled_before_the_first_reading(
     first = read_filename()
     read_results()  # the guard reads every row, the results too
     assert read_filename() == first == "tunableop_results0.csv"
+    # the results' plain value reads back from JSON as it was written (a tuple would not)
+    plain = extras["tunableop.results"]["plain"]
+    assert callable(plain)
+    value = plain((("GemmTunableOp_float_NN", "nn_4_4_4", "Default", 0.01),))
+    assert json.loads(json.dumps(value)) == value
