@@ -47,7 +47,7 @@ DISAGREEMENTS: list[str] = []
 
 def _sizes(case: Case) -> list[int]:
     n = next(x.shape[d] for x, d in zip(case.inputs, case.dims) if d is not None)  # type: ignore[attr-defined]
-    return sorted({1, 2, n // 2})
+    return sorted({1, n // 2})
 
 
 def _sampled(n: int, size: int) -> list[int]:

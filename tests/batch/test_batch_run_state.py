@@ -115,7 +115,7 @@ def test_single_output_runs_compare_as_general_runs() -> None:
     [
         (lambda t: t.to_sparse() if t.shape[0] == 1 else t * 2, "sparse output `output`"),
         (
-            lambda t: torch.nested.as_nested_tensor(list(t)) if t.shape[0] == 2 else t * 2,
+            lambda t: torch.nested.as_nested_tensor(list(t)) if t.shape[0] == 4 else t * 2,
             "nested output `output`",
         ),
     ],
