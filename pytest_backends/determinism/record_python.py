@@ -99,6 +99,9 @@ class PythonRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._finished = False
         self._digest_fn = digest_function()
         # Storages shared with something outside torch ops (NumPy): read at every use.
+        # Those whose tensor died are dropped first, as the native recorder drops them: their
+        # memory may since hold another tensor, which nothing outside torch can write.
+        outside.live()
         self._shared = outside.SHARED
         #: Indices of the ops that read memory shared outside torch.
         self.outside: list[int] = []
