@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_backends import _tree
+from pytest_backends.determinism import DEFAULT_RUNS
 
 if TYPE_CHECKING:
     import torch
@@ -32,8 +33,6 @@ __all__ = [
     "expect_nondeterministic_alert",
 ]
 
-#: Number of runs when none is given (``assert_reproducible`` and ``--backends-determinism``).
-DEFAULT_RUNS = 5
 
 #: The text of torch's error (or warning, with ``warn_only=True``) for an op
 #: that has no deterministic implementation under

@@ -33,6 +33,7 @@ __all__ = [
     "listen",
     "live",
     "mark",
+    "pruned",
     "started_count",
     "started_since",
     "unlisten",
@@ -66,6 +67,17 @@ def live() -> list[int]:
     for ptr in [p for p, ref in SHARED.items() if ref() is None]:
         del SHARED[ptr]
     return list(SHARED)
+
+
+def pruned() -> dict[int, Any]:
+    """:data:`SHARED` without the entries whose tensor died (dropped before each run).
+
+    A dead entry's memory may since hold another tensor, which nothing outside
+    torch can write; read as shared, its bytes would be compared where its key
+    should be.
+    """
+    live()
+    return SHARED
 
 
 def listen(callback: Callable[[int], object]) -> None:

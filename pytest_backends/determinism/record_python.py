@@ -98,11 +98,8 @@ class PythonRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._tainted: Taints = {}
         self._finished = False
         self._digest_fn = digest_function()
-        # Storages shared with something outside torch ops (NumPy): read at every use.
-        # Those whose tensor died are dropped first, as the native recorder drops them: their
-        # memory may since hold another tensor, which nothing outside torch can write.
-        outside.live()
-        self._shared = outside.SHARED
+        # Storages shared outside torch ops (NumPy), read at every use; dead ones dropped.
+        self._shared = outside.pruned()
         #: Indices of the ops that read memory shared outside torch.
         self.outside: list[int] = []
         #: Op index -> ``"test_x.py:6"``: where each op that read shared memory was called.

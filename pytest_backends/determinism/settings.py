@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from pytest_backends import _options, _xdist
-from pytest_backends.determinism.api import DEFAULT_RUNS
+from pytest_backends.determinism import DEFAULT_RUNS
 
 if TYPE_CHECKING:
     from pytest_backends.determinism.census import Baseline
