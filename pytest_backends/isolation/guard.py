@@ -155,11 +155,14 @@ class IsolationPlugin:
         try:
             yield
         except Exception as exc:
-            self.findings.add(
-                "torch backend flags that could not be checked",
-                f"{where}: {type(exc).__name__}: {exc}",
-                fails=fails and self.settings.mode == "fail",
-            )
+            self._unchecked(where, exc, fails)
+
+    def _unchecked(self, where: str, exc: Exception, fails: bool) -> None:
+        self.findings.add(
+            "torch backend flags that could not be checked",
+            f"{where}: {type(exc).__name__}: {exc}",
+            fails=fails and self.settings.mode == "fail",
+        )
 
     # -- collection: what conftests and test modules change while imported --
 
@@ -210,8 +213,10 @@ class IsolationPlugin:
             self._previous = item.nodeid
             self.threads.started_by(set(threading.enumerate()) - threads_before, item.nodeid)
             if state is not None:
-                with self._unchecked_on_error(f"after {item.nodeid} finished", fails=True):
+                try:  # inline, not _unchecked_on_error: this runs for every test
                     self._end(item, state)
+                except Exception as exc:
+                    self._unchecked(f"after {item.nodeid} finished", exc, fails=True)
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
