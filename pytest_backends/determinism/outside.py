@@ -64,9 +64,7 @@ def mark(t: torch.Tensor) -> None:
 
 def live() -> list[int]:
     """The data pointers of shared storages whose tensor is still alive (dead ones dropped)."""
-    for ptr in [p for p, ref in SHARED.items() if ref() is None]:
-        del SHARED[ptr]
-    return list(SHARED)
+    return list(pruned())
 
 
 def pruned() -> dict[int, Any]:
@@ -76,7 +74,8 @@ def pruned() -> dict[int, Any]:
     torch can write; read as shared, its bytes would be compared where its key
     should be.
     """
-    live()
+    for ptr in [p for p, ref in SHARED.items() if ref() is None]:
+        del SHARED[ptr]
     return SHARED
 
 

@@ -308,14 +308,21 @@ def outside_modes(torch: Any, fn: Callable[..., object], *args: object) -> objec
     are): called under a mode a test left pushed, they reach that mode, which
     may raise (a bare ``TorchFunctionMode`` does) or answer for torch.
     """
-    C = torch._C
-    disable = getattr(C, "DisableTorchFunction", contextlib.nullcontext)
-    exclude: Any = getattr(C, "_ExcludeDispatchKeyGuard", None)
-    keys: Any = None
-    if exclude is not None:
-        with contextlib.suppress(Exception):
-            keys = C.DispatchKeySet(C.DispatchKey.Python) | C.DispatchKeySet(
-                C.DispatchKey.PythonTLSSnapshot
-            )
-    with disable(), exclude(keys) if keys is not None else contextlib.nullcontext():
+    disable, exclude = _mode_guards(torch._C)
+    with disable(), exclude():
         return fn(*args)
+
+
+@functools.cache
+def _mode_guards(C: Any) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """The two guards of :func:`outside_modes`, found once (a fingerprint reads through them)."""
+    disable = getattr(C, "DisableTorchFunction", contextlib.nullcontext)
+    guard: Any = getattr(C, "_ExcludeDispatchKeyGuard", None)
+    try:
+        keys = C.DispatchKeySet(C.DispatchKey.Python) | C.DispatchKeySet(
+            C.DispatchKey.PythonTLSSnapshot
+        )
+    except Exception:  # an older torch without these keys
+        guard = None
+    exclude = functools.partial(guard, keys) if guard is not None else contextlib.nullcontext
+    return disable, exclude

@@ -26,7 +26,7 @@ from pytest_backends.isolation.modules import ModuleFlags
 from pytest_backends.isolation.snapshot import Fingerprint, diff_lines, registry
 from pytest_backends.isolation.threads import ThreadOrigins
 from pytest_backends.isolation.threads import hint as thread_hint
-from pytest_backends.isolation.watch import HOOK_SOURCE, WATCH, TorchStateWatch
+from pytest_backends.isolation.watch import HOOK_SOURCE, WATCH, TorchStateWatch, torch_own
 
 if TYPE_CHECKING:
     from pytest_backends.isolation.settings import Settings
@@ -129,11 +129,7 @@ class IsolationPlugin:
         baseline, the running test's expected state and ``references``, so
         nothing restores them (see :mod:`.first_use`).
         """
-        if not delta:
-            return delta
-        from pytest_backends.isolation.first_use import FIRST_USE  # only once a flag changed
-
-        own = FIRST_USE.claim(delta)
+        own = torch_own(delta)
         if not own:
             return delta
         for reference in (self._ensure_ambient(), self.watch.baseline, *references):
@@ -146,18 +142,16 @@ class IsolationPlugin:
         return {name: change for name, change in delta.items() if name not in own}
 
     @contextlib.contextmanager
-    def _unchecked_on_error(self, where: str, fails: bool = False) -> Iterator[None]:
-        """Report the guard's own failure in the summary instead of raising it.
-
-        With ``fails`` the run fails where leaks fail it: the flags may not have
-        been restored for the tests after ``where``.
-        """
+    def _unchecked_on_error(self, where: str) -> Iterator[None]:
+        """Report the guard's own failure in the summary instead of raising it."""
         try:
             yield
         except Exception as exc:
-            self._unchecked(where, exc, fails)
+            self._unchecked(where, exc, fails=False)
 
     def _unchecked(self, where: str, exc: Exception, fails: bool) -> None:
+        """Report the guard's failure at ``where``; with ``fails``, the run fails where
+        leaks fail it (the flags may not have been restored for the tests after it)."""
         self.findings.add(
             "torch backend flags that could not be checked",
             f"{where}: {type(exc).__name__}: {exc}",

@@ -18,7 +18,7 @@ import pytest
 from pytest_backends.isolation.findings import Findings
 from pytest_backends.isolation.markers import marker_mode
 from pytest_backends.isolation.snapshot import diff_lines, registry
-from pytest_backends.isolation.watch import TorchStateWatch
+from pytest_backends.isolation.watch import TorchStateWatch, torch_own
 
 __all__ = ["ModuleFlags"]
 
@@ -47,9 +47,7 @@ class ModuleFlags:
         if fp == watch.baseline_fp:
             return
         diff = reg.diff(watch.baseline, reg.to_plain(fp))
-        from pytest_backends.isolation.first_use import FIRST_USE  # only once a flag changed
-
-        own = FIRST_USE.claim(diff)
+        own = torch_own(diff)
         if own:  # torch's own first-use setting: the baseline from now on
             watch.baseline.update(own)
             diff = {name: change for name, change in diff.items() if name not in own}

@@ -18,7 +18,7 @@ import sys
 import threading
 import types
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +26,7 @@ import pytest
 
 from pytest_backends.isolation.snapshot import Fingerprint, registry
 
-__all__ = ["HOOK_SOURCE", "WATCH", "Change", "TorchStateWatch", "watch_torch"]
+__all__ = ["HOOK_SOURCE", "WATCH", "Change", "TorchStateWatch", "torch_own", "watch_torch"]
 
 #: Where a change made by a hook (not while importing a file) is said to come from.
 HOOK_SOURCE = "a hook of a conftest.py or plugin"
@@ -155,11 +155,8 @@ class TorchStateWatch:
         current = reg.to_plain(fp)
         diff = reg.diff(self.baseline, current)
         self.baseline, self.baseline_fp = current, fp
-        if diff:
-            from pytest_backends.isolation.first_use import FIRST_USE  # only once a flag changed
-
-            for name in FIRST_USE.claim(diff):  # torch's own, not the source's
-                del diff[name]
+        for name in torch_own(diff):  # torch's own, not the source's
+            del diff[name]
         if diff:
             self.baseline_changes.append(Change(source, diff))
 
@@ -218,3 +215,15 @@ def watch_torch(config: pytest.Config) -> TorchStateWatch:
     """Install the import hook (idempotent); the watch, for ``plugin.py`` to register."""
     WATCH.install(getattr(config, "rootpath", None))
     return WATCH
+
+
+def torch_own(delta: Mapping[str, tuple[object, object]]) -> dict[str, object]:
+    """The changes in ``delta`` that are torch's own first-use settings (see :mod:`.first_use`).
+
+    The rule's module is imported only once a flag changed: an idle session never needs it.
+    """
+    if not delta:
+        return {}
+    from pytest_backends.isolation.first_use import FIRST_USE
+
+    return FIRST_USE.claim(delta)
