@@ -79,6 +79,29 @@ def same_calls(model: torch.nn.Module, x: torch.Tensor, backward: bool = False) 
     return run
 
 
+def by_hand(model: torch.nn.Module, x: torch.Tensor) -> Variant:
+    """The calls the check makes, as a user writes them: each sub-batch sliced in the loop.
+
+    Consecutive rows are ``x[i:i + k]`` (a view, as the check takes them), the
+    permuted batch ``x[order]``; the slicing is timed with the calls.
+    """
+    picks: list[object] = []
+    for r in check_rows(x.shape[0]):
+        if r is None:
+            picks.append(slice(None))
+        elif r == tuple(range(r[0], r[0] + len(r))):
+            picks.append(slice(r[0], r[0] + len(r)))
+        else:
+            picks.append(list(r))
+
+    def run() -> None:
+        with torch.no_grad():
+            for pick in picks:
+                model(x[pick])  # type: ignore[index]
+
+    return run
+
+
 def every_row(model: torch.nn.Module, x: torch.Tensor) -> Variant:
     """A full pass plus one pass per row: what a brute-force row-by-row check runs."""
     return _forwards(model, [x] + [x[i : i + 1] for i in range(x.shape[0])])

@@ -5,15 +5,20 @@ Cost: ``assert_batch_invariant`` on small MLPs (4 x Linear(512, 512) and
 anchors timed in the same interleaved rounds (process CPU time, min and
 median):
 
-* *same calls*: the calls the check makes (the full batch; sizes 1 and 4
-  at three offsets; the batch permuted) made by hand on sub-batches selected
-  ahead of time;
+* *by hand*: the calls the check makes (the full batch; sizes 1 and 4 at
+  three offsets; the batch permuted) as a user writes them, each sub-batch
+  sliced in the timed loop (``x[i:i + k]``, a view, as the check takes it;
+  ``x[order]`` for the permuted batch);
+* *same calls*: those calls on sub-batches selected (copied) ahead of time,
+  outside the timing: the model's passes alone;
 * *full + every row*: a full pass plus one pass per row, the passes a
   brute-force row-by-row check needs.
 
-The goal is the check within 1.5x the same calls: its own work (restoring
-the state each call starts from, selecting rows, comparing them) at most
-half the model's. The check makes 8 calls where a full pass plus every row
+The goal (issue: "the bare passes the check logically needs ... against the
+same calls made by hand") is the check within 1.5x the calls made by hand:
+its own work (restoring the state each call starts from, comparing the
+rows) at most half the model's. The ratio against the pre-selected calls is
+shown too. The check makes 8 calls where a full pass plus every row
 makes 9, and its sub-batches of 4 rows and the permuted batch cost more
 than single rows, so the ratio against that anchor stays above the calls'
 own ratio (shown on the "same calls" line).
@@ -50,6 +55,7 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parent))
 from batch_setup import (
     FEATURES,
+    by_hand,
     check,
     check_rows,
     every_row,
@@ -105,7 +111,7 @@ def cost(rounds: int) -> list[str]:
     calls = len(check_rows(8))
     lines = [
         f"cost: batch 8, forward only, no_grad; {calls} calls per check, 9 for full + every row;"
-        f" goal: the check within {GOAL}x the calls it makes"
+        f" goal: the check within {GOAL}x the calls it makes, by hand"
     ]
     for width, depth in ((512, 4), (256, 3)):
         torch.manual_seed(0)
@@ -113,9 +119,11 @@ def cost(rounds: int) -> list[str]:
         model, plain = mlp(width, depth), rowwise(width)
         times = interleaved(
             {
+                "by hand": by_hand(model, x),
                 "same calls": same_calls(model, x),
                 "full + every row": every_row(model, x),
                 "check (report)": check(model, x, tolerance="report"),
+                "row-wise by hand": by_hand(plain, x),
                 "row-wise same calls": same_calls(plain, x),
                 "row-wise full + every row": every_row(plain, x),
                 "row-wise check (bitwise)": check(plain, x),
@@ -131,17 +139,23 @@ def cost(rounds: int) -> list[str]:
                 "row-wise ",
             ),
         ):
-            same, every = times[f"{prefix}same calls"], times[f"{prefix}full + every row"]
+            hand, same = times[f"{prefix}by hand"], times[f"{prefix}same calls"]
+            every = times[f"{prefix}full + every row"]
             lines.append(
-                f"  {title.rsplit(' check', 1)[0]}: same calls {min(same) * 1e3:.3f} ms min, "
+                f"  {title.rsplit(' check', 1)[0]}: by hand {min(hand) * 1e3:.3f} ms min, "
+                f"same calls {min(same) * 1e3:.3f} ms min, "
                 f"full + every row {min(every) * 1e3:.3f} ms min"
             )
             lines.append(
-                _line(title, model_times, {"vs same calls": same, "vs full + every row": every})
+                _line(
+                    title,
+                    model_times,
+                    {"vs by hand": hand, "vs same calls": same, "vs full + every row": every},
+                )
             )
-            worst = max(ratios(model_times, same))
+            worst = max(ratios(model_times, hand))
             lines.append(
-                f"    goal (<= {GOAL}x the same calls, min and median): "
+                f"    goal (<= {GOAL}x the calls by hand, min and median): "
                 + ("met" if worst <= GOAL else f"not met ({worst:.2f}x)")
             )
     return lines

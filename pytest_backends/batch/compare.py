@@ -6,14 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_backends.batch.rows import (
-    row_differences,
-    row_index,
-    rows_differ_list,
-    rows_within,
-    same_bits,
-    span,
-)
+from pytest_backends.batch.rows import compare_rows, row_index, rows_within, span
 from pytest_backends.batch.runs import Case, Run
 
 if TYPE_CHECKING:
@@ -260,25 +253,19 @@ def compare_part(
         ref_rows = ref.narrow(d, first, len(rows))
     if joined.shape != ref_rows.shape:
         raise _Reshaped
-    if same_bits(ref_rows, joined):
+    compared = compare_rows(ref_rows, joined, d)
+    if compared is None:
         return joined_rows.identical(label, within_ok)
-    differ = rows_differ_list(ref_rows, joined, d)
-    # The figures of the differing rows only: identical rows add nothing to a maximum.
-    bad_at = [k for k, x in enumerate(differ) if x]
-    abs_rows = [0.0] * len(differ)
-    rel_rows = [0.0] * len(differ)
+    differ, abs_rows, rel_rows = compared
     within_rows = [True] * len(differ)
-    if bad_at:
+    if isinstance(tol, tuple):
+        bad_at = [k for k, x in enumerate(differ) if x]
         a, b = joined, ref_rows
         if len(bad_at) < len(differ):
             index = row_index(bad_at, ref.device)
             a, b = a.index_select(d, index), b.index_select(d, index)
-        figures = row_differences(a, b, d)
-        checked = rows_within(a, b, d, tol[0], tol[1]) if isinstance(tol, tuple) else []
-        for j, k in enumerate(bad_at):
-            abs_rows[k], rel_rows[k] = figures[0][j], figures[1][j]
-            if checked:
-                within_rows[k] = checked[j]
+        for k, ok in zip(bad_at, rows_within(a, b, d, tol[0], tol[1])):
+            within_rows[k] = ok
     same = joined_rows.identical(label, within_ok, copy=False)
     results: list[CaseResult] = []
     for i, (case, lo, hi) in enumerate(joined_rows.spans):

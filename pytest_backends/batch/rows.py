@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "compare_rows",
     "differences",
     "row_differences",
     "row_index",
@@ -189,8 +190,13 @@ def _numpy_row_differences(
 ) -> tuple[list[float], list[float]]:
     """:func:`row_differences` along dimension 0 in NumPy, op for op."""
     n = a.shape[0]
-    x = a.detach().numpy().reshape(n, -1).astype(np.float64)
-    y = b.detach().numpy().reshape(n, -1).astype(np.float64)
+    return _numpy_figures(np, a.detach().numpy().reshape(n, -1), b.detach().numpy().reshape(n, -1))
+
+
+def _numpy_figures(np: Any, a: Any, b: Any) -> tuple[list[float], list[float]]:
+    """Per row of two 2-D arrays: the max abs and rel difference of ``a`` from ``b``."""
+    x = a.astype(np.float64)
+    y = b.astype(np.float64)
     with np.errstate(all="ignore"):
         diff = np.abs(x - y)
         scale = np.abs(y)
@@ -205,6 +211,66 @@ def _numpy_row_differences(
             if not finite or all(math.isfinite(v) for v in abs_rows):
                 break
     return abs_rows, rel_rows
+
+
+_NUMPY_FLOATS: set[Any] = set()  # the floating dtypes NumPy reads (float16, 32 and 64)
+
+
+def compare_rows(
+    full_rows: torch.Tensor, sub: torch.Tensor, d: int
+) -> tuple[list[bool], list[float], list[float]] | None:
+    """Rows of ``sub`` against ``full_rows`` (one shape and dtype) along ``d``, in one pass.
+
+    None when every row is bitwise identical; otherwise, per row, whether it
+    differs and its :func:`row_differences` figures (0.0 for an identical
+    row; only the differing rows are measured). Dense CPU rows along
+    dimension 0 of a dtype NumPy reads are compared in NumPy, with one
+    density check and one ``memcmp`` first: on a few rows, a NumPy op costs a
+    fraction of a torch op's dispatch, with the same IEEE results.
+    """
+    import torch
+
+    if not _NUMPY_FLOATS:
+        _NUMPY_FLOATS.update({torch.float16, torch.float32, torch.float64})
+    np = _numpy_rows(full_rows, sub, d) if full_rows.dtype in _NUMPY_FLOATS else None
+    if np is None or not _MEMCMP or _MEMCMP[0] is None:
+        return _compare_rows(full_rows, sub, d)
+    size = full_rows.nbytes
+    if size == 0 or _MEMCMP[0](full_rows.data_ptr(), sub.data_ptr(), size) == 0:
+        return None
+    n = full_rows.shape[0]
+    ref = full_rows.detach().numpy().reshape(n, -1)
+    got = sub.detach().numpy().reshape(n, -1)
+    bits = _NUMPY_BITS[ref.itemsize]
+    differ = (ref.view(bits) != got.view(bits)).any(axis=1)
+    bad = np.flatnonzero(differ)
+    abs_rows, rel_rows = [0.0] * n, [0.0] * n
+    figures = _numpy_figures(np, got[bad], ref[bad])
+    for j, k in enumerate(bad.tolist()):
+        abs_rows[k], rel_rows[k] = figures[0][j], figures[1][j]
+    return differ.tolist(), abs_rows, rel_rows
+
+
+_NUMPY_BITS = {2: "i2", 4: "i4", 8: "i8"}  # element size -> the integers its bits are read as
+
+
+def _compare_rows(
+    full_rows: torch.Tensor, sub: torch.Tensor, d: int
+) -> tuple[list[bool], list[float], list[float]] | None:
+    """:func:`compare_rows` through torch's ops (and NumPy's where they read the rows)."""
+    if same_bits(full_rows, sub):
+        return None
+    differ = rows_differ_list(full_rows, sub, d)
+    bad_at = [k for k, x in enumerate(differ) if x]
+    a, b = sub, full_rows
+    if len(bad_at) < len(differ):
+        index = row_index(bad_at, full_rows.device)
+        a, b = a.index_select(d, index), b.index_select(d, index)
+    figures = row_differences(a, b, d)
+    abs_rows, rel_rows = [0.0] * len(differ), [0.0] * len(differ)
+    for j, k in enumerate(bad_at):
+        abs_rows[k], rel_rows[k] = figures[0][j], figures[1][j]
+    return differ, abs_rows, rel_rows
 
 
 def differences(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:

@@ -139,7 +139,13 @@ def test_dense_cpu_paths_equal_the_general_one(dtype: torch.dtype) -> None:
 
     The same rows laid out with a gap (not contiguous) take the general path.
     """
-    from pytest_backends.batch.rows import row_differences, rows_differ, rows_differ_list, same_bits
+    from pytest_backends.batch.rows import (
+        compare_rows,
+        row_differences,
+        rows_differ,
+        rows_differ_list,
+        same_bits,
+    )
 
     gen = torch.Generator().manual_seed(3)
     specials = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-45, 3e38, 1.0]
@@ -168,5 +174,7 @@ def test_dense_cpu_paths_equal_the_general_one(dtype: torch.dtype) -> None:
         assert rows_differ_list(x, y, 0) == rows_differ(gx, gy, 0).tolist()
         if dtype.is_floating_point:
             assert repr(row_differences(y, x, 0)) == repr(row_differences(gy, gx, 0))
+        # The one-pass comparison (NumPy for dense rows) against the general one, figures too.
+        assert repr(compare_rows(x, y, 0)) == repr(compare_rows(gx, gy, 0))
         cases += 1
     assert cases == 40
