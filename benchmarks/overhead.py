@@ -161,6 +161,105 @@ def _guard_cost_in_session(root: Path, source: Path | None = None) -> tuple[floa
     return float(out[-3]), float(out[-2]), int(out[-1])
 
 
+_OWN_HOOKS = """
+import contextlib, inspect, io, sys, time
+import pytest
+from pytest_backends.flags import registry
+ns = time.perf_counter_ns
+spent, calls, tests, prints = [0], [0], [0], [0]
+reg = registry()
+real = reg.fingerprint
+def fingerprint():
+    start = ns()
+    try:
+        return real()
+    finally:
+        prints[0] += ns() - start
+reg.fingerprint = fingerprint
+
+def plain(fn):
+    def timed(*args):
+        start = ns()
+        try:
+            return fn(*args)
+        finally:
+            spent[0] += ns() - start
+            calls[0] += 1
+    return timed
+
+def generator(fn):
+    def timed(*args):
+        start = ns()
+        gen = fn(*args)
+        try:
+            sent = gen.send(None)
+        finally:
+            spent[0] += ns() - start
+            calls[0] += 1
+        while True:
+            try:
+                got = yield sent
+            except BaseException as exc:
+                start = ns()
+                try:
+                    sent = gen.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+                finally:
+                    spent[0] += ns() - start
+                continue
+            start = ns()
+            try:
+                sent = gen.send(got)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                spent[0] += ns() - start
+    return timed
+
+class Timer:
+    @pytest.hookimpl(trylast=True)
+    def pytest_configure(self, config):
+        pm = config.pluginmanager
+        for name in dir(pm.hook):
+            caller = getattr(pm.hook, name)
+            for impl in getattr(caller, "get_hookimpls", lambda: [])():
+                owner = getattr(impl.plugin, "__name__", type(impl.plugin).__module__)
+                if str(owner).startswith("pytest_backends"):
+                    fn = impl.function
+                    impl.function = (generator if inspect.isgeneratorfunction(fn) else plain)(fn)
+
+    def pytest_runtest_logfinish(self):
+        tests[0] += 1
+
+    def pytest_sessionstart(self):
+        spent[0] = calls[0] = prints[0] = 0  # from collection on: configure is fixed cost
+
+with contextlib.redirect_stdout(io.StringIO()):
+    pytest.main(["-q", "-p", "no:xdist"], plugins=[Timer()])
+print(spent[0] / 1e3 / tests[0], prints[0] / 1e3 / tests[0], calls[0] / tests[0], tests[0])
+"""
+
+
+def _own_hooks(root: Path) -> tuple[float, float, float, int]:
+    """Microseconds per test inside pytest-backends' hooks and in fingerprints, calls, tests.
+
+    Wall time of each call of the plugin's own hook functions in a real
+    session of the suite in ``root`` (from session start: collection and
+    every test), divided by the tests: the plugin's share measured where it
+    is spent, not as the difference of two noisy session totals.
+    """
+    out = subprocess.run(
+        [sys.executable, "-c", _OWN_HOOKS],
+        env=_child_env(),
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return float(out[-4]), float(out[-3]), float(out[-2]), int(out[-1])
+
+
 def _session_line(cost: tuple[float, float, int]) -> str:
     return f"{cost[0]:.1f} us median, {cost[1]:.1f} mean ({cost[2]} fingerprints, wall time)"
 
@@ -242,6 +341,7 @@ def main() -> None:
             for values, where, bare, source in sides if round_ % 2 == 0 else reversed(sides):
                 values.append(_cpu_seconds(where, ["-p", "no:backends"] if bare else [], source))
         in_session = _guard_cost_in_session(root)
+        own = min((_own_hooks(root) for _ in range(3)), key=lambda got: got[0])
         before_in_session = (
             _guard_cost_in_session(root, args.before) if args.before is not None else None
         )
@@ -267,6 +367,9 @@ def main() -> None:
             f"  one registry fingerprint:     {_guard_line(_guard_cost())} (direct; "
             "the guard takes two per test)",
             f"  one fingerprint in the session: {_session_line(in_session)}",
+            f"  inside the plugin's hooks:    {own[0]:.1f} us/test wall, {own[1]:.1f} of them in "
+            f"fingerprints (least of 3 sessions; {own[2]:.1f} hook calls per test, {own[3]} "
+            f"tests): {1 + own[0] / per_bare:.3f}x a bare trivial test's {per_bare:.0f} us",
         ]
     )
     if args.before is not None:
