@@ -197,20 +197,14 @@ def generator(fn):
             spent[0] += ns() - start
             calls[0] += 1
         while True:
+            got = failed = None
             try:
                 got = yield sent
             except BaseException as exc:
-                start = ns()
-                try:
-                    sent = gen.throw(exc)
-                except StopIteration as stop:
-                    return stop.value
-                finally:
-                    spent[0] += ns() - start
-                continue
+                failed = exc
             start = ns()
             try:
-                sent = gen.send(got)
+                sent = gen.send(got) if failed is None else gen.throw(failed)
             except StopIteration as stop:
                 return stop.value
             finally:

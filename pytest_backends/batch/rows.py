@@ -85,6 +85,13 @@ def _find_memcmp() -> Any:
 _MEMCMP: list[Any] = []  # [memcmp or None], found on first use
 
 
+def _memcmp() -> Any:
+    """The C library's ``memcmp`` (found once), or None."""
+    if not _MEMCMP:
+        _MEMCMP.append(_find_memcmp())
+    return _MEMCMP[0]
+
+
 def _dense_cpu(t: torch.Tensor, tensor_type: type) -> bool:
     """Whether ``t``'s elements are its ``nbytes`` bytes at ``data_ptr()`` in CPU memory."""
     return (
@@ -106,9 +113,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """
     import torch
 
-    if not _MEMCMP:
-        _MEMCMP.append(_find_memcmp())
-    memcmp = _MEMCMP[0]
+    memcmp = _memcmp()
     if (
         memcmp is not None
         and a.dtype == b.dtype
@@ -233,10 +238,11 @@ def compare_rows(
     if not _NUMPY_FLOATS:
         _NUMPY_FLOATS.update({torch.float16, torch.float32, torch.float64})
     np = _numpy_rows(full_rows, sub, d) if full_rows.dtype in _NUMPY_FLOATS else None
-    if np is None or not _MEMCMP or _MEMCMP[0] is None:
+    memcmp = _memcmp()
+    if np is None or memcmp is None:
         return _compare_rows(full_rows, sub, d)
     size = full_rows.nbytes
-    if size == 0 or _MEMCMP[0](full_rows.data_ptr(), sub.data_ptr(), size) == 0:
+    if size == 0 or memcmp(full_rows.data_ptr(), sub.data_ptr(), size) == 0:
         return None
     n = full_rows.shape[0]
     ref = full_rows.detach().numpy().reshape(n, -1)
