@@ -285,8 +285,9 @@ def test_corrected_versions_and_blas_names() -> None:
     assert row.check("hipblaslt") == "cublaslt"
     assert row.check("hipblas") == "cublas"
     assert row.check("default") in ("cublas", "cublaslt", "ck")
-    assert "2.13" not in reg.by_name["python_native.triton.enabled"].doc or True
-    assert functools  # keeps the import used when rows move
+    native = reg.by_name.get("python_native.triton.enabled")
+    if native is not None:  # where the running torch has torch.backends.python_native
+        assert "torch.backends.python_native.triton.enabled" in native.doc, native.doc
 
 
 def test_generated_switch_reference_matches_the_catalogue() -> None:
