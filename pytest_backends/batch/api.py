@@ -213,8 +213,9 @@ def assert_batch_invariant(
 
     ``dim`` is the batch dimension of every tensor input, or one entry per
     input, with None for inputs that are not batched (parameters, masks,
-    lookup tables): they are passed unchanged to every call. Outputs are
-    batched along ``out_dim``.
+    lookup tables): they are passed whole to every call, as a copy made once
+    (rewritten where a run wrote it in place). Outputs are batched along
+    ``out_dim``.
 
     With ``backward`` (default), where batched inputs require grad, the
     outputs are back-propagated with seeded random upstream gradients (the
@@ -240,7 +241,7 @@ def assert_batch_invariant(
     identical input rows is named, with its source line and module path.
     Before every run the global RNGs, the buffers and ``training`` flags of
     the modules ``fn`` reaches (itself, its closure, its globals) and the
-    inputs are put back as they were at the call, and after the check too:
+    input copies are put back as they were at the call, and after the check too:
     a train-mode BatchNorm's running statistics are left as found.
     """
     session = ACTIVE_CHECK.get()
@@ -286,62 +287,52 @@ def assert_batch_invariant(
         del runs
         if per_sample_grads:
             _per_sample(plan, full, cases, grads, result, tol, start)
-        findings: dict[str, Finding] = {}
+        findings: dict[tuple[str, str], Finding] = {}
         if session is not None:
             start.restore()
             findings = session.record(plan, cases, grads, result, start)
     finally:
         start.restore()
-    failing = _first_failure(result, tol)
-    if failing is not None:
-        finding = findings.get(failing.case)
-        if failing.part.startswith("per-sample"):
-            from pytest_backends.batch.locate import Finding as _Finding
+    failures = _failures(result, tol)
+    if not failures:
+        return result
+    failing = failures[0]
+    finding = None
+    also: list[str] = []
+    if session is not None:
+        reported, finding, also = _unexplained(session, failures, findings)
+        if reported is None:
+            return result
+        failing = reported
+    if failing.part.startswith("per-sample"):
+        from pytest_backends.batch.locate import Finding as _Finding
 
-            finding = _Finding(
-                "none",
-                failing.case,
-                reason="per-sample gradients come from one torch.func.vmap pass, which the "
-                "op-by-op comparison does not follow",
-            )
-        elif failing.part.startswith("output structure"):
-            finding = None
-        elif locate:
-            from pytest_backends.batch.locate import find_op, with_location
-
-            case = next(c for c in cases if c.label == failing.case)
-            start.restore()
-            try:
-                if finding is None:
-                    finding = find_op(plan, case, grads, failing.part)
-                else:
-                    finding = with_location(finding, plan, case.rows, grads)
-            finally:
-                start.restore()
-        if session is not None:
-            new = session.unaccepted()
-            if not new and session.accepts(finding):
-                return result
-            if new and (finding is None or finding.key() not in new):
-                # An accepted op in the first failing case hides no new op in another.
-                other = next((f for f in findings.values() if f.key() in new), None)
-                if other is not None:
-                    finding = other
-                    failing = next(
-                        (c for c in result.cases if c.case == other.case and not c.identical),
-                        failing,
-                    )
-                    if locate:
-                        start.restore()
-                        try:
-                            case = next(c for c in cases if c.label == other.case)
-                            finding = with_location(other, plan, case.rows, grads)
-                        finally:
-                            start.restore()
-        raise BatchInvarianceError(
-            _message(result, failing, finding, tol), result=result, case=failing, finding=finding
+        finding = _Finding(
+            "none",
+            failing.case,
+            reason="per-sample gradients come from one torch.func.vmap pass, which the "
+            "op-by-op comparison does not follow",
         )
-    return result
+    elif failing.part.startswith("output structure"):
+        finding = None
+    elif locate:
+        from pytest_backends.batch.locate import find_op, with_location
+
+        case = next(c for c in cases if c.label == failing.case)
+        start.restore()
+        try:
+            if finding is None:
+                finding = find_op(plan, case, grads, failing.part)
+            else:
+                finding = with_location(finding, plan, case.rows, grads)
+        finally:
+            start.restore()
+    raise BatchInvarianceError(
+        _message(result, failing, finding, tol, also),
+        result=result,
+        case=failing,
+        finding=finding,
+    )
 
 
 def _per_sample(
@@ -386,19 +377,62 @@ def _backward_note(plan: Plan, grads: list[torch.Tensor | None] | None) -> str:
     return "input gradients compared (seeded random upstream gradients)"
 
 
-def _first_failure(
-    result: BatchInvariance, tol: tuple[float, float] | str | None
-) -> CaseResult | None:
+def _failures(result: BatchInvariance, tol: tuple[float, float] | str | None) -> list[CaseResult]:
+    """The compared parts that fail the check, in order."""
+    failures = []
     for c in result.cases:
         if c.first_row is None:
             continue  # identical rows (a structure difference names a first row)
-        if c.part.startswith("output structure"):
-            return c  # a structure is the same or not, in every mode
-        if tol is None and not c.identical:
-            return c
-        if isinstance(tol, tuple) and c.within is False:
-            return c
-    return None
+        if (
+            c.part.startswith("output structure")  # the same or not, in every mode
+            or (tol is None and not c.identical)
+            or (isinstance(tol, tuple) and c.within is False)
+        ):
+            failures.append(c)
+    return failures
+
+
+def _unexplained(
+    session: Any, failures: list[CaseResult], findings: dict[tuple[str, str], Finding]
+) -> tuple[CaseResult | None, Finding | None, list[str]]:
+    """The failure a marked test reports, its cause, and lines on new ops elsewhere.
+
+    A failing part is explained only when every cause found in its sub-batch's
+    run is an op the batch baseline accepts (or is being added); a structure
+    difference and per-sample gradients never are. ``(None, None, [])``: every
+    failure is explained and no op outside the baseline ran, so the test passes.
+    A failing part whose own run has an op outside the baseline is reported
+    first, then any other unexplained one, each with its own case's cause.
+    """
+    from pytest_backends.batch.plugin import finding_of
+
+    new = session.unaccepted()
+    pending: list[tuple[CaseResult, Finding | None]] = []
+    for c in failures:
+        finding = finding_of(findings, c.case, c.part)
+        if c.part.startswith(("output structure", "per-sample")) or finding is None:
+            pending.append((c, finding))
+            continue
+        cause = next((x for x in finding.causes if not session.accepts(x)), None)
+        if cause is not None:
+            pending.append((c, cause))
+    if not pending and not new:
+        return None, None, []
+    own_new = [(c, f) for c, f in pending if f is not None and f.key() in new]
+    if own_new or pending:
+        failing, cause = (own_new or pending)[0]
+        return failing, cause, []
+    # Every failure is explained by accepted ops; an op outside the baseline ran where
+    # the compared rows are equal. It fails the test, and is named with its own case.
+    elsewhere = next(
+        (x for f in findings.values() for x in f.causes if x.key() in new),
+        None,
+    )
+    failing = failures[0]
+    line = "  an op outside the batch baseline ran too: " + (
+        elsewhere.describe() if elsewhere is not None else ", ".join(map(str, sorted(new)))
+    )
+    return failing, finding_of(findings, failing.case, failing.part), [line]
 
 
 def _message(
@@ -406,6 +440,7 @@ def _message(
     c: CaseResult,
     finding: Finding | None,
     tol: tuple[float, float] | str | None,
+    also: Sequence[str] = (),
 ) -> str:
     size = f"a sub-batch of size {c.size} ({c.case})" if c.size < result.batch else c.case
     mode = "compared bitwise"
@@ -431,4 +466,5 @@ def _message(
         )
     if finding is not None:
         lines.append(f"  {finding.describe()}")
+    lines.extend(also)
     return "\n".join(lines)

@@ -266,6 +266,11 @@ class Finding:
     other_op: str | None = None
     location: Location | None = None
     reason: str = ""
+    #: Every cause found in the run, in op order, this finding among them: each op whose
+    #: output rows differ for identical input rows, each value computed from the batch
+    #: size, a different op sequence, each reduction over the batch that reaches a
+    #: batched output. A baseline can accept only the first kind (:meth:`key`).
+    causes: tuple[Finding, ...] = ()
 
     def key(self) -> tuple[str, str | None, str | None] | None:
         """``(op, device, dtype)`` of a blamed op (kind ``"op"``), else None."""
@@ -402,6 +407,8 @@ def compare_ops(
         limit = full.backward_at
     kernel: Finding | None = None
     scalar: Finding | None = None
+    causes: list[Finding] = []
+    blamed: set[tuple[str, str | None, str | None]] = set()
     sequence: Finding | None = None
     # Mixing reductions (index, finding, storages their outputs reach) and the mixed storages.
     mixing: list[tuple[int, Finding]] = []
@@ -478,18 +485,22 @@ def compare_ops(
                 differs = True
         if not scalars_equal:
             merge_verdict(verdicts, key, "inconclusive", VERDICTS)
-            if differs and scalar is None and i < limit:
+            if differs and i < limit:
                 shown = next(
                     f"its argument `{na}` is {va!r} in the full batch and {vb!r} in the sub-batch"
                     for (na, va), (_, vb) in zip(a.scalars, b.scalars)
                     if not _equal_scalars(va, vb)
                 )
-                scalar = Finding("scalar", case, a.name, a.device, a.dtype, i, reason=shown)
+                causes.append(Finding("scalar", case, a.name, a.device, a.dtype, i, reason=shown))
+                scalar = scalar or causes[-1]
             continue
         if differs:
             merge_verdict(verdicts, key, "batch_variant", VERDICTS)
-            if kernel is None and i < limit:
-                kernel = Finding("op", case, a.name, a.device, a.dtype, i)
+            if i < limit and key not in blamed:
+                blamed.add(key)
+                causes.append(Finding("op", case, a.name, a.device, a.dtype, i))
+                if kernel is None:
+                    kernel = causes[-1]
         else:
             merge_verdict(verdicts, key, "no_difference" if compared else "inconclusive", VERDICTS)
     else:
@@ -501,8 +512,12 @@ def compare_ops(
             sequence = Finding(
                 "sequence", case, a_name, longer[i].device, longer[i].dtype, i, other_op=b_name
             )
-    chosen = next((f for j, (i, f) in enumerate(mixing) if j in relevant and i < limit), None)
+    relevant_mixing = [f for j, (i, f) in enumerate(mixing) if j in relevant and i < limit]
+    chosen = relevant_mixing[0] if relevant_mixing else None
     finding = chosen or kernel or scalar or sequence
+    causes.extend(relevant_mixing)
+    if sequence is not None:
+        causes.append(sequence)
     if finding is None:
         dropped = full.dropped_after if full.dropped_after is not None else sub.dropped_after
         reason = (
@@ -517,7 +532,10 @@ def compare_ops(
                 "(its memory limit); the ops after that prove nothing"
             )
         finding = Finding("none", case, reason=reason)
-    return verdicts, finding
+    if full.dropped_after is not None or sub.dropped_after is not None:
+        causes.append(Finding("none", case, reason="the recording reached its memory limit"))
+    causes.sort(key=lambda f: len(full.ops) if f.op_index is None else f.op_index)
+    return verdicts, dataclasses.replace(finding, causes=tuple(causes) or (finding,))
 
 
 def with_location(finding: Finding, plan: Plan, rows: Sequence[int], grads: Any) -> Finding:

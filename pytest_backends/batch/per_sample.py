@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from pytest_backends.batch.runs import Plan, Run, differentiable, outputs_of, prepare
+from pytest_backends.batch.runs import Plan, Run, differentiable, outputs_of, prepare, same_layout
 
 __all__ = ["per_sample_runs"]
 
@@ -96,8 +96,8 @@ def per_sample_runs(
         return total
 
     detached = {n: p.detach() for n, p in params.items()}
-    inputs = [
-        x.detach() if isinstance(x, torch.Tensor) and d is not None else x
+    inputs = [  # an unbatched tensor as a copy, as in every other run
+        (x.detach() if d is not None else same_layout(x)) if isinstance(x, torch.Tensor) else x
         for x, d in zip(plan.inputs, plan.dims)
     ]
     in_dims = (None, *plan.dims, *[plan.out_dim for _ in chosen])

@@ -78,8 +78,10 @@ class TestCheck:
         grads: Any,
         result: BatchInvariance,
         start: Any,
-    ) -> dict[str, Finding]:
-        """Record every sub-batch op by op; keep the verdicts; the finding per case.
+    ) -> dict[tuple[str, str], Finding]:
+        """Record every sub-batch op by op; keep the verdicts; the findings per case.
+
+        A case's findings are keyed ``(case label, part kind)`` (:func:`part_kind`).
 
         The full batch is recorded once and kept; each sub-batch's recording
         is compared with it and dropped, so the memory held is one full run's
@@ -89,7 +91,7 @@ class TestCheck:
 
         self.calls += 1
         self._call_variant = set()
-        findings: dict[str, Finding] = {}
+        findings: dict[tuple[str, str], Finding] = {}
         try:
             start.restore()
             full = record(plan, None, grads)
@@ -103,14 +105,19 @@ class TestCheck:
                     continue
                 start.restore()
                 sub = record(plan, case.rows, grads)
-                part = next(
-                    (c.part for c in result.cases if c.case == case.label and not c.identical),
-                    None,
-                )
-                verdicts, finding = compare_ops(full, sub, plan.n, case.rows, case.label, part)
+                # One finding per kind of differing part: an output is explained by the
+                # forward's ops, a gradient by every op, the backward's too.
+                parts: dict[str, str | None] = {}
+                for c in result.cases:
+                    if c.case == case.label and not c.identical:
+                        parts.setdefault(part_kind(c.part), c.part)
+                verdicts: dict[Key, str] | None = None
+                for kind, part in (parts or {"output": None}).items():
+                    found, finding = compare_ops(full, sub, plan.n, case.rows, case.label, part)
+                    findings[(case.label, kind)] = finding
+                    verdicts = verdicts if verdicts is not None else found
                 del sub
-                findings[case.label] = finding
-                for key, verdict in verdicts.items():
+                for key, verdict in (verdicts or {}).items():
                     self._add(key, verdict, case.size)
                     if verdict == "batch_variant":
                         self._call_variant.add(key)
@@ -138,7 +145,7 @@ class TestCheck:
         self._verdicts[key] = (old, same, differ)
 
     def accepts(self, finding: Finding | None) -> bool:
-        """Whether the failure's first batch-variant op is accepted (or being added)."""
+        """Whether ``finding`` is a batch-variant op the baseline accepts (or is being added)."""
         if finding is None or finding.kind != "op" or finding.op is None:
             return False
         key: Key = (finding.op, finding.device, finding.dtype)
@@ -164,6 +171,18 @@ class TestCheck:
                 }
             )
         return rows
+
+
+def part_kind(part: str) -> str:
+    """``"grad"`` for an input gradient's part, else ``"output"``: what explains it differs."""
+    return "grad" if part.startswith("grad of") else "output"
+
+
+def finding_of(findings: dict[tuple[str, str], Finding], case: str, part: str) -> Finding | None:
+    """The finding of ``case`` that explains ``part`` (the case's other kind where absent)."""
+    kind = part_kind(part)
+    other = "output" if kind == "grad" else "grad"
+    return findings.get((case, kind)) or findings.get((case, other))
 
 
 def _config_id(item: pytest.Item) -> str:

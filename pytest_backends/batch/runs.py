@@ -187,11 +187,11 @@ class Inputs:
     A sub-batch of consecutive rows is a view of the copy: the same strides,
     memory format and addresses as those rows have in the full batch, as a
     user slicing ``x[i:i + 1]`` gets. Other selections (the batch permuted)
-    are gathered into a tensor with the input's strides. A copy that ``fn``
-    wrote in place is refreshed before the next run. ``held`` are the
-    storages (data pointers) of the copies and of the tensors passed
-    unchanged: an output there is the memory of an argument, which a later
-    run may write.
+    are gathered into a tensor with the input's strides. A tensor input that
+    is not batched is copied too, and every run gets that copy whole. A copy
+    that ``fn`` wrote in place is refreshed before the next run. ``held`` are
+    the storages (data pointers) of the copies: an output there is the
+    memory of an argument, which a later run may write.
     """
 
     def __init__(self, inputs: Sequence[object], dims: Sequence[int | None]) -> None:
@@ -202,15 +202,14 @@ class Inputs:
         self.copies: list[torch.Tensor | None] = []
         self.versions: list[int] = []
         self.held: set[int] = set()
-        # (input, batch dim, copy, requires grad) per input; copy None: passed unchanged
+        # (argument, batch dim, copy, requires grad) per input; copy None: the argument is
+        # passed whole (an unbatched tensor's copy, or a value that is not a tensor)
         self._entries: list[tuple[object, int, torch.Tensor | None, bool]] = []
         for i, (x, d) in enumerate(zip(inputs, dims)):
-            if d is None or not isinstance(x, torch.Tensor):
+            if not isinstance(x, torch.Tensor):
                 self.copies.append(None)
                 self.versions.append(0)
                 self._entries.append((x, 0, None, False))
-                if isinstance(x, torch.Tensor):
-                    self.held.add(_storage(x))
                 continue
             if x.is_nested or x.layout != torch.strided:
                 _check_layout(x, f"input {i}")
@@ -220,8 +219,15 @@ class Inputs:
                 copy = x.detach().clone()
             self.copies.append(copy)
             self.versions.append(copy._version)
-            self._entries.append((x, d, copy, x.requires_grad))
             self.held.add(_storage(copy))
+            if d is None:
+                # Not batched: every run gets this one copy (rewritten where a run wrote it),
+                # so that no run sees another's writes and the caller's tensor stays as it is.
+                if x.requires_grad:
+                    copy.requires_grad_(True)
+                self._entries.append((copy, 0, None, False))
+                continue
+            self._entries.append((x, d, copy, x.requires_grad))
         self._copied = [(i, c) for i, c in enumerate(self.copies) if c is not None]
         self.needs_grad = any(grad for _, _, _, grad in self._entries)
 
@@ -230,7 +236,10 @@ class Inputs:
         versions = self.versions
         for i, copy in self._copied:
             if copy._version != versions[i]:
-                _copy_into(copy, self.inputs[i].detach())  # type: ignore[attr-defined]
+                import torch
+
+                with torch.no_grad():  # an unbatched copy may be a leaf that requires grad
+                    _copy_into(copy, self.inputs[i].detach())  # type: ignore[attr-defined]
                 versions[i] = copy._version
 
     def select(self, rows: Sequence[int] | None, first: int | None = -1) -> list[object]:

@@ -438,6 +438,24 @@ def stored_outcome(item: pytest.Item, keep_from: int) -> BaseException | None:
     return value if isinstance(value, BaseException) else None
 
 
+def call_phase(item: pytest.Item) -> None:
+    """What pytest's call phase runs inside the hook wrappers, once more.
+
+    Every plain ``pytest_runtest_call`` implementation, in pluggy's order:
+    pytest's own runs the test, and another may set up what the body sees
+    (pytest-randomly reseeds ``random`` and NumPy there, after the harness
+    took the state the runs start from). Run 0 ran them all, so every later
+    run does; the wrappers (output capture, logging, timeouts) still hold,
+    since the later runs happen inside them.
+    """
+    hook = item.ihook.pytest_runtest_call
+    given = {"item": item}
+    for impl in reversed(hook.get_hookimpls()):
+        if impl.hookwrapper or getattr(impl, "wrapper", False):
+            continue
+        impl.function(*(given[name] for name in impl.argnames))
+
+
 def run_again(item: pytest.Item) -> None:
     """Run the test body again; raise what the run stored instead of raising.
 
@@ -447,7 +465,7 @@ def run_again(item: pytest.Item) -> None:
     excinfo = _unittest_excinfo(item)
     before = len(excinfo) if excinfo is not None else 0
     take_rerun_failure(item)
-    item.runtest()
+    call_phase(item)
     excinfo = _unittest_excinfo(item)
     stored = stored_outcome(item, before)
     if excinfo is not None:

@@ -68,6 +68,29 @@ def test_new_op_in_tolerance_mode():
 """
 
 
+AT_ONE = """
+@torch.library.custom_op("suite::at_one", mutates_args=())
+def at_one(x: torch.Tensor) -> torch.Tensor:
+    return x * (1.0 + 1e-3 * (x.shape[0] == 1))
+
+
+@at_one.register_fake
+def _(x):
+    return torch.empty_like(x)
+"""
+
+AT_TWO = """
+@torch.library.custom_op("suite::at_two", mutates_args=())
+def at_two(x: torch.Tensor) -> torch.Tensor:
+    return x * (1.0 + 1e-3 * (x.shape[0] == 2))
+
+
+@at_two.register_fake
+def _(x):
+    return torch.empty_like(x)
+"""
+
+
 def _census(path: Path) -> dict[str, dict[str, object]]:
     data = json.loads(path.read_text())
     assert data["format"] == "pytest-backends-census"
@@ -287,16 +310,8 @@ def test_pick_target_logit():
     # The row alone hits an accepted op; a slice of two hits a new one: the test fails.
     pytester.makepyfile(
         test_behind=PLANTED
+        + AT_ONE
         + """
-
-@torch.library.custom_op("suite::at_one", mutates_args=())
-def at_one(x: torch.Tensor) -> torch.Tensor:
-    return x * (1.0 + 1e-3 * (x.shape[0] == 1))
-
-
-@at_one.register_fake
-def _(x):
-    return torch.empty_like(x)
 
 
 @torch.library.custom_op("suite::at_two", mutates_args=())
@@ -334,3 +349,96 @@ def test_new_op_behind_an_accepted_one():
             "*suite::at_two (cpu, float32): NEW, not in the baseline*",
         ]
     )
+
+
+CAUSES_ELSEWHERE = """
+
+class Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * g.shape[0]
+
+
+@pytest.mark.batch_invariant(sizes=[1, 2], permute=False)
+def test_a_value_from_the_batch_size_beside_an_accepted_op():
+    def f(t):
+        return {"a": at_one(t), "b": t * (2.0 if t.shape[0] == 2 else 1.0)}
+
+    assert_batch_invariant(f, torch.randn(8, 4))
+
+
+@pytest.mark.batch_invariant(sizes=[1, 2], permute=False)
+def test_a_gradient_beside_an_accepted_op():
+    x = torch.randn(8, 4, requires_grad=True)
+    assert_batch_invariant(lambda t: (at_one(t.detach()), Scale.apply(t)), x)
+
+
+@pytest.mark.batch_invariant(sizes=[1, 2], permute=False)
+def test_an_unused_op_is_not_the_cause():
+    def f(t):
+        at_one(t)  # its result is never used
+        return t * (2.0 if t.shape[0] == 2 else 1.0)
+
+    assert_batch_invariant(f, torch.randn(8, 4))
+
+
+@pytest.mark.batch_invariant(sizes=[1, 2], permute=False)
+def test_a_new_op_where_the_rows_are_equal():
+    def f(t):
+        at_two(t)  # batch-variant at size 2, its result never used
+        return at_one(t)
+
+    assert_batch_invariant(f, torch.randn(8, 4))
+"""
+
+
+def test_an_accepted_op_explains_only_the_rows_it_changed(pytester: pytest.Pytester) -> None:
+    """A failing part passes only when every cause in its own sub-batch is accepted, and the
+    message names a cause of the failing sub-batch, never one from another."""
+    pytester.makepyfile(test_causes=PLANTED + AT_ONE + AT_TWO + CAUSES_ELSEWHERE)
+    baseline = pytester.path / "accepts-at-one.json"
+    baseline.write_text(
+        json.dumps(
+            {
+                "format": "pytest-backends-baseline",
+                "version": 1,
+                "accepted": [{"op": "suite::at_one", "device": "cpu"}],
+            }
+        )
+    )
+    accepted = pytester.runpytest_subprocess(
+        f"--backends-batch-baseline={baseline}", "test_causes.py"
+    )
+    accepted.assert_outcomes(failed=4)
+    text = accepted.stdout.str()
+    assert text.count("a value computed from the batch size") >= 3, text
+    for line in (
+        "output['b'] row 0 differs between the full batch (size 8) and a sub-batch of size 2 "
+        "(rows 0..1)",
+        "grad of input 0 row 0 differs between the full batch (size 8) and a sub-batch of "
+        "size 1 (row 0 alone)",
+        "its argument `other` is 8 in the full batch and 1 in the sub-batch",
+    ):
+        assert line in text, line
+    # A new op where the compared rows are equal fails the test, named with its own case.
+    assert (
+        "an op outside the batch baseline ran too: first batch-variant op: suite::at_two "
+        "(cpu, float32)" in text
+    ), text
+    # Without a baseline the unused op is new, and still not the failing sub-batch's cause.
+    plain = pytester.runpytest_subprocess("test_causes.py", "-k", "unused")
+    plain.assert_outcomes(failed=1)
+    plain.stdout.fnmatch_lines(
+        [
+            "*output row 0 differs between the full batch (size 8) and a sub-batch of size 2 "
+            "(rows 0..1)*",
+            "*aten::mul (cpu, float32) at test_causes.py:* got equal tensor inputs but its "
+            "argument `other` is 1.0 in the full batch and 2.0 in the sub-batch between the "
+            "full batch and rows 0..1*",
+        ]
+    )
+    assert "first batch-variant op: suite::at_one" not in plain.stdout.str()

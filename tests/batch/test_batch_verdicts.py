@@ -81,6 +81,27 @@ def test_an_input_written_in_place_is_restored_for_the_next_run() -> None:
     assert torch.equal(x, before)
 
 
+def test_an_unbatched_input_written_in_place_is_restored_and_left_as_found() -> None:
+    x, scale = torch.randn(5, 4), torch.ones(4)
+    truth, _ = oracle(lambda t, m: t * m.clone().add_(1), [x, scale], [0, None], 0, [1, 2])
+    result = assert_batch_invariant(lambda t, m: t * m.add_(1), x, scale, dim=(0, None))
+    assert truth and result.invariant
+    assert torch.equal(scale, torch.ones(4))
+    # A weight that requires grad: copied as a leaf that still does, the input grads compared.
+    weight = torch.randn(4, requires_grad=True)
+    h = torch.randn(6, 4, requires_grad=True)
+    seen: list[bool] = []
+
+    def scaled(t: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        seen.append(w.requires_grad and w is not weight)
+        return t * w
+
+    both = assert_batch_invariant(scaled, h, weight, dim=(0, None))
+    assert both.invariant and "input gradients compared" in both.backward
+    assert seen and all(seen)
+    assert weight.grad is None
+
+
 # --- integer and bool outputs ------------------------------------------------------------------
 
 
