@@ -4,11 +4,14 @@ The oracle runs ``fn`` on the full batch and on every slice of each size
 (every row alone, every offset), each slice taken from the input in its own
 memory layout (``x.narrow``: strides, memory format and addresses kept), and
 compares every output leaf: the same paths, dtypes and shapes but for the
-batch dimension, and bitwise equal rows. It is slow and obviously right.
+batch dimension, and bitwise equal rows. Every call gets fresh copies of the
+inputs (as they are laid out), so no call sees another's writes. It is slow
+and obviously right.
 
 The corpus builds functions from ordinary layers and ops (linear, conv,
 norms, pooling, reductions over non-batch dimensions, ``arange`` indexing,
-argmax, embedding, attention, elementwise), inputs with random layouts
+argmax, embedding, attention, elementwise, a tensor every row shares that
+some ops write in place), inputs with random layouts
 (contiguous, channels_last, transposed, expanded, non-zero storage offset),
 dtypes (float32, bfloat16, int64, bool), batch sizes 2 to 64, the batch
 dimension first or not, and outputs as tensors, tuples and dicts.
@@ -72,16 +75,29 @@ def oracle(
     """
     n = next(x.shape[d] for x, d in zip(inputs, dims) if d is not None)  # type: ignore[union-attr]
     with torch.no_grad():
-        full = fn(*inputs)
+        full = fn(*fresh(inputs))
         for size in sorted({s for s in sizes if s < n}):
             for start in range(n - size + 1) if starts is None else starts(n, size):
                 sub = [
                     x if d is None else x.narrow(d, start, size)  # type: ignore[union-attr]
-                    for x, d in zip(inputs, dims)
+                    for x, d in zip(fresh(inputs), dims)
                 ]
                 if not same_rows(full, fn(*sub), out_dim, start, size):
                     return False, size
     return True, None
+
+
+def fresh(inputs: Sequence[object]) -> list[object]:
+    """Every tensor of ``inputs`` copied as it is laid out: each call starts from the same values,
+    whatever an earlier call wrote in place."""
+    return [clone_as_is(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def same_bits(a: object, b: object) -> bool:
+    """Whether two inputs hold the same bits (tensors) or are equal (anything else)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+    return a is b or a == b
 
 
 def clone_as_is(a: torch.Tensor) -> torch.Tensor:
@@ -239,7 +255,8 @@ def cases(draw: Any) -> Case:
         label="layout",
     )
     family = draw(
-        st.sampled_from(["flat", "flat", "image", "sequence", "ids", "mask"]), label="family"
+        st.sampled_from(["flat", "flat", "image", "sequence", "ids", "mask", "shared"]),
+        label="family",
     )
     wrap = draw(st.sampled_from(["tensor", "tuple", "dict"]), label="output")
     helper = draw
@@ -343,6 +360,31 @@ def cases(draw: Any) -> Case:
             lambda t, m: _wrap(masked(t, m), wrap),
             [x, mask],
             [0, 0],
+            0,
+        )
+
+    if family == "shared":  # a tensor every row shares (dim None), written in place by some ops
+        x = _layout(_float((n, f), dtype, gen), layout, helper)
+        w = _float((f,), dtype, gen)
+        op = draw(
+            st.sampled_from(["scale", "scale_in_place", "shift_in_place", "table"]), label="op"
+        )
+
+        def shared(t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            if op == "scale":
+                return t * v
+            if op == "scale_in_place":
+                return t * v.add_(1)
+            if op == "shift_in_place":
+                v.mul_(2)
+                return t + v
+            return v[(t.abs() * 3).long().clamp(max=f - 1)]  # a lookup in the shared table
+
+        return Case(
+            f"shared {op} n={n} {dtype} {layout} {wrap}",
+            lambda t, v: _wrap(shared(t, v), wrap),
+            [x, w],
+            [0, None],
             0,
         )
 

@@ -25,10 +25,12 @@ from batch_oracle import (
     Case,
     _Calls,
     cases,
+    fresh,
     op_rows_differ,
     ops_with_batch_rows,
     oracle,
     replay_args,
+    same_bits,
 )
 from hypothesis import HealthCheck, given, settings
 
@@ -78,7 +80,10 @@ def test_the_check_agrees_with_the_oracle(case: Case) -> None:
     truth, size = oracle(
         case.fn, case.inputs, case.dims, case.out_dim, _sizes(case), starts=_sampled
     )
+    before = fresh(case.inputs)
     verdict, error = _check(case)
+    # The check leaves the caller's inputs as they were, whatever fn writes in place.
+    assert all(same_bits(a, b) for a, b in zip(before, case.inputs)), case.label
     TALLY["cases"] += 1
     TALLY["variant (oracle)"] += not truth
     if truth:
