@@ -425,7 +425,7 @@ def _unexplained(
     # Every failure is explained by accepted ops; an op outside the baseline ran where
     # the compared rows are equal. It fails the test, and is named with its own case.
     elsewhere = next(
-        (x for f in findings.values() for x in f.causes if x.key() in new),
+        (x for (_, part), f in findings.items() if part == "*" for x in f.causes if x.key() in new),
         None,
     )
     failing = failures[0]

@@ -78,12 +78,15 @@ class OpLog:
 
     ``backward_at`` is the index of the first op of the backward pass (None:
     no backward); ``dropped_after`` the bytes kept when the recording stopped
-    keeping copies (None: it never did).
+    keeping copies (None: it never did); ``parts`` where each compared output
+    and gradient of the run lies.
     """
 
     ops: list[_Op]
     backward_at: int | None = None
     dropped_after: int | None = None
+    #: The storage address of each compared part of the run's result, by label.
+    parts: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 #: The most bytes of tensor copies one recorded run keeps; ops past it prove nothing.
@@ -238,10 +241,12 @@ def record(
 
     plan = dataclasses.replace(plan, backward=grads is not None)
     recorder = RowRecorder()
+    parts: dict[str, int] = {}
     # The ops recorded before fn raised are still compared.
     with contextlib.suppress(Exception):
-        call(plan, rows, grads, recorder)
-    return OpLog(recorder.ops, recorder.backward_at, recorder.dropped_after)
+        run, _ = call(plan, rows, grads, recorder)
+        parts = {label: _ptr(t) for label, t, _ in run.parts}
+    return OpLog(recorder.ops, recorder.backward_at, recorder.dropped_after, parts)
 
 
 @dataclass(frozen=True)
@@ -405,8 +410,6 @@ def compare_ops(
     limit = len(full.ops)
     if part is not None and not part.startswith("grad of") and full.backward_at is not None:
         limit = full.backward_at
-    kernel: Finding | None = None
-    scalar: Finding | None = None
     causes: list[Finding] = []
     blamed: set[tuple[str, str | None, str | None]] = set()
     sequence: Finding | None = None
@@ -492,15 +495,12 @@ def compare_ops(
                     if not _equal_scalars(va, vb)
                 )
                 causes.append(Finding("scalar", case, a.name, a.device, a.dtype, i, reason=shown))
-                scalar = scalar or causes[-1]
             continue
         if differs:
             merge_verdict(verdicts, key, "batch_variant", VERDICTS)
             if i < limit and key not in blamed:
                 blamed.add(key)
                 causes.append(Finding("op", case, a.name, a.device, a.dtype, i))
-                if kernel is None:
-                    kernel = causes[-1]
         else:
             merge_verdict(verdicts, key, "no_difference" if compared else "inconclusive", VERDICTS)
     else:
@@ -512,10 +512,11 @@ def compare_ops(
             sequence = Finding(
                 "sequence", case, a_name, longer[i].device, longer[i].dtype, i, other_op=b_name
             )
-    relevant_mixing = [f for j, (i, f) in enumerate(mixing) if j in relevant and i < limit]
-    chosen = relevant_mixing[0] if relevant_mixing else None
-    finding = chosen or kernel or scalar or sequence
-    causes.extend(relevant_mixing)
+    causes.extend(f for j, (i, f) in enumerate(mixing) if j in relevant and i < limit)
+    causes = _reaching(sub, causes, part)
+    finding = next(
+        (f for kind in ("mixed", "op", "scalar") for f in causes if f.kind == kind), sequence
+    )
     if sequence is not None:
         causes.append(sequence)
     if finding is None:
@@ -536,6 +537,34 @@ def compare_ops(
         causes.append(Finding("none", case, reason="the recording reached its memory limit"))
     causes.sort(key=lambda f: len(full.ops) if f.op_index is None else f.op_index)
     return verdicts, dataclasses.replace(finding, causes=tuple(causes) or (finding,))
+
+
+def _reaching(sub: OpLog, causes: list[Finding], part: str | None) -> list[Finding]:
+    """The ``causes`` whose data reaches ``part`` of the sub-batch's run (all where not traced).
+
+    Followed through the storages each op read and wrote: an op's outputs carry
+    what its inputs carried, and its own cause. A part whose storage no
+    recorded op wrote (or no part given) keeps every cause.
+    """
+    ptr = sub.parts.get(part) if part is not None else None
+    if not ptr:
+        return causes
+    own: dict[int, set[int]] = {}
+    for k, f in enumerate(causes):
+        if f.op_index is not None:
+            own.setdefault(f.op_index, set()).add(k)
+    carried: dict[int, frozenset[int]] = {}
+    for i, op in enumerate(sub.ops):
+        found = set(own.get(i, ()))
+        for p in op.in_ptrs:
+            found.update(carried.get(p, ()))
+        for p in op.out_ptrs:
+            if p:
+                carried[p] = frozenset(found)
+    reached = carried.get(ptr)
+    if reached is None:
+        return causes
+    return [f for k, f in enumerate(causes) if k in reached]
 
 
 def with_location(finding: Finding, plan: Plan, rows: Sequence[int], grads: Any) -> Finding:

@@ -81,7 +81,8 @@ class TestCheck:
     ) -> dict[tuple[str, str], Finding]:
         """Record every sub-batch op by op; keep the verdicts; the findings per case.
 
-        A case's findings are keyed ``(case label, part kind)`` (:func:`part_kind`).
+        A case's findings are keyed ``(case label, part)``: one per differing part,
+        and ``(case label, "*")`` over the whole run.
 
         The full batch is recorded once and kept; each sub-batch's recording
         is compared with it and dropped, so the memory held is one full run's
@@ -105,19 +106,18 @@ class TestCheck:
                     continue
                 start.restore()
                 sub = record(plan, case.rows, grads)
-                # One finding per kind of differing part: an output is explained by the
-                # forward's ops, a gradient by every op, the backward's too.
-                parts: dict[str, str | None] = {}
-                for c in result.cases:
-                    if c.case == case.label and not c.identical:
-                        parts.setdefault(part_kind(c.part), c.part)
-                verdicts: dict[Key, str] | None = None
-                for kind, part in (parts or {"output": None}).items():
-                    found, finding = compare_ops(full, sub, plan.n, case.rows, case.label, part)
-                    findings[(case.label, kind)] = finding
-                    verdicts = verdicts if verdicts is not None else found
+                # One finding per differing part (the causes whose data reaches it), and
+                # one over the whole run ("*": every cause, for the census and the message).
+                parts = [c.part for c in result.cases if c.case == case.label and not c.identical]
+                verdicts, findings[(case.label, "*")] = compare_ops(
+                    full, sub, plan.n, case.rows, case.label
+                )
+                for part in dict.fromkeys(parts):
+                    _, findings[(case.label, part)] = compare_ops(
+                        full, sub, plan.n, case.rows, case.label, part
+                    )
                 del sub
-                for key, verdict in (verdicts or {}).items():
+                for key, verdict in verdicts.items():
                     self._add(key, verdict, case.size)
                     if verdict == "batch_variant":
                         self._call_variant.add(key)
@@ -173,16 +173,9 @@ class TestCheck:
         return rows
 
 
-def part_kind(part: str) -> str:
-    """``"grad"`` for an input gradient's part, else ``"output"``: what explains it differs."""
-    return "grad" if part.startswith("grad of") else "output"
-
-
 def finding_of(findings: dict[tuple[str, str], Finding], case: str, part: str) -> Finding | None:
-    """The finding of ``case`` that explains ``part`` (the case's other kind where absent)."""
-    kind = part_kind(part)
-    other = "output" if kind == "grad" else "grad"
-    return findings.get((case, kind)) or findings.get((case, other))
+    """The finding of ``case`` that explains ``part`` (the whole run's where absent)."""
+    return findings.get((case, part)) or findings.get((case, "*"))
 
 
 def _config_id(item: pytest.Item) -> str:

@@ -387,6 +387,15 @@ def test_an_unused_op_is_not_the_cause():
 
 
 @pytest.mark.batch_invariant(sizes=[1, 2], permute=False)
+def test_an_unused_variant_op_in_the_failing_sub_batch():
+    def f(t):
+        at_two(t)  # batch-variant in the slices of two, its result never used
+        return t * (2.0 if t.shape[0] == 2 else 1.0)
+
+    assert_batch_invariant(f, torch.randn(8, 4))
+
+
+@pytest.mark.batch_invariant(sizes=[1, 2], permute=False)
 def test_a_new_op_where_the_rows_are_equal():
     def f(t):
         at_two(t)  # batch-variant at size 2, its result never used
@@ -413,7 +422,7 @@ def test_an_accepted_op_explains_only_the_rows_it_changed(pytester: pytest.Pytes
     accepted = pytester.runpytest_subprocess(
         f"--backends-batch-baseline={baseline}", "test_causes.py"
     )
-    accepted.assert_outcomes(failed=4)
+    accepted.assert_outcomes(failed=5)
     text = accepted.stdout.str()
     assert text.count("a value computed from the batch size") >= 3, text
     for line in (
@@ -430,7 +439,7 @@ def test_an_accepted_op_explains_only_the_rows_it_changed(pytester: pytest.Pytes
         "(cpu, float32)" in text
     ), text
     # Without a baseline the unused op is new, and still not the failing sub-batch's cause.
-    plain = pytester.runpytest_subprocess("test_causes.py", "-k", "unused")
+    plain = pytester.runpytest_subprocess("test_causes.py", "-k", "unused_op_is_not")
     plain.assert_outcomes(failed=1)
     plain.stdout.fnmatch_lines(
         [
@@ -442,3 +451,14 @@ def test_an_accepted_op_explains_only_the_rows_it_changed(pytester: pytest.Pytes
         ]
     )
     assert "first batch-variant op: suite::at_one" not in plain.stdout.str()
+    # An op whose output reaches nothing compared is not the cause, even in the failing slice.
+    unused = pytester.runpytest_subprocess("test_causes.py", "-k", "unused_variant")
+    unused.assert_outcomes(failed=1)
+    unused.stdout.fnmatch_lines(
+        [
+            "*output row 0 differs between the full batch (size 8) and a sub-batch of size 2 "
+            "(rows 0..1)*",
+            "*aten::mul (cpu, float32) at test_causes.py:* got equal tensor inputs*",
+        ]
+    )
+    assert "first batch-variant op: suite::at_two" not in unused.stdout.str()
