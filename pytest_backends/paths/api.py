@@ -12,6 +12,7 @@ part.  An op that differs only because its inputs did is never blamed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -85,7 +86,7 @@ class ConfigRun:
     config_id: str
     flags: Mapping[str, object]
     device: str
-    results: list[tuple[str, torch.Tensor]]
+    results: list[tuple[str, object]]
     records: list[OpRecord]
 
 
@@ -100,13 +101,36 @@ def _clone_inputs(inputs: Sequence[Any]) -> list[Any]:
     return out
 
 
-def _float_tensors(tree: Any) -> list[torch.Tensor]:
-    leaves, _ = tree_flatten(tree)
-    return [
-        x
-        for x in leaves
-        if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())
-    ]
+def _results(out: Any) -> tuple[list[tuple[str, object]], list[torch.Tensor]]:
+    """Every leaf of ``fn``'s result, copied (tensors of every dtype, and Python values),
+    with the structure first; and the differentiable float tensors, for the backward.
+
+    A Python float is compared as a float32 value, within the result's bound; other
+    Python values (ints, bools, strings) exactly.
+    """
+    leaves, spec = tree_flatten(out)
+    results: list[tuple[str, object]] = [("output structure", spec)]
+    diff = []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor):
+            results.append((f"output {i}", leaf.detach().clone()))
+            if leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex()):
+                diff.append(leaf)
+        elif isinstance(leaf, (float, complex)):  # a float32 loss's .item(), most often
+            results.append((f"output {i}", torch.tensor(leaf, dtype=torch.float32)))
+        else:
+            results.append((f"output {i}", leaf))
+    return results, diff
+
+
+def _same_value(a: object, b: object) -> bool:
+    """Whether two results that are not tensors are equal (NaN equals NaN)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # no boolean equality (an array): compared by its text
+        return type(a) is type(b) and repr(a) == repr(b)
 
 
 def _run(
@@ -129,9 +153,7 @@ def _run(
         recorder = PathRecorder(mods)
         with recorder:
             out = fn(*args)
-        outs = _float_tensors(out)
-        results = [(f"output {i}", o.detach().clone()) for i, o in enumerate(outs)]
-        diff = [o for o in outs if o.requires_grad]
+        results, diff = _results(out)
         if backward and diff and leaves:
             gen = torch.Generator().manual_seed(SEED)
             grads_out = [
@@ -172,6 +194,14 @@ def _gap(a: torch.Tensor, b: torch.Tensor, bound: Bound) -> tuple[bool, float, f
     within = bool((err <= allowed).all()) and bool(nonfinite_same)
     rel = err / y.abs().clamp_min(bound.atol if bound.atol > 0 else 1e-30)
     return within, float(err.max()), float(rel.max())
+
+
+def _exact_difference(a: torch.Tensor, b: torch.Tensor) -> str:
+    """How an integer or bool result differs from the reference's."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return f"{a.dtype} {list(a.shape)} vs {b.dtype} {list(b.shape)} under the reference"
+    differ = int((a != b).sum())
+    return f"{differ} of {a.numel()} elements differ"
 
 
 def _op_bound(record: OpRecord, ref: ConfigRun, other: ConfigRun, tensor: torch.Tensor) -> Bound:
@@ -380,8 +410,12 @@ def _configs(axes: Sequence[str] | Mapping[str, Sequence[str]]) -> list[Any]:
         registry.make(c, available_flags=avail.flags, cuda_available=avail.cuda)
         for c in registry.product(selection)
     ]
-    runnable = [c for c in configs if unavailable_reason(c, registry, avail) is None]
-    return runnable
+    if len(configs) < 2:
+        raise ValueError(
+            f"assert_paths_agree: axes {axes!r} give {len(configs)} configuration(s): "
+            "nothing to compare; give an axis with two values or more"
+        )
+    return [c for c in configs if unavailable_reason(c, registry, avail) is None]
 
 
 def assert_paths_agree(
@@ -403,8 +437,12 @@ def assert_paths_agree(
 
     Raises :class:`PathsDisagreeError` naming the first op where the paths
     part, with its call site, module path, both configurations, the error,
-    the bound and the bound's derivation.  ``ValueError`` for an unknown or
-    process-level axis or an unknown reference.
+    the bound and the bound's derivation.  Results that are not floating
+    point (integer and bool tensors, Python ints and bools) and the result's
+    structure are compared exactly; a Python float as a float32 value.
+    ``ValueError`` for an unknown or process-level axis, axes that give fewer
+    than two configurations, or an unknown reference; the test is skipped
+    where fewer than two of them can run on this machine.
     """
     configs = _configs(axes)
     if len(configs) < 2:
@@ -427,6 +465,14 @@ def assert_paths_agree(
         other = _run(fn, inputs, config.id, config.flags, config.device, backward)
         bad: list[str] = []
         for (label, a), (_label, b) in zip(other.results, ref.results, strict=False):
+            if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+                if not _same_value(a, b):
+                    bad.append(f"{label}: {a!r} vs {b!r} under the reference (compared exactly)")
+                continue
+            if not (b.is_floating_point() or b.is_complex()):
+                if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
+                    bad.append(f"{label}: {_exact_difference(a, b)} (compared exactly)")
+                continue
             bound = _result_bound(other, ref, b)
             within, err, rel = _gap(a, b, bound)
             if not within:

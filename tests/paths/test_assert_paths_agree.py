@@ -120,7 +120,35 @@ def test_an_op_on_one_path_only_does_not_derail_alignment() -> None:
     assert d is not None and d.op == "paths_tests::bump"
 
 
+def _mkldnn_on() -> bool:
+    return bool(torch.backends.mkldnn.enabled)
+
+
+@pytest.mark.parametrize(
+    ("fn", "shown"),
+    [
+        (lambda t: (t * (1 if _mkldnn_on() else -1)).argmax(1), "elements differ"),
+        (lambda t: torch.arange(4) + (0 if _mkldnn_on() else 1), "4 of 4 elements differ"),
+        (lambda t: t > (0 if _mkldnn_on() else 10), "elements differ"),
+        (lambda t: float(t.sum()) + (1.0 if _mkldnn_on() else 0.0), "max abs error 1"),
+        (lambda t: int(t.argmax()) + (1 if _mkldnn_on() else 0), "compared exactly"),
+        (lambda t: (t.relu(), 1) if _mkldnn_on() else (t.relu(), 2), "output 1: 2 vs 1"),
+        (lambda t: (t.relu(), t.argmax(1)) if _mkldnn_on() else {"a": t.relu()}, "structure"),
+    ],
+)
+def test_results_that_are_not_floats_are_compared_exactly(fn: Any, shown: str) -> None:
+    x = torch.randn(4, 8)
+    with pytest.raises(PathsDisagreeError, match=shown):
+        assert_paths_agree(fn, x, axes=["mkldnn"], backward=False)
+    assert_paths_agree(
+        lambda t: (t.relu(), t.argmax(1), 3, {"n": t > 0}, float(t.sum())), x, axes=["mkldnn"]
+    )
+
+
 def test_bad_axes_are_clear_errors() -> None:
+    for one in ({"mkldnn": ["on"]}, {"mkldnn": ["on", "on"]}):
+        with pytest.raises(ValueError, match="nothing to compare"):
+            assert_paths_agree(torch.sin, torch.randn(3), axes=one)
     with pytest.raises(ValueError, match="new process"):
         assert_paths_agree(torch.sin, torch.randn(3), axes=["cpu_capability"])
     with pytest.raises(ValueError, match="reference"):

@@ -49,6 +49,18 @@ def plant(x: torch.Tensor, amount: float) -> torch.Tensor:
 
 plant.register_autograd(lambda ctx, grad: (grad, None))
 
+
+@torch.library.custom_op("paths_oracle::plant_first", mutates_args=())
+def plant_first(x: torch.Tensor) -> torch.Tensor:
+    """Adds 10 to the first element of the last dimension only while oneDNN is enabled."""
+    y = x.clone()
+    if torch.backends.mkldnn.enabled:
+        y[..., 0] += 10.0
+    return y
+
+
+plant_first.register_autograd(lambda ctx, grad: grad)
+
 _W = torch.Generator().manual_seed(7)
 CONV_W = torch.randn(4, 4, 3, 3, generator=_W) * 0.3
 LIN_W = torch.randn(4 * 6 * 6, 4 * 6 * 6, generator=_W) * 0.05
@@ -63,6 +75,7 @@ STEPS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "scale": lambda x: x * 3.0 + 1.0,
     "plant_big": lambda x: plant(x, 1e-2),
     "plant_tiny": lambda x: plant(x, 1e-9),
+    "plant_first": plant_first,
 }
 
 
@@ -112,6 +125,60 @@ def test_blamed_op_equals_the_oracle(names: list[str], backward: bool) -> None:
     assert fast_id == slow, (names, fast, slow)
     if "plant_big" in names:
         assert fast is not None and fast.op == "paths_oracle::plant"
+
+
+#: Results that are not floats, compared exactly by the oracle.
+EXACT: dict[str, Callable[[torch.Tensor], object]] = {
+    "argmax": lambda y: y.flatten(1).argmax(1),
+    "positive": lambda y: y > 0.5,
+    "count": lambda y: int((y > 0.5).sum()),
+    "mixed": lambda y: {"top": y.flatten(1).argmax(1), "n": (y > 0.5).sum(1)},
+}
+
+
+def _exact_leaves(out: object) -> list[object]:
+    from torch.utils._pytree import tree_flatten
+
+    leaves, spec = tree_flatten(out)
+    return [str(spec), *(x.tolist() if isinstance(x, torch.Tensor) else x for x in leaves)]
+
+
+@settings(
+    max_examples=EXAMPLES,
+    derandomize=DERANDOMIZE,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    st.lists(st.sampled_from(sorted(STEPS)), min_size=1, max_size=5),
+    st.sampled_from(sorted(EXACT)),
+)
+def test_results_that_are_not_floats_agree_only_when_equal(names: list[str], kind: str) -> None:
+    """assert_paths_agree's verdict on integer, bool and Python results: the exact oracle's."""
+    from pytest_backends import PathsDisagreeError, assert_paths_agree
+
+    x = torch.randn(2, 4, 6, 6, generator=torch.Generator().manual_seed(len(names)))
+    chain = _chain(names)
+
+    def fn(t: torch.Tensor) -> object:
+        return EXACT[kind](chain(t))
+
+    from pytest_backends.flags import override_flags
+
+    seen = []
+    for flags in (ON[1], OFF[1]):
+        with override_flags(flags), torch.no_grad():
+            seen.append(_exact_leaves(fn(x.clone())))
+    try:
+        assert_paths_agree(fn, x, axes={"mkldnn": ["on", "off"]}, backward=False)
+        verdict = True
+    except PathsDisagreeError:
+        verdict = False
+    COUNTS["exact cases"] = COUNTS.get("exact cases", 0) + 1
+    COUNTS["exact differ"] = COUNTS.get("exact differ", 0) + (seen[0] != seen[1])
+    if verdict != (seen[0] == seen[1]):
+        COUNTS["disagreements"] += 1
+    assert verdict == (seen[0] == seen[1]), (names, kind)
 
 
 def test_corpus_counts() -> None:
