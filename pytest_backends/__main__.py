@@ -127,7 +127,21 @@ def _inputs(args: argparse.Namespace) -> dict[str, list[Path]]:
     for kind in found:
         if wanted[kind] and not found[kind]:
             raise MergeInputError(f"no {kind} among the inputs {' '.join(args.inputs)}")
-    return found
+    return {kind: _once(paths) for kind, paths in found.items()}
+
+
+def _once(paths: list[Path]) -> list[Path]:
+    """``paths`` with a file reached twice (a directory and a file in it) kept once."""
+    seen: set[Path] = set()
+    kept: list[Path] = []
+    for path in paths:
+        real = path.resolve()
+        if real in seen:
+            print(f"pytest-backends merge: {path} is given twice; merged once", file=sys.stderr)
+            continue
+        seen.add(real)
+        kept.append(path)
+    return kept
 
 
 def _check_outputs(args: argparse.Namespace, inputs: Sequence[Path]) -> None:

@@ -88,6 +88,10 @@ LABEL_KEY: pytest.StashKey[LabelChoice] = pytest.StashKey()
 #: only); the batch-invariance feature adds its section to it.
 CENSUS_WRITTEN_KEY: pytest.StashKey[Path] = pytest.StashKey()
 
+#: Why the run fails outside any test's report (a fixture's leak, ops outside a baseline,
+#: a census that could not be written): ``(title, message)``, for the reports' problems.
+SESSION_FAILURES_KEY: pytest.StashKey[list[tuple[str, str]]] = pytest.StashKey()
+
 # --- item.stash ------------------------------------------------------------------------------
 
 #: The configuration an item runs under (``default`` for a marked test outside the matrix).
@@ -113,6 +117,19 @@ PROPERTY_CHECK = "backends_determinism_check"
 PROPERTY_BATCH = "backends_batch_invariance"
 #: Where a failing configuration's kernel path parts from a passing one's (one line).
 PROPERTY_DIVERGE = "backends_diverge"
+
+
+def fail_session(config: pytest.Config, title: str, message: str) -> None:
+    """Record why the run fails outside any test (listed in the JSON and HTML reports)."""
+    failures = config.stash.setdefault(SESSION_FAILURES_KEY, [])
+    if (title, message) not in failures:
+        failures.append((title, message))
+
+
+def session_failures(config: pytest.Config) -> list[tuple[str, str]]:
+    """What :func:`fail_session` recorded, in order."""
+    failures = config.stash.get(SESSION_FAILURES_KEY, None)
+    return [] if failures is None else list(failures)
 
 
 def strict(config: pytest.Config) -> bool:

@@ -62,6 +62,8 @@ class SelectionPlugin:
         silent = self.selection().empty() or self.selection().skipped
         if _shared.strict(self.config) and silent and session.exitstatus in passing:
             session.exitstatus = pytest.ExitCode.USAGE_ERROR
+            for option, hint in self.selection().empty():
+                _shared.fail_session(self.config, f"{option} selected nothing", hint)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: object) -> None:

@@ -404,7 +404,7 @@ def _unexplained(
     A failing part whose own run has an op outside the baseline is reported
     first, then any other unexplained one, each with its own case's cause.
     """
-    from pytest_backends.batch.plugin import finding_of
+    from pytest_backends.batch.locate import finding_of
 
     new = session.unaccepted()
     pending: list[tuple[CaseResult, Finding | None]] = []

@@ -567,6 +567,11 @@ def _reaching(sub: OpLog, causes: list[Finding], part: str | None) -> list[Findi
     return [f for k, f in enumerate(causes) if k in reached]
 
 
+def finding_of(findings: dict[tuple[str, str], Finding], case: str, part: str) -> Finding | None:
+    """The finding of ``case`` that explains ``part`` (the whole run's where absent)."""
+    return findings.get((case, part)) or findings.get((case, "*"))
+
+
 def with_location(finding: Finding, plan: Plan, rows: Sequence[int], grads: Any) -> Finding:
     """``finding`` with the source line of its op, found by running the sub-batch once more."""
     from pytest_backends.batch.runs import arguments, call

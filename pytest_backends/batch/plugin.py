@@ -173,11 +173,6 @@ class TestCheck:
         return rows
 
 
-def finding_of(findings: dict[tuple[str, str], Finding], case: str, part: str) -> Finding | None:
-    """The finding of ``case`` that explains ``part`` (the whole run's where absent)."""
-    return findings.get((case, part)) or findings.get((case, "*"))
-
-
 def _config_id(item: pytest.Item) -> str:
     config = item.stash.get(_shared.CONFIG_KEY, None)
     return str(getattr(config, "id", None) or "default")
@@ -273,8 +268,17 @@ class BatchPlugin:
                     )
                 except CensusFileError as exc:
                     self._errors.append(f"--backends-batch-baseline-update: {exc}")
-            elif self._unaccepted() and session.exitstatus == pytest.ExitCode.OK:
-                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            elif self._unaccepted():
+                ops = ", ".join(_format_key(k) for k in self._unaccepted())
+                _shared.fail_session(
+                    session.config,
+                    "batch-variant ops not in the baseline",
+                    f"{len(self._unaccepted())} op(s) not in {settings.baseline}: {ops}",
+                )
+                if session.exitstatus == pytest.ExitCode.OK:
+                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        for error in self._errors:
+            _shared.fail_session(session.config, "pytest-backends batch invariance", error)
         if self._errors and session.exitstatus in (
             pytest.ExitCode.OK,
             pytest.ExitCode.NO_TESTS_COLLECTED,

@@ -253,8 +253,17 @@ class DeterminismPlugin:
                     self._errors.append(f"--backends-baseline-update: {exc}")
                 else:
                     self._written.add(settings.baseline)
-            elif self._unaccepted() and session.exitstatus == pytest.ExitCode.OK:
-                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            elif self._unaccepted():
+                ops = ", ".join(verdict.format_key(k) for k in self._unaccepted())
+                _shared.fail_session(
+                    config,
+                    "nondeterministic ops not in the baseline",
+                    f"{len(self._unaccepted())} op(s) not in {settings.baseline}: {ops}",
+                )
+                if session.exitstatus == pytest.ExitCode.OK:
+                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        for error in self._errors:
+            _shared.fail_session(config, "pytest-backends determinism", error)
         if self._errors and session.exitstatus in (
             pytest.ExitCode.OK,
             pytest.ExitCode.NO_TESTS_COLLECTED,

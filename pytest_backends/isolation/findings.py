@@ -44,12 +44,16 @@ class Findings:
     def __init__(self) -> None:
         self.sections: dict[str, list[str]] = {}
         self.fails_run = False
+        #: The ``(title, message)`` pairs that fail the run.
+        self.failing: list[tuple[str, str]] = []
 
     def add(self, title: str, message: str, fails: bool) -> None:
         """Add ``message`` under ``title`` once; ``fails`` makes the run fail."""
         messages = self.sections.setdefault(title, [])
         if message not in messages:
             messages.append(message)
+        if fails and (title, message) not in self.failing:
+            self.failing.append((title, message))
         self.fails_run = self.fails_run or fails
 
     def leave_for_controller(self, config: pytest.Config, baseline: list[str]) -> bool:
@@ -61,6 +65,7 @@ class Findings:
             "sections": {k: list(v) for k, v in self.sections.items()},
             "baseline": baseline,
             "fails": self.fails_run,
+            "failing": [list(pair) for pair in self.failing],
         }
         return _xdist.put(config, _CHANNEL, data)
 
@@ -69,9 +74,10 @@ class Findings:
         data = _xdist.collected(node, _CHANNEL)
         if not isinstance(data, dict):
             return
+        failing = {tuple(map(str, pair)) for pair in data.get("failing", [])}
         for title, messages in dict(data.get("sections", {})).items():
             for message in messages:
-                self.add(str(title), str(message), fails=False)
+                self.add(str(title), str(message), fails=(str(title), str(message)) in failing)
         for line in data.get("baseline", []):
             self.add("torch backend flags: session baseline", str(line), fails=False)
         self.fails_run = self.fails_run or bool(data.get("fails"))

@@ -24,6 +24,7 @@ from pytest_backends.isolation.findings import Findings, warn_leak
 from pytest_backends.isolation.markers import marker_mode
 from pytest_backends.isolation.modules import ModuleFlags
 from pytest_backends.isolation.snapshot import Fingerprint, diff_lines, registry
+from pytest_backends.isolation.teardown import TeardownOwners, fixture_label, teardown_messages
 from pytest_backends.isolation.threads import ThreadOrigins
 from pytest_backends.isolation.threads import hint as thread_hint
 from pytest_backends.isolation.watch import HOOK_SOURCE, WATCH, TorchStateWatch, torch_own
@@ -37,13 +38,6 @@ __all__ = ["DRIFT_KEY", "SETUP_ERROR_KEY", "IsolationPlugin"]
 SETUP_ERROR_KEY: pytest.StashKey[str] = pytest.StashKey()
 #: A change of the torch state found before an item's setup (made between tests).
 DRIFT_KEY: pytest.StashKey[str] = pytest.StashKey()
-
-
-def _fixture_label(fixturedef: Any) -> str:
-    where = getattr(fixturedef, "baseid", "") or getattr(
-        getattr(fixturedef, "func", None), "__module__", "a plugin"
-    )
-    return f"fixture {fixturedef.argname!r} ({fixturedef.scope} scope, defined in {where})"
 
 
 @dataclass
@@ -70,6 +64,7 @@ class _ItemState:
     threads: list[tuple[str, str]] = field(default_factory=list)
     # the state right after the teardown check: anything later is not the test's
     checked_fp: Fingerprint | None = None
+    teardown: TeardownOwners = field(default_factory=TeardownOwners)
 
 
 class IsolationPlugin:
@@ -339,7 +334,8 @@ class IsolationPlugin:
             return (yield)
         before_fp = registry().fingerprint() if self.watch.ready() else None
         result = yield
-        with self._unchecked_on_error(_fixture_label(fixturedef)):  # never break the fixture
+        state.teardown.watch(fixturedef, fixture_label(fixturedef))
+        with self._unchecked_on_error(fixture_label(fixturedef)):  # never break the fixture
             self._own(fixturedef, state, before_fp)
         return result
 
@@ -359,7 +355,7 @@ class IsolationPlugin:
         mode = state.mode if fixturedef.scope == "function" else self.settings.mode
         ambient = self._ensure_ambient()
         self._owned[fixturedef] = _Owned(
-            _fixture_label(fixturedef),
+            fixture_label(fixturedef),
             fixturedef.scope,
             {name: b for name, (b, _a) in delta.items()},
             mode,
@@ -377,6 +373,10 @@ class IsolationPlugin:
     def pytest_fixture_post_finalizer(
         self, fixturedef: Any, request: pytest.FixtureRequest
     ) -> None:
+        state = self._current
+        if state is not None and self.watch.ready():
+            with self._unchecked_on_error(fixture_label(fixturedef)):
+                state.teardown.finalized(registry(), fixturedef)
         owned = self._owned.pop(fixturedef, None)
         if owned is None:
             return
@@ -420,6 +420,10 @@ class IsolationPlugin:
     def pytest_runtest_teardown(
         self, item: pytest.Item, nextitem: pytest.Item | None
     ) -> Generator[None, object, object]:
+        state = self._current
+        if state is not None and self.watch.ready():
+            with self._unchecked_on_error(item.nodeid):
+                state.teardown.begin(registry())
         try:
             result = yield
         except BaseException:
@@ -486,12 +490,16 @@ class IsolationPlugin:
         if not leaked:
             return fp
         self._restore(reg, expected)
-        found[state.mode].append(
-            f"{item.nodeid} left torch backend flags changed:\n{diff_lines(leaked)}\n"
-            "They were restored for the next test. Restore them in the test "
-            "(try/finally), or set them with the backend_flags fixture or "
-            "pytest_backends.override_flags(), which always restore." + thread_hint(state.threads)
-        )
+        by_fixture, leaked = state.teardown.split(leaked)
+        found[state.mode].extend(teardown_messages(by_fixture))  # not the test body's
+        if leaked:
+            found[state.mode].append(
+                f"{item.nodeid} left torch backend flags changed:\n{diff_lines(leaked)}\n"
+                "They were restored for the next test. Restore them in the test "
+                "(try/finally), or set them with the backend_flags fixture or "
+                "pytest_backends.override_flags(), which always restore."
+                + thread_hint(state.threads)
+            )
         return None
 
     # -- session end ------------------------------------------------------
@@ -503,6 +511,8 @@ class IsolationPlugin:
             self._finish(session)
         if self.findings.leave_for_controller(session.config, self.watch.baseline_lines()):
             return
+        for title, message in self.findings.failing:
+            _shared.fail_session(session.config, title, message)
         if self.findings.fails_run and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

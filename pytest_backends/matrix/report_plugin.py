@@ -12,6 +12,7 @@ and, under pytest-xdist, from each worker through
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -231,10 +232,34 @@ class ReportPlugin:
             )
 
     def _finish_session(self, session: pytest.Session) -> None:
-        """Fix the run's verdict: exit status, and items a Ctrl-C left unfinished."""
+        """Fix the run's verdict: exit status, why the run fails outside any test's
+        report, and items a Ctrl-C left unfinished."""
         status = int(session.exitstatus)
         self.session.exitstatus = status
         self.session.interrupted = status == int(pytest.ExitCode.INTERRUPTED)
+        for title, message in _shared.session_failures(self.config):
+            self.session.problems.append(
+                {
+                    "nodeid": "(session)",
+                    "when": "session",
+                    "outcome": "failed",
+                    "message": f"{title}: {message.splitlines()[0] if message else ''}",
+                    "detail": message,
+                }
+            )
+        quiet = (int(pytest.ExitCode.OK), int(pytest.ExitCode.NO_TESTS_COLLECTED))
+        if status not in quiet and not self.session.interrupted and not self.session.problems:
+            # Never greener than the run: a failing exit status always shows a reason.
+            self.session.problems.append(
+                {
+                    "nodeid": "(session)",
+                    "when": "session",
+                    "outcome": "failed",
+                    "message": f"the run failed (exit status {status}) outside any test; "
+                    "the terminal summary says why",
+                    "detail": "",
+                }
+            )
         if not self.session.interrupted:
             return
         for nodeid in sorted(self.started):
@@ -253,8 +278,10 @@ class ReportPlugin:
                 )
         self.started.clear()
 
-    @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None, None, None]:
+        # Written after every other sessionfinish hook: they may still fail the run.
+        yield
         self._finish_session(session)
         if self.settings.report_json is None and self.settings.report_html is None:
             return

@@ -55,10 +55,16 @@ def locate(item: pytest.Item, config: Any, siblings: Sequence[Any]) -> str:
         if not ok:
             continue
         divergence = first_divergence(passing, failing)
-        if divergence is None:
+        if divergence is not None:
+            return divergence.describe()
+        if not passing.records and not failing.records:
             return (
-                f"no single op parts beyond its bound between {sibling.id} (passes) and "
-                f"{config.id} (fails): the difference built up across ops"
+                f"no torch op ran under {sibling.id} (passes) or {config.id} (fails): the "
+                "failure does not come from a kernel path (a flag read, an exception)"
             )
-        return divergence.describe()
+        return (
+            f"every op of {sibling.id} (passes) and {config.id} (fails) agrees within its "
+            f"bound ({len(passing.records)} and {len(failing.records)} ops): the difference "
+            "built up across ops, or the failure is not numeric (a flag read, a branch)"
+        )
     return ""

@@ -136,6 +136,33 @@ def test_outputs_that_are_inputs_or_each_other_are_refused(
     assert not same.exists()
 
 
+def test_a_file_reached_twice_is_merged_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    a = _write(jobs / "a.json", REPORT, label="a")
+    b = _write(
+        jobs / "b.json",
+        REPORT,
+        label="b",
+        tests=[dict(REPORT["tests"][0], nodeid="t.py::y[mkldnn-on]", test="t.py::y")],
+    )
+    out = tmp_path / "m.json"
+    code, err = _merge(capsys, "--report", str(out), str(jobs), str(a), str(jobs / "." / "b.json"))
+    assert code == 0, err
+    assert err.count("is given twice; merged once") == 2, err
+    merged = json.loads(out.read_text())
+    assert sorted(t["nodeid"] for t in merged["tests"]) == [
+        "t.py::x[mkldnn-on]",
+        "t.py::y[mkldnn-on]",
+    ]
+    assert sorted(src["label"] for src in merged["sources"]) == ["a", "b"]
+    code, err = _merge(capsys, "--report", str(out), str(b), str(b))
+    assert code == 0 and "merged once" in err
+    assert [src["label"] for src in json.loads(out.read_text())["sources"]] == ["b"]
+
+
 def test_census_merge_keeps_not_checked_boundary_and_unknown_fields(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

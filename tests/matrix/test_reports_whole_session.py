@@ -298,3 +298,39 @@ def test_an_interrupted_item_is_interrupted_never_passed_under_xdist(
     )
     assert report["session"]["interrupted"] is True
     assert report["session"]["exitstatus"] == 2
+
+
+FIXTURE_LEAK = """
+import pytest, torch
+
+@pytest.fixture(scope="module")
+def module_fixture():
+    torch.backends.mkldnn.enabled = False
+    yield
+
+def test_uses_it(module_fixture):
+    pass
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["in process", "xdist"])
+def test_a_run_failed_outside_any_test_lists_why(
+    pytester: pytest.Pytester, workers: list[str]
+) -> None:
+    """Every test passes, but a module fixture's leak fails the run: the reports say so."""
+    pytester.makepyfile(test_fixture=FIXTURE_LEAK)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", *workers, "--backends-report=r.json", "--backends-html=r.html"
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    session = json.loads((pytester.path / "r.json").read_text(encoding="utf-8"))["session"]
+    assert session["outcomes"] == {"passed": 1}
+    [problem] = session["problems"]
+    assert problem["nodeid"] == "(session)" and problem["when"] == "session"
+    assert "torch backend flags leaked by fixtures" in problem["message"]
+    assert "module_fixture" in problem["message"] and "mkldnn.enabled" in problem["detail"]
+    page = _page(pytester.path / "r.html")
+    assert "bad" in page.run_class
+    assert any("module_fixture" in " ".join(row) for row in page.failures), page.failures
+    merged = merge_reports([pytester.path / "r.json"])
+    assert merged.session is not None and len(merged.session.problems) == 1

@@ -69,3 +69,32 @@ def test_failing_config_names_the_op_in_failure_and_report(
     text = json.dumps(report)
     assert "the paths part at suite_tests::bump" in text
     assert "INTERNALERROR" not in out
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_a_failure_without_ops_is_not_called_a_numeric_difference(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_flags="""
+        import pytest, torch
+
+        @pytest.mark.backends("mkldnn")
+        def test_flag_only():
+            assert torch.backends.mkldnn.enabled
+
+        @pytest.mark.backends("mkldnn")
+        def test_close_enough():
+            x = torch.randn(4, 4)
+            y = torch.relu(x)
+            assert torch.backends.mkldnn.enabled or y.sum() < -1
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "--backends-matrix", "--backends-diverge"
+    )
+    result.assert_outcomes(passed=2, failed=2)
+    out = result.stdout.str()
+    assert "no torch op ran under mkldnn-on (passes) or mkldnn-off (fails)" in out, out
+    assert "agrees within its bound" in out and "the failure is not numeric" in out, out
+    assert "the difference built up across ops\n" not in out

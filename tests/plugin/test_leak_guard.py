@@ -132,6 +132,50 @@ def test_wider_fixtures_own_their_changes(pytester: pytest.Pytester) -> None:
     assert "no_mkldnn" not in result.stdout.str()
 
 
+def test_a_fixture_teardown_change_is_the_fixtures_not_the_test_body(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest, torch
+
+        @pytest.fixture
+        def after_yield():
+            yield
+            torch.backends.cudnn.benchmark = True
+
+        @pytest.fixture(autouse=True)
+        def in_a_finalizer(request):
+            request.addfinalizer(lambda: torch.set_num_threads(torch.get_num_threads()))
+
+        @pytest.fixture
+        def restores():
+            yield
+            torch.backends.nnpack.set_flags(False)
+            torch.backends.nnpack.set_flags(True)
+
+        def test_body_clean(after_yield, restores):
+            pass
+
+        def test_body_leaks(restores):
+            torch.backends.mkldnn.enabled = False
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    result.assert_outcomes(passed=2, errors=2)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "fixture 'after_yield' (function scope*) changed torch backend flags in its "
+            "teardown (after its yield, or in a finalizer) and did not restore them:",
+            "*cudnn.benchmark: False -> True",
+        ]
+    )
+    assert "test_body_clean left torch backend flags changed" not in out
+    assert "test_body_leaks left torch backend flags changed" in out
+    assert "'restores'" not in out and "'in_a_finalizer'" not in out
+
+
 def test_leak_modes_and_bad_mode(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
