@@ -160,10 +160,12 @@ def backend_flags() -> Generator[Any, None, None]:
     """Set torch backend flags inside a test; every flag is restored at teardown.
 
     ``backend_flags.set({"cudnn.benchmark": True})`` validates and applies the
-    mapping; the state from before the first ``set`` is restored when the
-    test's teardown runs, whatever its outcome.
+    mapping; once a flag was set, the state from when the fixture was set up
+    is restored when the test's teardown runs, whatever its outcome (a
+    ``set`` inside ``override_flags()`` included).
     """
     handle = isolation.FlagSetter()
+    handle.begin()
     try:
         yield handle
     finally:

@@ -15,6 +15,11 @@ class FlagSetter:
     """The value of the ``backend_flags`` fixture: set flags, restored at teardown."""
 
     _before: dict[str, object] | None = field(default=None, repr=False)
+    _start: dict[str, object] | None = field(default=None, repr=False)
+
+    def begin(self) -> None:
+        """The fixture is set up: the state teardown puts back once a flag was set."""
+        self._start = registry().snapshot()
 
     def set(self, mapping: Mapping[str, object]) -> None:
         """Validate and apply ``mapping``; raises ``ValueError`` and changes nothing if invalid."""
@@ -22,7 +27,9 @@ class FlagSetter:
         normalised = reg.validate(mapping)
         before = reg.snapshot()
         if self._before is None:
-            self._before = before
+            # The state when the fixture was set up, not at this call: a call made
+            # inside override_flags() would otherwise keep that block's values.
+            self._before = self._start if self._start is not None else before
         try:
             reg.apply(normalised)
         except ValueError:
@@ -42,7 +49,7 @@ class FlagSetter:
         return dict(registry().snapshot())
 
     def close(self) -> None:
-        """Restore the state from before the first :meth:`set`."""
+        """Restore the state from when the fixture was set up, if :meth:`set` was called."""
         if self._before is not None:
             before, self._before = self._before, None
             registry().restore(before)

@@ -207,6 +207,8 @@ def _exact_difference(a: torch.Tensor, b: torch.Tensor) -> str:
 def _op_bound(record: OpRecord, ref: ConfigRun, other: ConfigRun, tensor: torch.Tensor) -> Bound:
     k = reduction_length(record.name, record.inputs, record.outputs)
     scale = term_scale(record.name, record.inputs)
+    if record.name == "aten::mean":  # a sum of x_i / k: the bound of the mean, not its sum
+        scale /= k
     return pair_bound(
         record.name,
         tensor.dtype,

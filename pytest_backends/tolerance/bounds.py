@@ -43,9 +43,11 @@ def tolerance_for(
 
     ``op`` names the op family (one of :data:`OP_FAMILIES`) so that only the
     flags governing it count; ``None`` means any op, so every precision flag
-    of the device counts.  ``k`` is the reduction length (``None``: no
-    reduction).  ``scale`` is the root-mean-square magnitude of the reduced
-    terms (``a_i * b_i`` of a dot product), 1 for standard-normal inputs.
+    of the device counts.  ``"mean"`` is a ``"reduction"`` (a sum) of the
+    terms ``x_i / k``: its ``scale`` is divided by ``k``.  ``k`` is the
+    reduction length (``None``: no reduction).  ``scale`` is the
+    root-mean-square magnitude of the reduced terms (``a_i * b_i`` of a dot
+    product), 1 for standard-normal inputs.
     ``flags`` overlays flag values on the active ones (for example a
     configuration's flags), without changing any global state.
 
@@ -66,6 +68,8 @@ def tolerance_for(
     Raises ``ValueError`` for an unknown op or dtype, ``k < 1`` or a bad
     scale or flag.
     """
+    if op == "mean":  # a sum of x_i / k: its terms' scale is the inputs' over k
+        op, scale = "reduction", check_scale(scale) / check_k(k, "reduction")
     torch_dtype = as_dtype(dtype)
     device_type = as_device_type(device)
     op_family = check_op(op)

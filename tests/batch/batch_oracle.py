@@ -164,13 +164,16 @@ def op_rows_differ(
 ) -> bool | None:
     """Replay ``op``'s calls of the full batch on rows ``start .. start + size``: do they differ?
 
-    None when no call could be replayed (no argument has the batch in dim 0).
+    None when a call could not be replayed: no argument has the batch in dim 0,
+    or narrowing every batch-sized argument gave a call the op refuses (a weight
+    whose first dimension happens to equal the batch size), so that call, which
+    may be the blamed one, proves nothing either way.
     """
     n = next(x.shape[d] for x, d in zip(inputs, dims) if d is not None)  # type: ignore[union-attr]
     mode = _Calls({op})
     with torch.no_grad(), mode:
         fn(*inputs)
-    replayed = False
+    replayed = unreplayable = False
     for func, args, kwargs, out in mode.calls:
         if not any(isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == n for a in args):
             continue
@@ -178,6 +181,7 @@ def op_rows_differ(
         try:
             got = func(*sub, **kwargs)
         except Exception:
+            unreplayable = True
             continue
         outs = [o for _, o in _leaves(out) if isinstance(o, torch.Tensor)]
         gots = [o for _, o in _leaves(got) if isinstance(o, torch.Tensor)]
@@ -186,7 +190,7 @@ def op_rows_differ(
                 replayed = True
                 if not torch.equal(_bits(a.narrow(0, start, size)), _bits(b)):
                     return True
-    return False if replayed else None
+    return False if replayed and not unreplayable else None
 
 
 def ops_with_batch_rows(

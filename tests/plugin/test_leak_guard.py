@@ -214,13 +214,22 @@ def test_backend_flags_fixture_sets_and_restores(pytester: pytest.Pytester) -> N
             with pytest.raises(ValueError, match="cuda.matmul.fp32_precision.*'ieee'"):
                 backend_flags.set({"cuda.matmul.fp32_precision": "bf16"})
 
+        def test_set_inside_override_flags(backend_flags):
+            from pytest_backends import override_flags
+
+            with override_flags({"mkldnn.enabled": False}):
+                backend_flags.set({"mkldnn.enabled": True})
+            assert torch.backends.mkldnn.enabled
+
         def test_after():
             assert not torch.backends.cudnn.benchmark
             assert torch.backends.mkldnn.matmul.fp32_precision == "none"
+            assert torch.backends.mkldnn.enabled
         """
     )
-    result = pytester.runpytest_subprocess("-p", "no:randomly")
-    result.assert_outcomes(passed=3)
+    for leaks in ("fail", "off"):  # no leak reported, and none left for the next test
+        result = pytester.runpytest_subprocess("-p", "no:randomly", f"--backends-leaks={leaks}")
+        result.assert_outcomes(passed=4)
 
 
 def test_marker_overrides_mode(pytester: pytest.Pytester) -> None:

@@ -137,3 +137,20 @@ def test_reference_widens_tensors_modules_and_default_dtype() -> None:
     assert torch.get_default_dtype() == torch.float32
     ints = reference(lambda t, n: t + n[0], torch.arange(3), n=[torch.ones(1)])
     assert ints.dtype == torch.float64
+
+
+@pytest.mark.parametrize("n", [10_000, 1_000_000])
+def test_a_mean_gets_the_bound_of_a_mean_not_of_its_sum(n: int) -> None:
+    """op="mean": the terms are x_i / k, so the bound shrinks with k where a sum's grows."""
+    from pytest_backends import reference, tolerance_for
+
+    x = torch.randn(n, generator=torch.Generator().manual_seed(0))
+    m = x.mean()
+    exact = reference(torch.mean, x)
+    assert_close(m, exact, k=n, op="mean")
+    for wrong in (-m, 2 * m, m * 1.01):
+        with pytest.raises(AssertionError):
+            assert_close(wrong, exact, k=n, op="mean")
+    mean = tolerance_for(torch.float32, op="mean", k=n)
+    assert mean.atol == tolerance_for(torch.float32, op="reduction", k=n, scale=1 / n).atol
+    assert mean.atol < abs(float(exact)) / 100
