@@ -55,7 +55,12 @@ def _switches(args: argparse.Namespace) -> int:
     from pytest_backends.flags.surface import classify, discover, name_list
 
     reg = registry()
-    names = name_list(Path(args.names)) if args.names else discover(torch)
+    try:
+        names = name_list(Path(args.names)) if args.names else discover(torch)
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        print(f"pytest-backends switches: error: --names {args.names}: {reason}", file=sys.stderr)
+        return 2
     surface = classify(names, set(reg.names()) | set(reg.absent))
     where = args.names or f"torch {torch.__version__}"
     print(f"pytest-backends switches of {where}")

@@ -331,8 +331,9 @@ def classify(names: Iterable[str], rows: Iterable[str]) -> Surface:
 
 
 def name_list(path: Path) -> list[str]:
-    """The names of a ``*.names`` file, one a line."""
-    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    """The names of a ``*.names`` file, one a line (blank lines and ``#`` comments skipped)."""
+    lines = (line.strip() for line in path.read_text(encoding="utf-8").splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
 
 
 def unmanaged_rows(torch: Any, rows: list[Flag], absent: dict[str, str]) -> None:

@@ -385,7 +385,18 @@ def test_switches_lists_managed_not_state_and_unknown(tmp_path: Path) -> None:
     assert "_accelerator_getStream: device runtime" in out
     assert "\nunknown (0)\n" in out
     names = tmp_path / "new.names"
-    names.write_text("_get_cudnn_benchmark\n_get_brand_new_switch\n")
+    names.write_text("# torch 2.99\n_get_cudnn_benchmark\n\n_get_brand_new_switch\n")
     newer = _cli("switches", "--names", str(names))
     assert newer.returncode == 1
     assert "unknown (1)\n  _get_brand_new_switch" in newer.stdout
+    binary = tmp_path / "binary.names"
+    binary.write_bytes(b"\xa8\xff\x00")
+    for bad, reason in (
+        (tmp_path / "missing.names", "No such file or directory"),
+        (tmp_path, "Is a directory"),
+        (binary, "can't decode"),
+    ):
+        failed = _cli("switches", "--names", str(bad))
+        assert failed.returncode == 2, failed.stderr
+        assert failed.stderr.startswith(f"pytest-backends switches: error: --names {bad}: ")
+        assert reason in failed.stderr and "Traceback" not in failed.stderr
