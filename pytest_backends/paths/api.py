@@ -12,7 +12,6 @@ part.  An op that differs only because its inputs did is never blamed.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -105,8 +104,8 @@ def _results(out: Any) -> tuple[list[tuple[str, object]], list[torch.Tensor]]:
     """Every leaf of ``fn``'s result, copied (tensors of every dtype, and Python values),
     with the structure first; and the differentiable float tensors, for the backward.
 
-    A Python float is compared as a float32 value, within the result's bound; other
-    Python values (ints, bools, strings) exactly.
+    A Python float (complex) is compared as a float32 (complex64) value, within the
+    result's bound; other Python values (ints, bools, strings) exactly.
     """
     leaves, spec = tree_flatten(out)
     results: list[tuple[str, object]] = [("output structure", spec)]
@@ -117,16 +116,15 @@ def _results(out: Any) -> tuple[list[tuple[str, object]], list[torch.Tensor]]:
             if leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex()):
                 diff.append(leaf)
         elif isinstance(leaf, (float, complex)):  # a float32 loss's .item(), most often
-            results.append((f"output {i}", torch.tensor(leaf, dtype=torch.float32)))
+            dtype = torch.complex64 if isinstance(leaf, complex) else torch.float32
+            results.append((f"output {i}", torch.tensor(leaf, dtype=dtype)))
         else:
             results.append((f"output {i}", leaf))
     return results, diff
 
 
 def _same_value(a: object, b: object) -> bool:
-    """Whether two results that are not tensors are equal (NaN equals NaN)."""
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
+    """Whether two results that are not tensors (nor Python floats) are equal."""
     try:
         return type(a) is type(b) and bool(a == b)
     except Exception:  # no boolean equality (an array): compared by its text
@@ -381,7 +379,7 @@ def _result_bound(run: ConfigRun, ref: ConfigRun, tensor: torch.Tensor) -> Bound
         tensor.dtype,
         tensor.device.type,
         k,
-        max(1.0, float(tensor.detach().double().abs().max()) if tensor.numel() else 1.0),
+        max(1.0, float(tensor.detach().abs().double().max()) if tensor.numel() else 1.0),
         [(ref.config_id, ref.flags), (run.config_id, run.flags)],
     )
 

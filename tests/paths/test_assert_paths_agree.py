@@ -132,6 +132,7 @@ def _mkldnn_on() -> bool:
         (lambda t: t > (0 if _mkldnn_on() else 10), "elements differ"),
         (lambda t: float(t.sum()) + (1.0 if _mkldnn_on() else 0.0), "max abs error 1"),
         (lambda t: int(t.argmax()) + (1 if _mkldnn_on() else 0), "compared exactly"),
+        (lambda t: complex(float(t.sum()), 1.0 if _mkldnn_on() else 0.0), "max abs error 1"),
         (lambda t: (t.relu(), 1) if _mkldnn_on() else (t.relu(), 2), "output 1: 2 vs 1"),
         (lambda t: (t.relu(), t.argmax(1)) if _mkldnn_on() else {"a": t.relu()}, "structure"),
     ],
@@ -141,7 +142,9 @@ def test_results_that_are_not_floats_are_compared_exactly(fn: Any, shown: str) -
     with pytest.raises(PathsDisagreeError, match=shown):
         assert_paths_agree(fn, x, axes=["mkldnn"], backward=False)
     assert_paths_agree(
-        lambda t: (t.relu(), t.argmax(1), 3, {"n": t > 0}, float(t.sum())), x, axes=["mkldnn"]
+        lambda t: (t.relu(), t.argmax(1), 3, {"n": t > 0}, float(t.sum()), 1j * float(t.sum())),
+        x,
+        axes=["mkldnn"],
     )
 
 
