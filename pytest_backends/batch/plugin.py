@@ -54,7 +54,6 @@ class TestCheck:
         self.calls = 0
         #: Why the op-by-op recording failed (its verdicts are then incomplete), or None.
         self.failure: str | None = None
-        self.accepted: list[Key] = []
         self._call_variant: set[Key] = set()
         # key -> (verdict, sizes without difference, sizes differing)
         self._verdicts: dict[Key, tuple[str, set[int], set[int]]] = {}
@@ -148,11 +147,7 @@ class TestCheck:
         """Whether ``finding`` is a batch-variant op the baseline accepts (or is being added)."""
         if finding is None or finding.kind != "op" or finding.op is None:
             return False
-        key: Key = (finding.op, finding.device, finding.dtype)
-        if self.update or self.baseline.accepts(key):
-            self.accepted.append(key)
-            return True
-        return False
+        return self.update or self.baseline.accepts((finding.op, finding.device, finding.dtype))
 
     def rows(self) -> list[dict[str, Any]]:
         """The test's census rows."""
@@ -268,12 +263,12 @@ class BatchPlugin:
                     )
                 except CensusFileError as exc:
                     self._errors.append(f"--backends-batch-baseline-update: {exc}")
-            elif self._unaccepted():
-                ops = ", ".join(_format_key(k) for k in self._unaccepted())
+            elif unaccepted := self._unaccepted():
+                ops = ", ".join(_format_key(k) for k in unaccepted)
                 _shared.fail_session(
                     session.config,
                     "batch-variant ops not in the baseline",
-                    f"{len(self._unaccepted())} op(s) not in {settings.baseline}: {ops}",
+                    f"{len(unaccepted)} op(s) not in {settings.baseline}: {ops}",
                 )
                 if session.exitstatus == pytest.ExitCode.OK:
                     session.exitstatus = pytest.ExitCode.TESTS_FAILED

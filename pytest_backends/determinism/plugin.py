@@ -253,12 +253,12 @@ class DeterminismPlugin:
                     self._errors.append(f"--backends-baseline-update: {exc}")
                 else:
                     self._written.add(settings.baseline)
-            elif self._unaccepted():
-                ops = ", ".join(verdict.format_key(k) for k in self._unaccepted())
+            elif unaccepted := self._unaccepted():
+                ops = ", ".join(verdict.format_key(k) for k in unaccepted)
                 _shared.fail_session(
                     config,
                     "nondeterministic ops not in the baseline",
-                    f"{len(self._unaccepted())} op(s) not in {settings.baseline}: {ops}",
+                    f"{len(unaccepted)} op(s) not in {settings.baseline}: {ops}",
                 )
                 if session.exitstatus == pytest.ExitCode.OK:
                     session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -374,7 +374,7 @@ class IsolationPlugin:
         self, fixturedef: Any, request: pytest.FixtureRequest
     ) -> None:
         state = self._current
-        if state is not None and self.watch.ready():
+        if state is not None and state.teardown.follows(fixturedef) and self.watch.ready():
             with self._unchecked_on_error(fixture_label(fixturedef)):
                 state.teardown.finalized(registry(), fixturedef)
         owned = self._owned.pop(fixturedef, None)
@@ -421,7 +421,7 @@ class IsolationPlugin:
         self, item: pytest.Item, nextitem: pytest.Item | None
     ) -> Generator[None, object, object]:
         state = self._current
-        if state is not None and self.watch.ready():
+        if state is not None and state.teardown.follows() and self.watch.ready():
             with self._unchecked_on_error(item.nodeid):
                 state.teardown.begin(registry())
         try:

@@ -68,6 +68,10 @@ class TeardownOwners:
         if fixturedef.scope == "function" and _has_teardown(fixturedef):
             self._labels[id(fixturedef)] = label
 
+    def follows(self, fixturedef: Any = None) -> bool:
+        """Whether ``fixturedef`` (None: any fixture of the test) is followed."""
+        return bool(self._labels) if fixturedef is None else id(fixturedef) in self._labels
+
     def begin(self, registry: Any) -> None:
         """The teardown phase begins: the state each followed fixture's change is taken from."""
         if self._labels:

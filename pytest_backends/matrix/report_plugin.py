@@ -44,6 +44,17 @@ from pytest_backends.matrix.settings import MatrixSettings
 __all__ = ["ReportPlugin"]
 
 
+def _session_problem(message: str, detail: str = "") -> dict[str, str]:
+    """A problem of the run outside any test's report."""
+    return {
+        "nodeid": "(session)",
+        "when": "session",
+        "outcome": "failed",
+        "message": message,
+        "detail": detail,
+    }
+
+
 class ReportPlugin:
     """Collects matrix results (controller side) and writes the terminal/JSON/HTML report."""
 
@@ -237,28 +248,18 @@ class ReportPlugin:
         status = int(session.exitstatus)
         self.session.exitstatus = status
         self.session.interrupted = status == int(pytest.ExitCode.INTERRUPTED)
+        problems = self.session.problems
         for title, message in _shared.session_failures(self.config):
-            self.session.problems.append(
-                {
-                    "nodeid": "(session)",
-                    "when": "session",
-                    "outcome": "failed",
-                    "message": f"{title}: {message.splitlines()[0] if message else ''}",
-                    "detail": message,
-                }
-            )
+            first = message.splitlines()[0] if message else ""
+            problems.append(_session_problem(f"{title}: {first}", message))
         quiet = (int(pytest.ExitCode.OK), int(pytest.ExitCode.NO_TESTS_COLLECTED))
-        if status not in quiet and not self.session.interrupted and not self.session.problems:
+        if status not in quiet and not self.session.interrupted and not problems:
             # Never greener than the run: a failing exit status always shows a reason.
-            self.session.problems.append(
-                {
-                    "nodeid": "(session)",
-                    "when": "session",
-                    "outcome": "failed",
-                    "message": f"the run failed (exit status {status}) outside any test; "
-                    "the terminal summary says why",
-                    "detail": "",
-                }
+            problems.append(
+                _session_problem(
+                    f"the run failed (exit status {status}) outside any test; "
+                    "the terminal summary says why"
+                )
             )
         if not self.session.interrupted:
             return

@@ -91,6 +91,15 @@ def _(x):
 """
 
 
+def _baseline(path: Path, *ops: str) -> Path:
+    """A batch baseline at ``path`` accepting ``ops`` on the CPU."""
+    accepted = [{"op": op, "device": "cpu"} for op in ops]
+    path.write_text(
+        json.dumps({"format": "pytest-backends-baseline", "version": 1, "accepted": accepted})
+    )
+    return path
+
+
 def _census(path: Path) -> dict[str, dict[str, object]]:
     data = json.loads(path.read_text())
     assert data["format"] == "pytest-backends-census"
@@ -139,16 +148,7 @@ def test_baseline_gate_fails_only_on_a_new_batch_variant_op(pytester: pytest.Pyt
 
 def test_tolerance_mode_test_passes_but_a_new_op_fails_the_run(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=PLANTED + OLD_TESTS + TOLERANCE_TEST)
-    baseline = pytester.path / "b.json"
-    baseline.write_text(
-        json.dumps(
-            {
-                "format": "pytest-backends-baseline",
-                "version": 1,
-                "accepted": [{"op": "suite::by_batch", "device": "cpu"}],
-            }
-        )
-    )
+    baseline = _baseline(pytester.path / "b.json", "suite::by_batch")
     result = pytester.runpytest_subprocess(f"--backends-batch-baseline={baseline}")
     result.assert_outcomes(passed=3)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -293,10 +293,7 @@ def test_pick_target_logit():
     assert_batch_invariant(lambda t, l: t[torch.arange(t.shape[0]), l], x, labels)
 """
     )
-    empty = pytester.path / "empty.json"
-    empty.write_text(
-        json.dumps({"format": "pytest-backends-baseline", "version": 1, "accepted": []})
-    )
+    empty = _baseline(pytester.path / "empty.json")
     census = pytester.path / "census.json"
     result = pytester.runpytest_subprocess(
         f"--backends-batch-baseline={empty}", f"--backends-census={census}", "test_pick.py"
@@ -329,16 +326,7 @@ def test_new_op_behind_an_accepted_one():
     assert_batch_invariant(lambda t: at_two(at_one(t)), torch.randn(8, 4))
 """
     )
-    baseline = pytester.path / "accepts-a.json"
-    baseline.write_text(
-        json.dumps(
-            {
-                "format": "pytest-backends-baseline",
-                "version": 1,
-                "accepted": [{"op": "suite::at_one", "device": "cpu"}],
-            }
-        )
-    )
+    baseline = _baseline(pytester.path / "accepts-a.json", "suite::at_one")
     behind = pytester.runpytest_subprocess(
         f"--backends-batch-baseline={baseline}", "test_behind.py"
     )
@@ -409,16 +397,7 @@ def test_an_accepted_op_explains_only_the_rows_it_changed(pytester: pytest.Pytes
     """A failing part passes only when every cause in its own sub-batch is accepted, and the
     message names a cause of the failing sub-batch, never one from another."""
     pytester.makepyfile(test_causes=PLANTED + AT_ONE + AT_TWO + CAUSES_ELSEWHERE)
-    baseline = pytester.path / "accepts-at-one.json"
-    baseline.write_text(
-        json.dumps(
-            {
-                "format": "pytest-backends-baseline",
-                "version": 1,
-                "accepted": [{"op": "suite::at_one", "device": "cpu"}],
-            }
-        )
-    )
+    baseline = _baseline(pytester.path / "accepts-at-one.json", "suite::at_one")
     accepted = pytester.runpytest_subprocess(
         f"--backends-batch-baseline={baseline}", "test_causes.py"
     )

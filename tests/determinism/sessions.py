@@ -54,12 +54,12 @@ def outcomes(result: pytest.RunResult, found: dict[str, str]) -> dict[str, str]:
 
 
 def checked_session(
-    pytester: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch, *args: str
 ) -> tuple[pytest.RunResult, dict[str, str], set[str], set[str]]:
     """Every test checked over 3 runs under ``recorder``, the census in ``<recorder>.json``.
 
-    Returns the run, each test's verdict (:func:`outcomes`), the blamed ops and the
-    tests they were blamed in.
+    ``args`` are further pytest arguments. Returns the run, each test's verdict
+    (:func:`outcomes`), the blamed ops and the tests they were blamed in.
     """
     result = session(
         pytester,
@@ -69,6 +69,7 @@ def checked_session(
         "--backends-determinism=3",
         f"--backends-census={recorder}.json",
         "-rA",
+        *args,
     )
     found, blamed_ops, blamed_in = verdicts(pytester, recorder)
     return result, outcomes(result, found), blamed_ops, blamed_in

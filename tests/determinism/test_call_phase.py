@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from sessions import session
+from sessions import checked_session
 
 RECORDERS = ["native", "python"]
 
@@ -46,18 +46,10 @@ def _run(
     pytester: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch, *args: str
 ) -> tuple[pytest.RunResult, dict[str, object], list[str]]:
     """Three checked runs of the body; the census and the values each run drew."""
-    result = session(
-        pytester,
-        recorder,
-        monkeypatch,
-        "--backends-determinism-all",
-        "--backends-determinism=3",
-        "--backends-determinism-repeatable",
-        "--backends-census=c.json",
-        "-rA",
-        *args,
+    result, _, _, _ = checked_session(
+        pytester, recorder, monkeypatch, "--backends-determinism-repeatable", *args
     )
-    census = json.loads((pytester.path / "c.json").read_text(encoding="utf-8"))
+    census = json.loads((pytester.path / f"{recorder}.json").read_text(encoding="utf-8"))
     seen = (pytester.path / "seen.txt").read_text(encoding="utf-8").splitlines()
     return result, census, seen
 
