@@ -42,9 +42,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pytest_backends import _tree
+from pytest_backends.batch.dependence import reads_other_rows, row_indices, template
+from pytest_backends.batch.finding import ACROSS, Finding
 from pytest_backends.batch.rows import rows_differ
 from pytest_backends.determinism.compare import Comparison, Divergence, merge_verdict
-from pytest_backends.determinism.locate import Location, locate
+from pytest_backends.determinism.locate import locate
 from pytest_backends.determinism.op_tables import UNINITIALIZED
 
 if TYPE_CHECKING:
@@ -70,6 +72,8 @@ class _Op:
     out_ptrs: tuple[int, ...] = ()
     #: Not recorded (the recording reached its memory limit): proves nothing.
     dropped: bool = False
+    #: The op and its arguments with the tensors taken out, to run it again on other rows.
+    call: tuple[Any, object, dict[str, Any]] | None = None
 
 
 @dataclass
@@ -228,6 +232,7 @@ class RowRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 tuple(_ptr(t) for t in tensors_in),
                 tuple(_ptr(t) for t in tensors_out),
                 dropped,
+                None if dropped else (func, template(list(args), [0]), kwargs),
             )
         )
         return out
@@ -247,93 +252,6 @@ def record(
         run, _ = call(plan, rows, grads, recorder)
         parts = {label: _ptr(t) for label, t, _ in run.parts}
     return OpLog(recorder.ops, recorder.backward_at, recorder.dropped_after, parts)
-
-
-@dataclass(frozen=True)
-class Finding:
-    """What the op-by-op comparison found for one sub-batch.
-
-    ``kind``: ``"op"`` (``op`` gave different output rows for identical input
-    rows), ``"mixed"`` (``op`` reduces over the batch, so every row depends
-    on the others: the function's design, not a kernel), ``"scalar"``
-    (``op``'s tensor inputs were equal but a non-tensor argument, a value
-    computed from the batch size, was not), ``"sequence"`` (the runs called
-    different ops from ``op_index`` on: control flow depends on the batch
-    size) or ``"none"`` (no op could be blamed; ``reason`` says why).
-    """
-
-    kind: str
-    case: str
-    op: str | None = None
-    device: str | None = None
-    dtype: str | None = None
-    op_index: int | None = None
-    other_op: str | None = None
-    location: Location | None = None
-    reason: str = ""
-    #: Every cause found in the run, in op order, this finding among them: each op whose
-    #: output rows differ for identical input rows, each value computed from the batch
-    #: size, a different op sequence, each reduction over the batch that reaches a
-    #: batched output. A baseline can accept only the first kind (:meth:`key`).
-    causes: tuple[Finding, ...] = ()
-
-    def key(self) -> tuple[str, str | None, str | None] | None:
-        """``(op, device, dtype)`` of a blamed op (kind ``"op"``), else None."""
-        if self.kind != "op" or self.op is None:
-            return None
-        return (self.op, self.device, self.dtype)
-
-    def describe(self) -> str:
-        """A sentence for a failure message."""
-        where = ", ".join(x for x in (self.device, self.dtype) if x)
-        where = f" ({where})" if where else ""
-        at = f" at {self.location.describe()}" if self.location is not None else ""
-        if self.kind == "op":
-            return (
-                f"first batch-variant op: {self.op}{where}{at}: its output rows differ between "
-                f"the full batch and {self.case} for identical input rows (op #{self.op_index} "
-                "of the run)"
-            )
-        if self.kind == "mixed":
-            module = ""
-            if self.location is not None and self.location.module:
-                module = f" in module `{self.location.module}` ({self.location.module_type})"
-            return (
-                f"rows are mixed by a reduction over the batch{module}: {self.op}{where}{at} "
-                f"computes a value over all the rows it is given (op #{self.op_index} of the "
-                "run; in BatchNorm, the batch statistics of train mode), so a row's result "
-                "depends on the other rows by the function's design; no kernel is blamed"
-            )
-        if self.kind == "scalar":
-            return (
-                f"{self.op}{where}{at} got equal tensor inputs but {self.reason} between the "
-                f"full batch and {self.case} (op #{self.op_index} of the run): a value "
-                "computed from the batch size; no kernel is blamed"
-            )
-        if self.kind == "sequence":
-            return (
-                f"the full batch and {self.case} ran different ops from op #{self.op_index} on "
-                f"(full batch: {self.op}, sub-batch: {self.other_op}){at}: the code takes another "
-                "path for another batch size"
-            )
-        return f"no op located: {self.reason}"
-
-
-def _row_indices(rows: Sequence[int], n: int, k: int, device: torch.device) -> list[torch.Tensor]:
-    """Where the sub-batch's elements sit along a batched dimension of the full run.
-
-    With ``k > 1`` the batch was flattened with another dimension of size
-    ``k``, either batch-major (``[N, k] -> N * k``) or batch-minor
-    (``[k, N] -> k * N``); the shapes do not tell which, so both are tried.
-    """
-    base = torch.tensor(list(rows), dtype=torch.long, device=device)
-    if k == 1:
-        return [base]
-    inner = torch.arange(k, device=device)
-    return [
-        (base[:, None] * k + inner).reshape(-1),
-        (inner[:, None] * n + base).reshape(-1),
-    ]
 
 
 def _batch_dim(full: torch.Tensor, sub: torch.Tensor, n: int, m: int) -> tuple[str, int, int]:
@@ -373,7 +291,7 @@ def _same(
         if (full.data_ptr(), full.stride()) == (sub.data_ptr(), sub.stride()):
             return True  # the same memory (a parameter in both runs)
         return not bool(rows_differ(full.unsqueeze(0), sub.unsqueeze(0), 0).any())
-    for index in _row_indices(rows, n, k, full.device):
+    for index in row_indices(rows, n, k, full.device):
         if not bool(rows_differ(full.index_select(d, index), sub, d).any()):
             return True
     return False if k == 1 else None
@@ -386,6 +304,19 @@ def _equal_scalars(a: object, b: object) -> bool:
     except Exception:  # a value without a plain truth value
         pass
     return repr(a) == repr(b)
+
+
+def _reads(
+    op: _Op,
+    ins: list[tuple[torch.Tensor, tuple[str, int, int]]],
+    outputs: list[tuple[torch.Tensor, torch.Tensor, tuple[str, int, int]]],
+    rows: Sequence[int],
+    n: int,
+) -> bool | None:
+    """:func:`reads_other_rows` for a recorded op (None: it cannot be told)."""
+    if len(ins) != len(op.inputs) or len(outputs) != len(op.outputs):
+        return None
+    return reads_other_rows(op.call, ins, [(x, how) for x, _, how in outputs], rows, n)
 
 
 def compare_ops(
@@ -432,12 +363,14 @@ def compare_ops(
             continue
         inputs_equal = len(a.inputs) == len(b.inputs)
         batched_input = False
+        ins: list[tuple[torch.Tensor, tuple[str, int, int]]] = []
         for kept_x, kept_y in zip(a.inputs, b.inputs):
             x, y = _resolve(kept_x), _resolve(kept_y)
             if x is None or y is None:
                 inputs_equal = False
                 continue
             how = _batch_dim(x, y, n, m)
+            ins.append((x, how))
             if how[0] == "batched":
                 batched_input = True
             if inputs_equal and _same(x, y, how, rows, n) is not True:
@@ -464,6 +397,11 @@ def compare_ops(
             not (inputs_equal and scalars_equal)
             or any(_same(x, y, how, rows, n) is False for x, y, how in whole)
         )
+        if reduced and _reads(a, ins, outputs, rows, n) is False:
+            # A count or a layout over the batch (a packed sequence's batch sizes), which
+            # the other rows' values do not change: it mixes no values.
+            merge_verdict(verdicts, key, "inconclusive", VERDICTS)
+            continue
         if reduced:
             merge_verdict(verdicts, key, "inconclusive", VERDICTS)
             index = len(mixing)
@@ -495,6 +433,16 @@ def compare_ops(
                     if not _equal_scalars(va, vb)
                 )
                 causes.append(Finding("scalar", case, a.name, a.device, a.dtype, i, reason=shown))
+            continue
+        if differs and _reads(a, ins, outputs, rows, n):
+            # Output rows that change with the other rows' values: the op mixes rows (a
+            # softmax, a cumulative sum, a roll over the batch), by design, not by its kernel.
+            merge_verdict(verdicts, key, "inconclusive", VERDICTS)
+            index = len(mixing)
+            mixing.append((i, Finding("mixed", case, a.name, a.device, a.dtype, i, reason=ACROSS)))
+            for p in a.out_ptrs:
+                mixed[p] = index
+            relevant.add(index)
             continue
         if differs:
             merge_verdict(verdicts, key, "batch_variant", VERDICTS)

@@ -1,0 +1,95 @@
+"""What the op-by-op comparison of a batch-invariance check found for one sub-batch.
+
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pytest_backends.determinism.locate import Location
+
+__all__ = ["ACROSS", "Finding"]
+
+#: The reason of a "mixed" finding whose op keeps the batch dimension.
+ACROSS = "reads the other rows"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What the op-by-op comparison found for one sub-batch.
+
+    ``kind``: ``"op"`` (``op`` gave different output rows for identical input
+    rows), ``"mixed"`` (``op`` reduces over the batch, so every row depends
+    on the others: the function's design, not a kernel), ``"scalar"``
+    (``op``'s tensor inputs were equal but a non-tensor argument, a value
+    computed from the batch size, was not), ``"sequence"`` (the runs called
+    different ops from ``op_index`` on: control flow depends on the batch
+    size) or ``"none"`` (no op could be blamed; ``reason`` says why).
+    """
+
+    kind: str
+    case: str
+    op: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    op_index: int | None = None
+    other_op: str | None = None
+    location: Location | None = None
+    reason: str = ""
+    #: Every cause found in the run, in op order, this finding among them: each op whose
+    #: output rows differ for identical input rows, each value computed from the batch
+    #: size, a different op sequence, each reduction over the batch that reaches a
+    #: batched output. A baseline can accept only the first kind (:meth:`key`).
+    causes: tuple[Finding, ...] = ()
+
+    def key(self) -> tuple[str, str | None, str | None] | None:
+        """``(op, device, dtype)`` of a blamed op (kind ``"op"``), else None."""
+        if self.kind != "op" or self.op is None:
+            return None
+        return (self.op, self.device, self.dtype)
+
+    def describe(self) -> str:
+        """A sentence for a failure message."""
+        where = ", ".join(x for x in (self.device, self.dtype) if x)
+        where = f" ({where})" if where else ""
+        at = f" at {self.location.describe()}" if self.location is not None else ""
+        if self.kind == "op":
+            return (
+                f"first batch-variant op: {self.op}{where}{at}: its output rows differ between "
+                f"the full batch and {self.case} for identical input rows (op #{self.op_index} "
+                "of the run)"
+            )
+        if self.kind == "mixed":
+            module = ""
+            if self.location is not None and self.location.module:
+                module = f" in module `{self.location.module}` ({self.location.module_type})"
+            if self.reason == ACROSS:
+                return (
+                    f"rows are mixed across the batch{module}: {self.op}{where}{at} reads the "
+                    f"other rows (op #{self.op_index} of the run): run again with the rows "
+                    f"outside {self.case} changed, its rows for {self.case} change too, so a "
+                    "row's result depends on the other rows by the function's design; no "
+                    "kernel is blamed"
+                )
+            return (
+                f"rows are mixed by a reduction over the batch{module}: {self.op}{where}{at} "
+                f"computes a value over all the rows it is given (op #{self.op_index} of the "
+                "run; in BatchNorm, the batch statistics of train mode), so a row's result "
+                "depends on the other rows by the function's design; no kernel is blamed"
+            )
+        if self.kind == "scalar":
+            return (
+                f"{self.op}{where}{at} got equal tensor inputs but {self.reason} between the "
+                f"full batch and {self.case} (op #{self.op_index} of the run): a value "
+                "computed from the batch size; no kernel is blamed"
+            )
+        if self.kind == "sequence":
+            return (
+                f"the full batch and {self.case} ran different ops from op #{self.op_index} on "
+                f"(full batch: {self.op}, sub-batch: {self.other_op}){at}: the code takes another "
+                "path for another batch size"
+            )
+        return f"no op located: {self.reason}"
