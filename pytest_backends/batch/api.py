@@ -13,7 +13,7 @@ This module imports torch only when the check is called.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -113,11 +113,17 @@ ACTIVE_CHECK: contextvars.ContextVar[Any] = contextvars.ContextVar("batch_invari
 def _dims(inputs: Sequence[object], dim: int | Sequence[int | None] | None) -> list[int | None]:
     import torch
 
+    if isinstance(dim, bool) or not (dim is None or isinstance(dim, (int, list, tuple))):
+        raise TypeError(
+            f"assert_batch_invariant: dim must be an int, None or one entry per input, got {dim!r}"
+        )
     if dim is None or isinstance(dim, int):
-        return [
+        dims_all: list[int | None] = [
             dim if isinstance(x, torch.Tensor) and x.dim() > 0 and dim is not None else None
             for x in inputs
         ]
+        _check_dims(inputs, dims_all)
+        return dims_all
     dims = list(dim)
     if len(dims) != len(inputs):
         raise ValueError(
@@ -134,7 +140,19 @@ def _dims(inputs: Sequence[object], dim: int | Sequence[int | None] | None) -> l
                 f"assert_batch_invariant: input {i} ({type(x).__name__}) has no dimension "
                 f"{d} to batch over; give dim=None for it"
             )
+    _check_dims(inputs, dims)
     return dims
+
+
+def _check_dims(inputs: Sequence[object], dims: Sequence[int | None]) -> None:
+    """Raise where a batch dimension is out of its input's range."""
+    for i, (x, d) in enumerate(zip(inputs, dims)):
+        rank = x.dim()  # type: ignore[attr-defined]
+        if d is not None and not -rank <= d < rank:
+            raise ValueError(
+                f"assert_batch_invariant: dim {d} is out of range for input {i}, which has "
+                f"{rank} dimension(s)"
+            )
 
 
 def _batch_size(inputs: Sequence[object], dims: Sequence[int | None]) -> int:
@@ -265,6 +283,11 @@ def assert_batch_invariant(
     n = _batch_size(inputs, dims)
     if sizes is None:
         sizes = sorted({1, n // 2})
+    for name, value in (("sizes", sizes), ("offsets", offsets)):
+        if value is not None and (
+            isinstance(value, (str, bytes)) or not isinstance(value, Iterable)
+        ):
+            raise TypeError(f"assert_batch_invariant: {name} must be a list of ints, got {value!r}")
     for s in sizes:
         if isinstance(s, bool) or not isinstance(s, int) or s < 1:
             raise ValueError(f"assert_batch_invariant: sizes must be positive ints, got {s!r}")
@@ -457,6 +480,11 @@ def _message(
             f"batch (size {result.batch}) and {size}: max abs difference {c.max_abs:.3g}, max "
             f"rel {c.max_rel:.3g}; {c.differing} of {c.size} rows differ ({mode})"
         ]
+        if c.max_abs == 0.0:
+            lines.append(
+                "  the values are equal; only their bits differ (a -0.0 for a 0.0, or another "
+                "NaN payload or sign)"
+            )
     others = [x for x in result.cases if not x.identical and x is not c]
     if others and not c.part.startswith("output structure"):
         worst = max(others, key=lambda x: x.max_abs)

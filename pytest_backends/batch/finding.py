@@ -84,7 +84,8 @@ class Finding:
             return (
                 f"{self.op}{where}{at} got equal tensor inputs but {self.reason} between the "
                 f"full batch and {self.case} (op #{self.op_index} of the run): a value "
-                "computed from the batch size; no kernel is blamed"
+                "computed from the batch size, or from state that changes from call to call "
+                "(a counter, an attribute the function sets); no kernel is blamed"
             )
         if self.kind == "sequence":
             return (

@@ -227,7 +227,7 @@ def _numpy_figures_nonfinite(np: Any, a: Any, b: Any) -> tuple[list[float], list
         diff = np.abs(x - y)
         same_nan = np.isnan(x) & np.isnan(y)
         diff = np.where(same_nan, np.zeros_like(diff), diff)
-        diff = np.nan_to_num(diff, nan=math.inf)
+        diff = np.nan_to_num(diff, nan=math.inf, posinf=math.inf)
         scale = np.abs(y)
         rel = np.where(scale > 0, diff / scale, diff)
         return diff.max(axis=1).tolist(), rel.max(axis=1).tolist()
@@ -310,7 +310,7 @@ def differences(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     if not bool(torch.isfinite(diff).all()):
         same_nan = torch.isnan(x) & torch.isnan(y)
         diff = torch.where(same_nan, torch.zeros_like(diff), diff)
-        diff = torch.nan_to_num(diff, nan=math.inf)
+        diff = torch.nan_to_num(diff, nan=math.inf, posinf=math.inf)
     scale = y.abs()
     rel = torch.where(scale > 0, diff / scale, diff)
     return float(diff.max()), float(rel.max())
@@ -354,7 +354,7 @@ def row_differences(a: torch.Tensor, b: torch.Tensor, d: int) -> tuple[list[floa
         if not finite:  # a NaN or infinity somewhere (amax propagates NaN)
             same_nan = torch.isnan(x) & torch.isnan(y)
             diff = torch.where(same_nan, torch.zeros_like(diff), diff)
-            diff = torch.nan_to_num(diff, nan=math.inf)
+            diff = torch.nan_to_num(diff, nan=math.inf, posinf=math.inf)
         rel = torch.where(scale > 0, diff / scale, diff)
         both = torch.stack([diff, rel])
         if d != 0:

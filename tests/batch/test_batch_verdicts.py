@@ -334,3 +334,36 @@ def test_the_op_recording_is_bounded_and_shares_copies() -> None:
     full, sub = record(plan, None, None), record(plan, (0,), None)
     verdicts, _ = compare_ops(full, sub, 8, (0,), "row 0 alone")
     assert verdicts[("aten::tanh", "cpu", "float32")] == "no_difference"
+
+
+# --- bad arguments and the figures of values that are not plain numbers -----------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "shown"),
+    [
+        ({"dim": 5}, ValueError, "dim 5 is out of range for input 0"),
+        ({"dim": -3}, ValueError, "dim -3 is out of range"),
+        ({"dim": 0.0}, TypeError, "dim must be an int, None or one entry per input"),
+        ({"dim": True}, TypeError, "dim must be an int"),
+        ({"sizes": 3}, TypeError, "sizes must be a list of ints"),
+        ({"offsets": 2}, TypeError, "offsets must be a list of ints"),
+    ],
+)
+def test_bad_arguments_are_clear_errors(kwargs: dict[str, Any], error: type, shown: str) -> None:
+    with pytest.raises(error, match=shown):
+        assert_batch_invariant(torch.exp, torch.randn(6, 5), **kwargs)
+
+
+def test_an_infinity_of_the_other_sign_is_an_infinite_difference() -> None:
+    x = torch.full((4, 3), float("inf"))
+    fn = lambda t: t if t.shape[0] == 4 else -t  # noqa: E731
+    result = assert_batch_invariant(fn, x, sizes=[1], offsets=[1], tolerance="report")
+    assert result.max_abs == float("inf")
+
+
+def test_equal_values_with_other_bits_say_so() -> None:
+    x = torch.zeros(4, 3)
+    fn = lambda t: t if t.shape[0] == 4 else -t  # noqa: E731  (-0.0 for 0.0)
+    with pytest.raises(BatchInvarianceError, match="only their bits differ"):
+        assert_batch_invariant(fn, x, sizes=[1], offsets=[1], backward=False)

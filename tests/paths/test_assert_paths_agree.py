@@ -212,3 +212,47 @@ def test_the_certificate_names_the_kernels_the_op_ran_under_each_config() -> Non
     assert "  kernels seen: [mkldnn-on] no oneDNN primitive (ATen's own kernel); [mkldnn-off] " in (
         str(info.value)
     )
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda t: t.masked_fill(torch.arange(8) < 8, float("-inf")).softmax(-1),  # NaN rows
+        lambda t: torch.log(t - 10),  # NaN everywhere
+        lambda t: t * float("inf"),  # infinities of both signs
+        lambda t: (t, float("nan")),  # a Python NaN
+    ],
+)
+def test_identical_nans_and_infinities_agree(fn: Any) -> None:
+    """The same NaNs and infinities on both paths are the same result (NaN equals NaN)."""
+    assert_paths_agree(fn, torch.randn(4, 8), axes=["mkldnn"], backward=False)
+
+
+@pytest.mark.parametrize(
+    ("fn", "shown", "head"),
+    [
+        (
+            lambda t: t * (float("inf") if _mkldnn_on() else -float("inf")),
+            "max abs error inf",
+            "built up",
+        ),
+        (lambda t: t * (float("nan") if _mkldnn_on() else 1.0), "max abs error inf", "built up"),
+        (
+            lambda t: t if _mkldnn_on() else t.double(),
+            "torch.float64 [4, 8] vs",
+            "compared exactly",
+        ),
+        (
+            lambda t: t if _mkldnn_on() else t[:2],
+            "[2, 8] vs torch.float32 [4, 8]",
+            "compared exactly",
+        ),
+    ],
+)
+def test_unlike_nonfinite_values_dtypes_and_shapes_say_what_differs(
+    fn: Any, shown: str, head: str
+) -> None:
+    with pytest.raises(PathsDisagreeError) as info:
+        assert_paths_agree(fn, torch.randn(4, 8), axes=["mkldnn"], backward=False)
+    assert shown in str(info.value)
+    assert head in str(info.value)
