@@ -16,7 +16,9 @@ before pytest-xdist starts workers; ``READS_REQUIRED_AXES = True`` makes the
 feature resolve after those whose settings declare ``required_axes``;
 ``collected(config, settings, items)`` runs when collection finishes and
 returns more ``(plugin, name)`` pairs, so that a feature registers per-test
-hooks only when a collected test needs them.
+hooks only when a collected test needs them; ``files(settings)`` lists the
+``(option, path, written)`` files the settings name, so that the registrar
+refuses two options naming one file where either writes it.
 
 Nothing but :mod:`pytest_backends.plugin` resolves settings or registers.
 """

@@ -11,6 +11,7 @@ imports torch; the feature modules import torch lazily.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator
 from typing import Any
 
@@ -117,12 +118,30 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", markers.marker_line())
     config.addinivalue_line("markers", batch_marker.marker_line())
     resolve(config)
+    _check_files(config)
     _register_watch(config)
     plugins: list[tuple[object, str]] = []
     for feature in FEATURES:
         plugins += feature.plugins(config, config.stash[feature.SETTINGS_KEY])
     for plugin, name in plugins:
         config.pluginmanager.register(plugin, name)
+
+
+def _check_files(config: pytest.Config) -> None:
+    """Refuse two options naming one file where either writes it (before any test runs)."""
+    named: dict[str, tuple[str, bool]] = {}
+    for feature in FEATURES:
+        listed = getattr(feature, "files", None)
+        for option, path, written in listed(config.stash[feature.SETTINGS_KEY]) if listed else ():
+            if path is None:
+                continue
+            key = os.path.realpath(path)
+            other = named.get(key)
+            if other is not None and (written or other[1]):
+                raise pytest.UsageError(
+                    f"{other[0]} and {option} name the same file {path}: give each its own file"
+                )
+            named.setdefault(key, (option, written))
 
 
 def pytest_collection_modifyitems(

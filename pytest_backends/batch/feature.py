@@ -15,13 +15,20 @@ Importing this module never imports torch.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pytest_backends import _xdist
 from pytest_backends.batch.marker import MARKER
 from pytest_backends.batch.settings import SETTINGS_KEY, Settings
 
-__all__ = ["SETTINGS_KEY", "Settings", "batch_plugin", "collected", "plugins"]
+__all__ = ["SETTINGS_KEY", "Settings", "batch_plugin", "collected", "files", "plugins"]
+
+
+def files(settings: Settings) -> list[tuple[str, Path | None, bool]]:
+    """The batch baseline the settings name: ``(option, path, written)``."""
+    return [("--backends-batch-baseline", settings.baseline, settings.baseline_update)]
 
 
 def plugins(config: pytest.Config, settings: Settings) -> list[tuple[object, str]]:

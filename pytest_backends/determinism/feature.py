@@ -11,12 +11,14 @@ Importing this module never imports torch.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pytest_backends import _xdist
 from pytest_backends.determinism.settings import MAX_RUNS, SETTINGS_KEY, Settings, parse_runs
 
-__all__ = ["MAX_RUNS", "SETTINGS_KEY", "Settings", "parse_runs", "plugins"]
+__all__ = ["MAX_RUNS", "SETTINGS_KEY", "Settings", "files", "parse_runs", "plugins"]
 
 
 def plugins(config: pytest.Config, settings: Settings) -> list[tuple[object, str]]:
@@ -37,6 +39,14 @@ def plugins(config: pytest.Config, settings: Settings) -> list[tuple[object, str
     return [
         (DeterminismPlugin(config, settings, accepted), "backends-determinism"),
         (SubtestCounter(), "backends-subtests"),
+    ]
+
+
+def files(settings: Settings) -> list[tuple[str, Path | None, bool]]:
+    """The census and baseline files the settings name: ``(option, path, written)``."""
+    return [
+        ("--backends-census", settings.census, True),
+        ("--backends-baseline", settings.baseline, settings.baseline_update),
     ]
 
 

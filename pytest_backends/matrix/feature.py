@@ -9,13 +9,15 @@ seed hand-over in the controller; the environment lines in each worker.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pytest_backends import _shared, _xdist
 from pytest_backends.matrix.settings import SETTINGS_KEY
 from pytest_backends.matrix.settings import MatrixSettings as Settings
 
-__all__ = ["READS_REQUIRED_AXES", "SETTINGS_KEY", "Settings", "collected", "plugins"]
+__all__ = ["READS_REQUIRED_AXES", "SETTINGS_KEY", "Settings", "collected", "files", "plugins"]
 
 #: The settings read the axes other features require: they resolve after those.
 READS_REQUIRED_AXES = True
@@ -34,6 +36,14 @@ def _check_outputs(settings: Settings) -> None:
                 _files.check_output(path, kind)
             except _files.OutputFileError as exc:
                 raise pytest.UsageError(f"{flag}: {exc}") from None
+
+
+def files(settings: Settings) -> list[tuple[str, Path | None, bool]]:
+    """The report files the settings name: ``(option, path, written)``."""
+    return [
+        ("--backends-report", settings.report_json, True),
+        ("--backends-html", settings.report_html, True),
+    ]
 
 
 def _check_ignored(config: pytest.Config, settings: Settings) -> None:

@@ -487,7 +487,9 @@ class MatrixPlugin:
                 backend = params.get(PARAM, DEFAULT_CONFIG)
             if not isinstance(backend, BackendConfig):
                 backend = DEFAULT_CONFIG
-            if self._select:
+            if self._select and (backend.choices or item.get_closest_marker("backends")):
+                # An item of a marked test without a marker of its own (a pytest.param
+                # beside a marked one) is unmarked: it runs as without the option.
                 marked = {*self._selections[defid], *backend.axes}
                 if marked & self._select_axes:
                     if not any(g <= set(backend.choices) for g in self._select):

@@ -446,8 +446,10 @@ def assert_paths_agree(
     part, with its call site, module path, both configurations, the error,
     the bound and the bound's derivation.  Results that are not floating
     point (integer and bool tensors, Python ints and bools) and the result's
-    structure are compared exactly; a Python float as a float32 value.
-    ``ValueError`` for an unknown or process-level axis, axes that give fewer
+    structure are compared exactly, and so are a floating-point result's
+    dtype and shape; a Python float as a float32 value. A NaN agrees with a
+    NaN and an infinity with the same infinity; any other non-finite
+    difference is an infinite error. ``ValueError`` for an unknown or process-level axis, axes that give fewer
     than two configurations, or an unknown reference; the test is skipped
     where fewer than two of them can run on this machine.
     """

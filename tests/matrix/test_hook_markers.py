@@ -104,3 +104,30 @@ def test_deselect_and_k_see_hook_added_configs(suite: pytest.Pytester) -> None:
         "test_h.py::test_conv_a[mkldnn-off]",
         "test_h.py::test_conv_b[mkldnn-off]",
     ]
+
+
+PARAM_MARKED = """
+import pytest
+
+@pytest.mark.parametrize("x", [
+    pytest.param(1, marks=pytest.mark.backends("mkldnn"), id="marked"),
+    pytest.param(2, id="unmarked"),
+])
+def test_param(x):
+    pass
+
+def test_plain():
+    pass
+"""
+
+
+@pytest.mark.parametrize("config", ["mkldnn-on", "mkldnn-off"])
+def test_config_keeps_an_unmarked_param_beside_a_marked_one(
+    pytester: pytest.Pytester, config: str
+) -> None:
+    """Each job narrowed by --backends-config still runs the unmarked case, as documented."""
+    pytester.makepyfile(test_p=PARAM_MARKED)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-v", f"--backends-config={config}")
+    result.assert_outcomes(passed=3, deselected=1)
+    result.stdout.fnmatch_lines([f"*test_param*{config}* PASSED*"])
+    result.stdout.fnmatch_lines(["*test_param*unmarked* PASSED*"])

@@ -297,3 +297,35 @@ def test_strict_exit_code_is_4_when_a_config_selection_selects_nothing(
         ]
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--backends-report=same.out", "--backends-html=same.out"],
+        ["--backends-report=same.out", "--backends-census=same.out"],
+        ["--backends-baseline=same.out", "--backends-census=same.out"],
+        ["--backends-batch-baseline=same.out", "--backends-html=same.out"],
+    ],
+)
+def test_two_options_naming_one_written_file_are_a_usage_error(
+    pytester: pytest.Pytester, options: list[str]
+) -> None:
+    """Refused before any test runs, so nothing is overwritten and no run is wasted."""
+    pytester.makepyfile("def test_x():\n    pass\n")
+    if "baseline" in options[0]:
+        (pytester.path / "same.out").write_text(
+            '{"format": "pytest-backends-baseline", "version": 1, "accepted": []}'
+        )
+    before = (
+        (pytester.path / "same.out").read_bytes() if (pytester.path / "same.out").exists() else None
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly", *options)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    line = next(x for x in result.stderr.lines if "name the same file" in x)
+    assert all(o.split("=")[0] + " " in line + " " for o in options), line
+    assert line.rstrip().endswith("same.out: give each its own file"), line
+    after = (
+        (pytester.path / "same.out").read_bytes() if (pytester.path / "same.out").exists() else None
+    )
+    assert after == before
