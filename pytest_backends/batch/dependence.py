@@ -132,14 +132,21 @@ def reads_other_rows(
     same_args: list[torch.Tensor] = []
     other_args: list[torch.Tensor] = []
     changed = False
+    # One copy per distinct tensor: an op may take another path for aliased arguments
+    # (multi-head attention's fused projection where query is key is value).
+    copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for x, (kind, d, k) in inputs:
-        same_args.append(x.clone())
-        if kind == "batched" and (x.is_floating_point() or x.is_complex()):
-            keep = torch.cat(row_indices(rows, n, k, x.device))
-            other_args.append(_changed(x, keep, d))
-            changed = True
-        else:
-            other_args.append(x.clone())
+        pair = copies.get(id(x))
+        if pair is None:
+            if kind == "batched" and (x.is_floating_point() or x.is_complex()):
+                keep = torch.cat(row_indices(rows, n, k, x.device))
+                pair = (x.clone(), _changed(x, keep, d))
+                changed = True
+            else:
+                pair = (x.clone(), x.clone())
+            copies[id(x)] = pair
+        same_args.append(pair[0])
+        other_args.append(pair[1])
     if not changed:
         return None
     from torch.utils._python_dispatch import _disable_current_modes

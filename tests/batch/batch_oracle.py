@@ -11,7 +11,8 @@ and obviously right.
 The corpus builds functions from ordinary layers and ops (linear, conv,
 norms, pooling, reductions over non-batch dimensions, ``arange`` indexing,
 argmax, embedding, attention, elementwise, a tensor every row shares that
-some ops write in place), inputs with random layouts
+some ops write in place, ops that read the other rows: a softmax, cumulative
+sum or sort over the batch, a roll along it), inputs with random layouts
 (contiguous, channels_last, transposed, expanded, non-zero storage offset),
 dtypes (float32, bfloat16, int64, bool), batch sizes 2 to 64, the batch
 dimension first or not, and outputs as tensors, tuples and dicts.
@@ -191,6 +192,111 @@ def op_rows_differ(
                 if not torch.equal(_bits(a.narrow(0, start, size)), _bits(b)):
                     return True
     return False if replayed and not unreplayable else None
+
+
+def _others_changed(x: torch.Tensor, d: int, rows: Sequence[int]) -> torch.Tensor:
+    """A copy of ``x`` with every row along ``d`` but ``rows`` holding other values."""
+    out = x.clone()
+    for r in range(x.shape[d]):
+        if r not in rows:
+            row = out.select(d, r)
+            row.copy_(row * -1.5 + 0.75)
+    return out
+
+
+def reads_other_rows(
+    fn: Callable[..., object],
+    inputs: Sequence[object],
+    dims: Sequence[int | None],
+    out_dim: int,
+    rows: Sequence[int],
+) -> bool:
+    """Whether ``fn``'s output ``rows`` change when every other row of the inputs changes.
+
+    Only floating-point batched inputs are changed (an index changed at random
+    would be out of range).
+    """
+    with torch.no_grad():
+        base = fn(*fresh(inputs))
+        changed = [
+            _others_changed(x, d, rows)
+            if d is not None and isinstance(x, torch.Tensor) and x.is_floating_point()
+            else x
+            for x, d in zip(fresh(inputs), dims)
+        ]
+        other = fn(*changed)
+    index = torch.tensor(list(rows))
+    for (_, a), (_, b) in zip(_leaves(base), _leaves(other)):
+        if (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dim() > out_dim
+            and not torch.equal(
+                _bits(a.index_select(out_dim, index)), _bits(b.index_select(out_dim, index))
+            )
+        ):
+            return True
+    return False
+
+
+def op_reads_other_rows(
+    fn: Callable[..., object],
+    inputs: Sequence[object],
+    dims: Sequence[int | None],
+    op: str,
+    start: int,
+    size: int,
+) -> bool:
+    """Whether a call of ``op`` in the full batch gives other rows ``start .. start + size``
+    when every other row of its batched floating-point arguments changes.
+
+    An argument is batched when the same call in the sub-batch's run got it
+    with ``size`` rows where the full batch's got ``n`` (a weight whose first
+    dimension happens to be ``n`` has it in both).
+    """
+    n = next(x.shape[d] for x, d in zip(inputs, dims) if d is not None)  # type: ignore[union-attr]
+    full, sub = _Calls({op}), _Calls({op})
+    with torch.no_grad():
+        with full:
+            fn(*fresh(inputs))
+        with sub:
+            fn(
+                *[
+                    x if d is None else x.narrow(d, start, size)  # type: ignore[union-attr]
+                    for x, d in zip(fresh(inputs), dims)
+                ]
+            )
+    keep = range(start, start + size)
+    for (func, args, kwargs, out), (_, sub_args, _, _) in zip(full.calls, sub.calls):
+        copies: dict[int, object] = {}  # one changed copy per distinct tensor: aliases stay
+        changed = [
+            copies.setdefault(id(a), _others_changed(a, 0, keep))
+            if isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.is_floating_point()
+            and a.dim()
+            and a.shape[0] == n
+            and b.shape[0] == size
+            else a
+            for a, b in zip(args, sub_args)
+        ]
+        try:
+            got = func(*changed, **kwargs)
+        except Exception:
+            continue
+        outs = [o for _, o in _leaves(out) if isinstance(o, torch.Tensor)]
+        gots = [o for _, o in _leaves(got) if isinstance(o, torch.Tensor)]
+        for a, b in zip(outs, gots):
+            if (
+                a.dim()
+                and a.shape[0] == n
+                and a.shape == b.shape
+                and not torch.equal(
+                    _bits(a.narrow(0, start, size)), _bits(b.narrow(0, start, size))
+                )
+            ):
+                return True
+    return False
 
 
 def ops_with_batch_rows(
@@ -411,6 +517,10 @@ def cases(draw: Any) -> Case:
                 "layernorm",
                 "div_by_batch",
                 "center",
+                "softmax_over_batch",
+                "cumsum_over_batch",
+                "roll_along_batch",
+                "sort_over_batch",
             ]
         ),
         label="op",
@@ -446,6 +556,14 @@ def cases(draw: Any) -> Case:
             return norm(t)
         if op == "div_by_batch":
             return t / t.shape[0]
+        if op == "softmax_over_batch":
+            return t.softmax(0)
+        if op == "cumsum_over_batch":
+            return t.cumsum(0)
+        if op == "roll_along_batch":
+            return t + t.roll(1, 0)
+        if op == "sort_over_batch":
+            return t.sort(0).values
         return t - t.mean(0)
 
     if batch_dim == 1:

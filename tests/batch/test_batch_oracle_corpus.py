@@ -26,9 +26,11 @@ from batch_oracle import (
     _Calls,
     cases,
     fresh,
+    op_reads_other_rows,
     op_rows_differ,
     ops_with_batch_rows,
     oracle,
+    reads_other_rows,
     replay_args,
     same_bits,
 )
@@ -104,6 +106,17 @@ def test_the_check_agrees_with_the_oracle(case: Case) -> None:
         )
         assert replay is not False, f"{case.label}: {finding.op} blamed, its rows replay equal"
         TALLY["blamed ops confirmed by replay" if replay else "blamed ops not replayable"] += 1
+        # A blamed kernel computes each row from that row alone: changing the others moves
+        # nothing (an op that reads them is the function's design, "mixed").
+        assert not op_reads_other_rows(
+            case.fn, case.inputs, case.dims, finding.op, error.case.rows[0], error.case.size
+        ), f"{case.label}: {finding.op} blamed, but it reads the other rows"
+    if finding is not None and finding.kind == "mixed":
+        TALLY["mixed rows named"] += 1
+        assert error is not None
+        assert reads_other_rows(case.fn, case.inputs, case.dims, case.out_dim, error.case.rows), (
+            f"{case.label}: rows called mixed, but changing the others moves none of them"
+        )
 
 
 @settings(
