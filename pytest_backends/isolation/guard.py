@@ -24,7 +24,16 @@ from pytest_backends.isolation.findings import Findings, warn_leak
 from pytest_backends.isolation.markers import marker_mode
 from pytest_backends.isolation.modules import ModuleFlags
 from pytest_backends.isolation.snapshot import Fingerprint, diff_lines, registry
-from pytest_backends.isolation.teardown import TeardownOwners, fixture_label, teardown_messages
+from pytest_backends.isolation.teardown import (
+    Followed,
+    Owned,
+    TeardownOwners,
+    WiderFixtures,
+    fixture_label,
+    leak_messages,
+    settle,
+    teardown_messages,
+)
 from pytest_backends.isolation.threads import ThreadOrigins
 from pytest_backends.isolation.threads import hint as thread_hint
 from pytest_backends.isolation.watch import HOOK_SOURCE, WATCH, TorchStateWatch, torch_own
@@ -41,19 +50,6 @@ DRIFT_KEY: pytest.StashKey[str] = pytest.StashKey()
 
 
 @dataclass
-class _Owned:
-    """Flags a fixture changed during its setup."""
-
-    label: str
-    scope: str
-    before: dict[str, object]
-    mode: str
-    # the between-tests values of those flags before the fixture (without the
-    # import-time flags of the module whose test set it up)
-    ambient_before: dict[str, object] = field(default_factory=dict)
-
-
-@dataclass
 class _ItemState:
     item: pytest.Item
     mode: str
@@ -65,6 +61,9 @@ class _ItemState:
     # the state right after the teardown check: anything later is not the test's
     checked_fp: Fingerprint | None = None
     teardown: TeardownOwners = field(default_factory=TeardownOwners)
+    # flags the plugin applied for the test (its configuration, its module's
+    # import-time flags) where they differ from the between-tests state
+    applied: dict[str, object] = field(default_factory=dict)
 
 
 class IsolationPlugin:
@@ -82,7 +81,9 @@ class IsolationPlugin:
         self._current: _ItemState | None = None
         # flags each test module set while imported
         self.modules = ModuleFlags()
-        self._owned: dict[Any, _Owned] = {}
+        self._owned: dict[Any, Owned] = {}
+        # wider fixtures with teardown code, whose teardown is followed
+        self.wider = WiderFixtures(lambda: registry().fingerprint() if self.watch.ready() else None)
         # fixture leaks waiting for the teardown of the test that finalised them
         self._pending: list[tuple[str, str]] = []
         # what is reported in the summary, and whether it fails the run
@@ -260,7 +261,11 @@ class IsolationPlugin:
             except ValueError as exc:
                 self._restore(reg, self._ensure_ambient())
                 item.stash[SETUP_ERROR_KEY] = f"cannot apply backend flags: {exc}"
-        return _ItemState(item, mode, expected, expected_fp, strays)
+        state = _ItemState(item, mode, expected, expected_fp, strays)
+        if expected_fp is not self._ambient_fp:
+            ambient = self._ensure_ambient()
+            state.applied = {k: v for k, v in expected.items() if ambient.get(k, v) != v}
+        return state
 
     def _check_drift(self, reg: Any, item: pytest.Item) -> None:
         """Flags changed while no test ran, e.g. by a thread an earlier test started."""
@@ -334,8 +339,11 @@ class IsolationPlugin:
             return (yield)
         before_fp = registry().fingerprint() if self.watch.ready() else None
         result = yield
-        state.teardown.watch(fixturedef, fixture_label(fixturedef))
-        with self._unchecked_on_error(fixture_label(fixturedef)):  # never break the fixture
+        label = fixture_label(fixturedef)
+        state.teardown.watch(fixturedef, label)
+        with self._unchecked_on_error(label):  # never break the fixture
+            if fixturedef.scope != "function":
+                self.wider.watch(fixturedef, state.applied)
             self._own(fixturedef, state, before_fp)
         return result
 
@@ -354,7 +362,7 @@ class IsolationPlugin:
         # the session's mode, never by the marker of whichever test set it up.
         mode = state.mode if fixturedef.scope == "function" else self.settings.mode
         ambient = self._ensure_ambient()
-        self._owned[fixturedef] = _Owned(
+        self._owned[fixturedef] = Owned(
             fixture_label(fixturedef),
             fixturedef.scope,
             {name: b for name, (b, _a) in delta.items()},
@@ -378,36 +386,32 @@ class IsolationPlugin:
             with self._unchecked_on_error(fixture_label(fixturedef)):
                 state.teardown.finalized(registry(), fixturedef)
         owned = self._owned.pop(fixturedef, None)
-        if owned is None:
+        followed = self.wider.pop(fixturedef)
+        if owned is None and followed is None:
             return
-        with self._unchecked_on_error(owned.label):  # never break teardown
-            self._finalized(owned)
+        with self._unchecked_on_error(fixture_label(fixturedef)):  # never break teardown
+            self._finalized(fixturedef, owned, followed)
 
-    def _finalized(self, owned: _Owned) -> None:
+    def _finalized(self, fixturedef: Any, owned: Owned | None, followed: Followed | None) -> None:
+        if not self.watch.ready():
+            return
         reg = registry()
-        current = reg.snapshot()
-        leaked = {
-            name: (before, current.get(name))
-            for name, before in owned.before.items()
-            if current.get(name) != before
-        }
-        if leaked:
-            self._restore(reg, owned.before)
-            message = (
-                f"{owned.label} changed torch backend flags and did not restore them "
-                f"in its teardown:\n{diff_lines(leaked)}\n"
-                "Restore them after the fixture's yield, or set them inside "
-                "pytest_backends.override_flags(), which always restores."
-            )
-            if owned.mode != "off" and owned.scope == "function":
-                self._pending.append((owned.mode, message))  # part of its test
-            elif owned.mode != "off":
+        restore, by_setup, by_teardown = settle(reg, owned, followed, self._torch_own)
+        if restore:
+            self._restore(reg, restore)
+        mode = owned.mode if owned is not None else self.settings.mode
+        for message in leak_messages(fixture_label(fixturedef), by_setup, by_teardown):
+            if mode != "off" and fixturedef.scope == "function":
+                self._pending.append((mode, message))  # part of its test
+            elif mode != "off":
                 # Not an error of whichever test happened to finalise the scope
                 # (that depends on the order): once per fixture and change, in the
                 # summary, and the run fails under "fail".
                 self.findings.add(
-                    "torch backend flags leaked by fixtures", message, fails=owned.mode == "fail"
+                    "torch backend flags leaked by fixtures", message, fails=mode == "fail"
                 )
+        if owned is None:
+            return
         if owned.scope != "function":
             self._ensure_ambient().update(owned.ambient_before)
             self._ambient_fp = None

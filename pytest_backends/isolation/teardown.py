@@ -1,4 +1,7 @@
-"""Which function-scoped fixture's teardown changed which flags, during one test's teardown.
+"""Which fixture's teardown changed which flags.
+
+Function scope
+--------------
 
 A flag a fixture changes after its ``yield`` (or in a finalizer) is found at
 the end of the test's teardown, like one the test body left changed. The
@@ -7,23 +10,82 @@ one after each such fixture is finalized: a change between two of them is
 that fixture's. Only fixtures with teardown code are followed, so a test
 whose fixtures have none pays nothing.
 
+Wider scopes
+------------
+
+Which test finalises a wider scope depends on the order, so what such a
+fixture leaves changed then is the fixture's, never the error of the test
+that closed the scope, and never hidden by that test's ``backends_leaks``
+marker: it is judged by the session's mode and reported once, naming the
+fixture.  Two kinds of change are followed:
+
+* a flag the fixture changed in its setup (it owns it for its scope) must be
+  back to its value from before the fixture when the fixture is finalized;
+* a flag its teardown changes (after its ``yield``, in a finalizer,
+  unittest's ``tearDownClass``, xunit's ``teardown_module``) must be put back
+  by that teardown.  Only fixtures with teardown code are followed: the guard
+  adds a finalizer to such a fixture when it is set up, which pytest runs
+  first when it finalizes the fixture (a fixture's finalizers run last in,
+  first out), and which takes the fingerprint the teardown's changes are
+  measured from.  Nothing runs per test: one fingerprint before and one after
+  each such finalization.
+
+Flags the plugin applied for the test that set the fixture up (a matrix
+configuration, a test module's import-time flags) are the test's, not the
+fixture's: a teardown that puts one of them back (``override_flags()``
+restores every flag it saw on entry) is restoring the fixture's own state, so
+the guard puts back the value from before that teardown, silently: the
+configuration never outlives its tests and no test is blamed for it.
+
 Importing this module does not import torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TeardownOwners", "fixture_label", "teardown_messages"]
+__all__ = [
+    "Followed",
+    "Owned",
+    "TeardownOwners",
+    "WiderFixtures",
+    "fixture_label",
+    "has_teardown",
+    "leak_messages",
+    "settle",
+    "teardown_messages",
+]
+
+
+#: The fixtures pytest makes to run xunit-style and unittest setup and teardown methods.
+_XUNIT = {
+    "_unittest_setUpClass_fixture_": "setUpClass/tearDownClass",
+    "_xunit_setup_module_fixture_": "setup_module/teardown_module",
+    "_xunit_setup_class_fixture_": "setup_class/teardown_class",
+    "_xunit_setup_function_fixture_": "setup_function/teardown_function",
+    "_xunit_setup_method_fixture_": "setup_method/teardown_method",
+}
 
 
 def fixture_label(fixturedef: Any) -> str:
-    """How reports name a fixture: its name, scope and where it is defined."""
+    """How reports name a fixture: its name, scope and where it is defined.
+
+    The fixtures pytest makes for ``setUpClass``/``tearDownClass`` and xunit's
+    ``setup_module``/``teardown_module`` (and the like) are named by those methods.
+    """
     where = getattr(fixturedef, "baseid", "") or getattr(
         getattr(fixturedef, "func", None), "__module__", "a plugin"
     )
-    return f"fixture {fixturedef.argname!r} ({fixturedef.scope} scope, defined in {where})"
+    argname = str(fixturedef.argname)
+    if argname.startswith("_"):
+        for prefix, methods in _XUNIT.items():
+            if argname.startswith(prefix):
+                return f"{methods} of {where} ({fixturedef.scope} scope, pytest's {argname!r})"
+    return f"fixture {argname!r} ({fixturedef.scope} scope, defined in {where})"
 
 
 def teardown_messages(by_fixture: Mapping[str, Mapping[str, tuple[object, object]]]) -> list[str]:
@@ -46,7 +108,7 @@ def _pytest_own(finalizer: Any) -> bool:
     )
 
 
-def _has_teardown(fixturedef: Any) -> bool:
+def has_teardown(fixturedef: Any) -> bool:
     """Whether the fixture registered teardown code while it was set up (unknown: True)."""
     finalizers = getattr(fixturedef, "_finalizers", None)
     if finalizers is None:
@@ -65,7 +127,7 @@ class TeardownOwners:
 
     def watch(self, fixturedef: Any, label: str) -> None:
         """Follow ``fixturedef``'s teardown if it is function-scoped and has one."""
-        if fixturedef.scope == "function" and _has_teardown(fixturedef):
+        if fixturedef.scope == "function" and has_teardown(fixturedef):
             self._labels[id(fixturedef)] = label
 
     def follows(self, fixturedef: Any = None) -> bool:
@@ -103,3 +165,121 @@ class TeardownOwners:
             else:
                 by_fixture.setdefault(label, {})[name] = change
         return by_fixture, rest
+
+
+@dataclass
+class Owned:
+    """Flags a fixture changed during its setup."""
+
+    label: str
+    scope: str
+    before: dict[str, object]
+    mode: str
+    # the between-tests values of those flags before the fixture (without the
+    # import-time flags of the module whose test set it up)
+    ambient_before: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class Followed:
+    """A wider fixture with teardown code, and the state its teardown starts from."""
+
+    #: flags the plugin applied for the test that set the fixture up (not the fixture's)
+    under: dict[str, object]
+    #: the fingerprint taken right before its teardown code runs
+    checkpoint: Any = None
+
+
+class WiderFixtures:
+    """The wider fixtures whose teardown the guard follows (see the module docstring)."""
+
+    def __init__(self, fingerprint: Callable[[], Any]) -> None:
+        # returns None while torch's state cannot be read
+        self._fingerprint = fingerprint
+        self._followed: dict[Any, Followed] = {}
+
+    def watch(self, fixturedef: Any, under: Mapping[str, object]) -> None:
+        """Follow ``fixturedef`` (just set up) if it is wider than a test and has teardown code."""
+        if fixturedef.scope == "function" or not has_teardown(fixturedef):
+            return
+        add = getattr(fixturedef, "addfinalizer", None)
+        if add is None:
+            return
+        followed = Followed(dict(under))
+        self._followed[fixturedef] = followed
+        # added after the fixture's own teardown: pytest runs it before that teardown
+        add(functools.partial(self._checkpoint, followed))
+
+    def _checkpoint(self, followed: Followed) -> None:
+        with contextlib.suppress(Exception):  # never break the fixture's teardown
+            followed.checkpoint = self._fingerprint()
+
+    def pop(self, fixturedef: Any) -> Followed | None:
+        """The follow-up of ``fixturedef``, which pytest has just finalized, if followed."""
+        if not self._followed:
+            return None
+        return self._followed.pop(fixturedef, None)
+
+
+def settle(
+    reg: Any,
+    owned: Owned | None,
+    followed: Followed | None,
+    torch_own: Callable[..., dict[str, tuple[object, object]]],
+) -> tuple[dict[str, object], dict[str, tuple[object, object]], dict[str, tuple[object, object]]]:
+    """What a finalized wider fixture left: ``(to put back, setup leaks, teardown leaks)``.
+
+    ``owned`` is what it changed in its setup, ``followed`` its teardown's
+    follow-up (its checkpoint and the flags the plugin had applied for the
+    test that set it up), ``torch_own(delta, reference)`` drops torch's own
+    first-use settings from a change.
+    """
+    fp = reg.fingerprint()
+    current = reg.to_plain(fp)
+    teardown: dict[str, tuple[object, object]] = {}
+    if followed is not None and followed.checkpoint is not None and fp != followed.checkpoint:
+        start = reg.to_plain(followed.checkpoint)
+        teardown = torch_own(reg.diff(start, current), start)
+    under = followed.under if followed is not None else {}
+    restore: dict[str, object] = {}
+    by_teardown: dict[str, tuple[object, object]] = {}
+    for name, (before, after) in teardown.items():
+        restore[name] = before
+        if name not in under or after != under[name]:
+            by_teardown[name] = (before, after)
+        # else: the fixture put back a flag the plugin had applied for a test, as
+        # part of its own state; the running test's value is put back silently
+    by_setup: dict[str, tuple[object, object]] = {}
+    for name, before in (owned.before if owned is not None else {}).items():
+        restore.pop(name, None)
+        by_teardown.pop(name, None)
+        if current.get(name) != before:
+            by_setup[name] = (before, current.get(name))
+            restore[name] = before
+    return restore, by_setup, by_teardown
+
+
+def leak_messages(
+    label: str,
+    by_setup: Mapping[str, tuple[object, object]],
+    by_teardown: Mapping[str, tuple[object, object]],
+) -> list[str]:
+    """The messages naming the fixture ``label`` for what :func:`settle` found."""
+    from pytest_backends.isolation.snapshot import diff_lines
+
+    messages = []
+    if by_setup:
+        messages.append(
+            f"{label} changed torch backend flags and did not restore them "
+            f"in its teardown:\n{diff_lines(by_setup)}\n"
+            "Restore them after the fixture's yield, or set them inside "
+            "pytest_backends.override_flags(), which always restores."
+        )
+    if by_teardown:
+        messages.append(
+            f"{label} changed torch backend flags in its teardown and did not restore "
+            f"them:\n{diff_lines(by_teardown)}\nThey were restored; restore them in the "
+            "teardown too. Which test finalises the fixture's scope depends on the order, "
+            "so this is no test's error."
+        )
+    return messages

@@ -1,0 +1,192 @@
+"""What a class-, module-, package- or session-scoped fixture does when its scope ends.
+
+Which test finalises a wider scope depends on the order, so what the
+fixture's teardown leaves changed is the fixture's, reported once in the
+summary, never the error of the test that closed the scope, and never hidden
+by that test's ``backends_leaks`` marker. Flags the plugin applied for the test
+that set the fixture up (a matrix configuration) are no part of the state the
+fixture restores.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+
+def test_a_wider_fixtures_teardown_change_is_the_fixtures_not_the_closing_tests(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_w="""
+        import unittest
+        import pytest, torch
+
+        @pytest.fixture(scope="module")
+        def mod_fx():
+            yield
+            torch.backends.mkldnn.deterministic = True   # in teardown, never restored
+
+        @pytest.fixture(scope="session")
+        def sess_fx():
+            yield
+            torch.backends.nnpack.set_flags(False)       # in teardown, never restored
+
+        @pytest.fixture(scope="module")
+        def tidy_fx():
+            yield
+            torch.backends.cudnn.benchmark = True
+            torch.backends.cudnn.benchmark = False       # changed and put back
+
+        def test_uses_fixtures(mod_fx, sess_fx, tidy_fx):
+            pass
+
+        def test_innocent():
+            pass
+
+        class TestTDC(unittest.TestCase):
+            @classmethod
+            def tearDownClass(cls):
+                torch.set_default_dtype(torch.float64)    # in tearDownClass
+
+            def test_x(self):
+                pass
+        """,
+        test_zz_next="""
+        import torch
+
+        def test_next():
+            assert torch.backends.mkldnn.deterministic is False
+            assert torch.get_default_dtype() is torch.float32
+
+        def test_last_is_off_marked_yet_does_not_hide_the_session_fixture():
+            pass
+        """,
+    )
+    pytester.makeconftest(
+        """
+        import pytest
+
+        def pytest_collection_modifyitems(items):
+            items[-1].add_marker(pytest.mark.backends_leaks("off"))
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    out = result.stdout.str()
+    # no test is blamed: the closing tests pass, the next module starts clean
+    result.assert_outcomes(passed=5)
+    assert "left torch backend flags changed" not in out
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        [
+            "*= torch backend flags leaked by fixtures =*",
+            "setUpClass/tearDownClass of test_w.py::TestTDC (class scope*) changed torch "
+            "backend flags in its teardown*",
+            "*default_dtype: 'float32' -> 'float64'",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "fixture 'mod_fx' (module scope, defined in test_w.py) changed torch backend "
+            "flags in its teardown*",
+            "*mkldnn.deterministic: False -> True",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "fixture 'sess_fx' (session scope, defined in test_w.py) changed torch backend "
+            "flags in its teardown*",
+            "*nnpack.enabled: True -> False",
+        ]
+    )
+    assert out.count("changed torch backend flags in its teardown") == 3  # once each
+    assert "tidy_fx" not in out
+
+
+def test_a_wider_fixture_leak_is_not_hidden_by_the_closing_tests_marker(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_hidden="""
+        import pytest, torch
+
+        @pytest.fixture(scope="module")
+        def mod_fx():
+            yield
+            torch.backends.mkldnn.deterministic = True   # in teardown, never restored
+
+        def test_uses_fixture(mod_fx):
+            pass
+
+        @pytest.mark.backends_leaks("off")
+        def test_last_is_off():
+            pass
+        """,
+        test_next="""
+        import torch
+
+        def test_next():
+            assert torch.backends.mkldnn.deterministic is False
+        """,
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "test_hidden.py", "test_next.py")
+    result.assert_outcomes(passed=3)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        [
+            "*= torch backend flags leaked by fixtures =*",
+            "fixture 'mod_fx' (module scope*) changed torch backend flags in its teardown*",
+            "*mkldnn.deterministic: False -> True",
+        ]
+    )
+
+
+@pytest.mark.parametrize("scope", ["module", "session"])
+def test_override_flags_in_a_wider_fixture_under_the_matrix(
+    pytester: pytest.Pytester, scope: str
+) -> None:
+    pytester.makeconftest(
+        f"""
+        import pytest
+        from pytest_backends import override_flags
+
+        @pytest.fixture(scope={scope!r})
+        def float64():                      # the pattern of docs/howto/flags.rst
+            with override_flags({{"default_dtype": "float64", "printoptions.precision": 6}}):
+                yield
+        """
+    )
+    # a session-scoped fixture is still set up after the module (test_b)
+    dtype = "float64" if scope == "session" else "float32"
+    pytester.makepyfile(
+        test_a="""
+        import pytest, torch
+
+        @pytest.mark.backends(deterministic="on", mkldnn="off")
+        def test_matrix(float64):
+            assert torch.are_deterministic_algorithms_enabled()
+            assert not torch.backends.mkldnn.enabled
+            assert torch.get_default_dtype() is torch.float64
+
+        def test_innocent(float64):
+            assert not torch.are_deterministic_algorithms_enabled()
+            assert torch.get_default_dtype() is torch.float64
+        """,
+        test_b=f"""
+        import torch
+
+        def test_after_the_module():
+            assert not torch.are_deterministic_algorithms_enabled()
+            assert torch.backends.mkldnn.enabled
+            assert torch.get_default_dtype() is torch.{dtype}
+        """,
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "test_a.py", "test_b.py", "--backends-matrix"
+    )
+    out = result.stdout.str()
+    assert "left torch backend flags changed" not in out
+    assert "leaked by fixtures" not in out
+    result.assert_outcomes(passed=3)
+    assert result.ret == pytest.ExitCode.OK
