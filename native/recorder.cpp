@@ -32,6 +32,7 @@
 #include "digest_op.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MapAllocator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -48,6 +49,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <dlfcn.h>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -304,6 +306,32 @@ const c10::StorageImpl* storage_of(const at::Tensor& t) {
     return nullptr;
   }
   return impl->storage().unsafeGetStorageImpl();
+}
+
+// Whether a storage lives in memory shared with other processes: what Python's
+// UntypedStorage.is_shared() says for CPU storages (Tensor.share_memory_(),
+// Module.share_memory(), torch.multiprocessing). Another process may write it at any
+// time, moving no version counter here. The file_descriptor strategy maps it with
+// at::MapAllocator; the file_system strategy with libshm's THManagedMapAllocator,
+// looked up in the already loaded libshm (none found: that strategy is not seen).
+bool process_shared(const c10::StorageImpl* storage) {
+  if (storage == nullptr || storage->device_type() != c10::DeviceType::CPU) {
+    return false;
+  }
+  const c10::DataPtr& ptr = storage->data_ptr();
+  if (at::MapAllocator::fromDataPtr(ptr) != nullptr) {
+    return true;
+  }
+  using FromDataPtr = void* (*)(const c10::DataPtr&);
+  static const FromDataPtr managed = []() -> FromDataPtr {
+    void* lib = dlopen("libshm.so", RTLD_LAZY | RTLD_NOLOAD);
+    if (lib == nullptr) {
+      return nullptr;
+    }
+    return reinterpret_cast<FromDataPtr>(
+        dlsym(lib, "_ZN21THManagedMapAllocator11fromDataPtrERKN3c107DataPtrE"));
+  }();
+  return managed != nullptr && managed(ptr) != nullptr;
 }
 
 // Elements of memory a strided view reaches, from its first to its last (numel > 0).
@@ -620,7 +648,7 @@ class Recorder {
       }
       const c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
       if (storage != key.storage || !storage->resizable() ||
-          shared_.count(storage->data()) > 0) {
+          shared_.count(storage->data()) > 0 || process_shared(storage)) {
         continue;
       }
       Carried c{known.weak,
@@ -1212,7 +1240,8 @@ class Recorder {
       k.storage = storage_of(t);
       // Memory torch did not allocate (torch.from_numpy, frombuffer, DLPack) cannot be
       // resized by torch: it is shared with its owner, who may write it at any time.
-      if (k.storage != nullptr && !k.storage->resizable()) {
+      // Memory shared with other processes (share_memory_) may be written by them.
+      if (k.storage != nullptr && (!k.storage->resizable() || process_shared(k.storage))) {
         const void* data = data_of(t);
         if (data != nullptr) {
           shared_.insert(data);

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pytest_backends.determinism.census import Baseline, BaselineEntry, Census, Key
+from pytest_backends.determinism.census import (
+    Baseline,
+    BaselineEntry,
+    Census,
+    Key,
+    device_type,
+)
 
 __all__ = ["Change", "Refresh", "describe_entry", "describe_key", "refresh", "unaccepted"]
 
@@ -98,7 +104,8 @@ def refresh(baseline: Baseline, census: Census) -> Refresh:
         if any(e.matches(key) for e in (*kept, *added)):
             continue
         op, device, dtype = key
-        new = BaselineEntry(op, device or "none", dtype)
+        # A device type: "cuda:1" in a census matches "cuda", and is written so.
+        new = BaselineEntry(op, device_type(device) or "none", dtype)
         added.append(new)
         result.added.append(Change(new, f"nondeterministic in {_tests(tests)}"))
     entries = sorted([*kept, *added], key=lambda e: (e.op, e.device, e.dtype or ""))

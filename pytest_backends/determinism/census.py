@@ -37,6 +37,7 @@ __all__ = [
     "Versions",
     "add_section",
     "atomic_write_json",
+    "device_type",
     "entry_rows",
     "entry_verdicts",
     "evidence",
@@ -160,7 +161,8 @@ def _optional_str(value: object, where: str) -> str | None:
     raise CensusFileError(f"{where} must be a string or null, got {value!r}")
 
 
-def _device_type(device: str | None) -> str | None:
+def device_type(device: str | None) -> str | None:
+    """``"cuda"`` for ``"cuda:1"``: a baseline entry's device is a device type."""
     return device.split(":", 1)[0] if device else device
 
 
@@ -392,7 +394,7 @@ class BaselineEntry:
         op, device, dtype = key
         return (
             op == self.op
-            and _device_type(device or "none") == _device_type(self.device)
+            and device_type(device or "none") == device_type(self.device)
             and (self.dtype is None or dtype == self.dtype)
         )
 
@@ -474,7 +476,7 @@ class Baseline:
         nondet = list(census.nondeterministic())
         kept = list(self.entries)
         added = [
-            BaselineEntry(op, device or "none", dtype)
+            BaselineEntry(op, device_type(device) or "none", dtype)
             for op, device, dtype in nondet
             if not any(entry.matches((op, device, dtype)) for entry in kept)
         ]

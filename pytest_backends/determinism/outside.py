@@ -8,9 +8,14 @@ torch*, and an op that reads it proves its input equal only by reading its
 bytes at the op. Two ways find it:
 
 * memory torch did not allocate (``from_numpy``, ``frombuffer``, DLPack)
-  cannot be resized by torch; the recorders check that at a tensor's first use;
-* memory torch allocated and then handed to NumPy: :func:`install` wraps
-  ``torch.Tensor.numpy`` (``__array__`` calls it) to note the storage.
+  cannot be resized by torch, and memory shared with other processes
+  (``share_memory_``, ``Module.share_memory``, ``torch.multiprocessing``) is
+  ``is_shared()``: the recorders check both at a tensor's first use
+  (:func:`owned_outside`; the native one in C++, alike);
+* memory torch allocated and then handed to NumPy or another library:
+  :func:`install` wraps ``torch.Tensor.numpy`` (``__array__`` calls it) and
+  the DLPack exports (``Tensor.__dlpack__``, which ``np.from_dlpack`` calls,
+  and ``torch.utils.dlpack.to_dlpack``) to note the storage.
 
 Both recorders consult :data:`SHARED` (the native one through ``add_shared``).
 Importing this module imports torch.
@@ -33,6 +38,7 @@ __all__ = [
     "listen",
     "live",
     "mark",
+    "owned_outside",
     "pruned",
     "started_count",
     "started_since",
@@ -60,6 +66,17 @@ def mark(t: torch.Tensor) -> None:
         return
     for listener in list(_LISTENERS):
         listener(ptr)
+
+
+def owned_outside(t: torch.Tensor, storage: Any) -> bool:
+    """Whether something outside this process's torch ops may write ``t``'s ``storage``.
+
+    Memory torch did not allocate cannot be resized by torch (its owner, NumPy or
+    a DLPack producer, writes it); a CPU storage in shared memory can be written by
+    another process (``is_shared()``; on CUDA that method says True for every
+    storage, so only CPU storages are asked).
+    """
+    return not storage.resizable() or (t.is_cpu and storage.is_shared())
 
 
 def live() -> list[int]:
@@ -108,6 +125,7 @@ def install() -> None:
     numpy.__doc__ = original.__doc__
     numpy.__wrapped__ = original  # type: ignore[attr-defined]
     torch.Tensor.numpy = numpy  # type: ignore[method-assign,assignment]
+    _wrap_dlpack()
 
     import threading
 
@@ -122,6 +140,41 @@ def install() -> None:
 
     started.__doc__ = start.__doc__
     threading.Thread.start = started  # type: ignore[method-assign]
+
+
+def _wrap_dlpack() -> None:
+    """Note the memory a DLPack export hands to another library (NumPy, CuPy, JAX).
+
+    ``np.from_dlpack(t)`` calls ``t.__dlpack__()``; ``torch.utils.dlpack.to_dlpack``
+    (also ``torch.to_dlpack``) makes the capsule directly. A name bound before
+    :func:`install` ran (``from torch.utils.dlpack import to_dlpack`` at import)
+    keeps the unwrapped function.
+    """
+    original = torch.Tensor.__dlpack__
+
+    def __dlpack__(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        capsule = original(self, *args, **kwargs)
+        mark(self)
+        return capsule
+
+    __dlpack__.__doc__ = original.__doc__
+    __dlpack__.__wrapped__ = original  # type: ignore[attr-defined]
+    torch.Tensor.__dlpack__ = __dlpack__  # type: ignore[method-assign]
+
+    import torch.utils.dlpack as dlpack
+
+    exporter: Any = getattr(dlpack, "to_dlpack")  # noqa: B009  (not in its __all__)
+
+    def to_dlpack(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        capsule = exporter(tensor, *args, **kwargs)
+        mark(tensor)
+        return capsule
+
+    to_dlpack.__doc__ = exporter.__doc__
+    to_dlpack.__wrapped__ = exporter  # type: ignore[attr-defined]
+    dlpack.to_dlpack = to_dlpack  # type: ignore[attr-defined,assignment]
+    if getattr(torch, "to_dlpack", None) is exporter:
+        torch.to_dlpack = to_dlpack  # type: ignore[attr-defined,assignment]
 
 
 def started_since(count: int) -> list[str]:

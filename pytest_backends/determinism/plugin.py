@@ -84,6 +84,19 @@ class DeterminismPlugin:
         self._written: set[Path] = set()
         self._recorders: set[str] = set()
 
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        import sys
+
+        from pytest_backends.determinism.runs import note_session
+
+        # The threads running now, from code outside the rootdir, are pytest's plugins'.
+        note_session(session.config.rootpath)
+        if "torch" in sys.modules:
+            # Wrap the exports to NumPy and DLPack before test modules bind them.
+            from pytest_backends.determinism import outside
+
+            outside.install()
+
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         from pytest_backends._selected import record
 

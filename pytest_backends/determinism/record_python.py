@@ -445,8 +445,8 @@ class PythonRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 if t._version != version or storage_ptr(t) != key.storage:
                     continue
                 storage = t.untyped_storage()
-                if not storage.resizable():
-                    continue  # memory torch did not allocate: its owner may write it
+                if outside.owned_outside(t, storage):
+                    continue  # its owner, or another process, may write it
                 meta = (t.storage_offset(), t.shape, t.stride())
             except (RuntimeError, TypeError, NotImplementedError):
                 continue
@@ -508,9 +508,9 @@ class PythonRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if external:
             key.storage = storage_ptr(t)
             try:
-                # Memory torch did not allocate (from_numpy, frombuffer, DLPack) cannot be
-                # resized by torch: it is shared with its owner, who may write it any time.
-                if key.storage and not t.untyped_storage().resizable():
+                # Memory torch did not allocate (from_numpy, frombuffer, DLPack), or shared
+                # with other processes (share_memory_): its owner may write it any time.
+                if key.storage and outside.owned_outside(t, t.untyped_storage()):
                     outside.mark(t)
             except (RuntimeError, NotImplementedError, TypeError):
                 pass

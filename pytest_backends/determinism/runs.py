@@ -49,10 +49,14 @@ when the first run starts.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import sys
+import threading
+import weakref
 from collections.abc import Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -283,6 +287,10 @@ class Runs:
         self._native: Any = None
         self._threads: list[str] = []
         self._started = 0
+        # Threads that may write the test's tensors, alive when the run began; and the
+        # thread count when the previous run ended (threads started between runs).
+        self._writers: list[str] = []
+        self._ended_at = 0
         # Whether the next run may reuse keys the previous run proved (see the recorders).
         self._carry = True
         #: Which recorder recorded the runs, and why not the native one, in words.
@@ -295,6 +303,9 @@ class Runs:
 
         outside.install()
         self._threads = _other_threads()
+        self._writers = writer_threads()
+        if self._writers or outside.started_since(self._ended_at):
+            self._carry = False  # another thread may have written a tensor unseen
         self._started = outside.started_count()
         self._watch.arm()
         self._compiles = self._watch.total()
@@ -338,10 +349,13 @@ class Runs:
         from pytest_backends.determinism import outside
 
         started = outside.started_since(self._started)
+        self._ended_at = outside.started_count()
         # Writes no recorder sees (another thread's ops, compiled kernels, a wrapper
         # subclass's inner ops) may have changed a tensor from outside the run: the next
-        # run reads every such tensor again.
-        self._carry = not (compiled or started or blind)
+        # run reads every such tensor again. Another thread alive during the run (one a
+        # fixture started, too) may have written one through ``.data``.
+        writers = self._writers or writer_threads()
+        self._carry = not (compiled or started or blind or writers)
         threads = tuple(dict.fromkeys([*self._threads, *started, *_other_threads()]))
         self.records.append(
             RunRecord(
@@ -366,10 +380,54 @@ class Runs:
             self.failure = failure_text(exc)
 
 
+#: Threads of the session's own machinery (see :func:`note_session`).
+_MACHINERY: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def note_session(root: Path | None) -> None:
+    """Note the session's machinery: threads running now whose code lies outside ``root``.
+
+    Ops on other threads are not recorded, and a write there through ``.data`` moves
+    no counter a recorder checks, so a run during which another thread was alive
+    carries no key to the next (:meth:`Runs.end`). Threads that pytest's plugins
+    started before the session (pytest-rerunfailures' status server) are not counted.
+    """
+    if root is None:
+        return
+    me = threading.current_thread()
+    for thread in threading.enumerate():
+        where = None if thread is me else _code_file(thread)
+        if where is None:
+            continue  # unknown code: counted
+        try:
+            Path(where).resolve().relative_to(root.resolve())
+        except ValueError:
+            _MACHINERY.add(thread)
+        except OSError:
+            continue
+
+
+def writer_threads() -> list[str]:
+    """Names of the live threads, other than this one, that may write a test's tensors."""
+    me = threading.current_thread()
+    return [t.name for t in threading.enumerate() if t is not me and t not in _MACHINERY]
+
+
+def _code_file(thread: threading.Thread) -> str | None:
+    """The source file of the code ``thread`` runs (its target, or its ``run``), if known."""
+    target = getattr(thread, "_target", None)
+    if target is None:
+        target = type(thread).run
+        if target is threading.Thread.run:
+            return None
+    while isinstance(target, functools.partial):
+        target = target.func
+    code = getattr(getattr(target, "__func__", target), "__code__", None)
+    return None if code is None else str(code.co_filename)
+
+
 def _other_threads() -> list[str]:
     """Names of the live threads other than this one."""
-    import threading
-
     me = threading.current_thread()
     return [t.name for t in threading.enumerate() if t is not me]
 

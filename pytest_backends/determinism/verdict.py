@@ -294,9 +294,9 @@ def explain_unchecked(comparison: Comparison, runs: Sequence[RunRecord]) -> str 
             where = f" at {place}" if place else ""
             return (
                 f"{INPUTS_DIFFER}: input {shared} of {d.op} changed outside torch ops "
-                f"(NumPy?){where} (op #{d.op_index}): it is memory shared with something "
-                "outside torch, its bytes were read at the op and differ between run 0 and "
-                f"run {d.run}"
+                f"(NumPy, DLPack or another process?){where} (op #{d.op_index}): it is "
+                "memory shared with something outside torch, its bytes were read at the op "
+                f"and differ between run 0 and run {d.run}"
             )
     generators = [(x, y) for x, y in pairs if _is_generator_key(x) or _is_generator_key(y)]
     threads = sorted({name for r in (ref, other) for name in r.threads})

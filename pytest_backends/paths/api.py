@@ -449,8 +449,9 @@ def assert_paths_agree(
     structure are compared exactly, and so are a floating-point result's
     dtype and shape; a Python float as a float32 value. A NaN agrees with a
     NaN and an infinity with the same infinity; any other non-finite
-    difference is an infinite error. ``ValueError`` for an unknown or process-level axis, axes that give fewer
-    than two configurations, or an unknown reference; the test is skipped
+    difference is an infinite error. ``ValueError`` for an unknown or
+    process-level axis, axes that give fewer than two configurations, or an
+    unknown reference; the test is skipped
     where fewer than two of them can run on this machine.
     """
     configs = _configs(axes)

@@ -280,3 +280,16 @@ def test_merge_command_writes_both_merges_and_warns(
         "is neither a matrix report (--backends-report) nor a census (--backends-census): "
         "it is a baseline" in capsys.readouterr().err
     )
+
+
+def test_baseline_entries_name_a_device_type(tmp_path: Path) -> None:
+    """``cuda:1`` in a census is written as ``cuda``: an entry accepts a device type."""
+    census = Census()
+    census.add_test("t::e", {("aten::index_add_", "cuda:1", "float16"): "nondeterministic"})
+    refreshed = refresh(Baseline(), census).baseline
+    assert [(e.op, e.device, e.dtype) for e in refreshed.entries] == [
+        ("aten::index_add_", "cuda", "float16")
+    ]
+    updated = Baseline().updated(census)
+    assert [e.device for e in updated.entries] == ["cuda"]
+    assert updated.accepts(("aten::index_add_", "cuda:0", "float16"))
