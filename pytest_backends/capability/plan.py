@@ -58,7 +58,7 @@ class WorkerPlan:
     @property
     def worker_levels(self) -> tuple[str | None, ...]:
         """The levels that have workers, home level first (``None``: one plain worker)."""
-        return (*self.runnable, *self.marker_only) or (None,)
+        return (*(self.runnable or (None,)), *self.marker_only)
 
 
 #: The controller's plan (set by :func:`plan_distribution`).
@@ -105,17 +105,15 @@ def plan_workers(
 
     Each ``supported`` level the option does not name gets one worker of its
     own, which runs only the items of markers naming it and stops at once when
-    there are none.  With no runnable level, one plain worker reports the skips.
+    there are none (a marker keeps its own levels, whatever the option names).
+    With no runnable level, one plain worker reports the skips of the others.
     """
     missing = {lv: why for lv, why in unsupported.items() if why is not None}
     runnable = tuple(lv for lv in wanted if lv not in missing)
-    specs = [level_spec(lv, environ) for lv in runnable for _ in range(per_level)]
+    specs = [level_spec(lv, environ) for lv in runnable for _ in range(per_level)] or ["popen"]
     extra = tuple(lv for lv in supported if lv not in wanted and lv not in missing)
-    if runnable:
-        specs += [level_spec(lv, environ) for lv in extra]
-    else:
-        extra = ()
-    return WorkerPlan(tuple(wanted), runnable, missing, per_level, tuple(specs or ["popen"]), extra)
+    specs += [level_spec(lv, environ) for lv in extra]
+    return WorkerPlan(tuple(wanted), runnable, missing, per_level, tuple(specs), extra)
 
 
 def plan_distribution(config: pytest.Config, wanted: tuple[str, ...] | None) -> None:

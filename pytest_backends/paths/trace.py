@@ -242,8 +242,13 @@ def _bound(op: Mapping[str, Any], out: Mapping[str, Any], a: Trace, b: Trace) ->
 
 
 def compare(a: Trace, b: Trace) -> tuple[TraceDivergence | None, int, int]:
-    """(first divergence, ops aligned, ops on one side only) of trace ``b`` against ``a``."""
+    """(first divergence, ops aligned, ops on one side only) of trace ``b`` against ``a``.
+
+    The counts are those of the whole traces, wherever the first divergence is.
+    """
     ref = {tuple(op["identity"]): op for op in a.ops}
+    common = sum(1 for op in b.ops if tuple(op["identity"]) in ref)
+    alone = len(a.ops) + len(b.ops) - 2 * common
     aligned = 0
     for op in b.ops:
         other = ref.get(tuple(op["identity"]))
@@ -299,10 +304,10 @@ def compare(a: Trace, b: Trace) -> tuple[TraceDivergence | None, int, int]:
                         rtol,
                         atol,
                     ),
-                    aligned,
-                    len(a.ops) + len(b.ops) - 2 * aligned,
+                    common,
+                    alone,
                 )
-    return None, aligned, len(a.ops) + len(b.ops) - 2 * aligned
+    return None, common, alone
 
 
 def _bound_pair(sk: Mapping[str, Any], a: Trace, b: Trace) -> tuple[float, float]:
@@ -330,7 +335,8 @@ def diverge(path_a: Path, path_b: Path) -> tuple[list[str], int]:
 
     Files are paired by their path relative to each directory (test and
     configuration).  Returns the report lines and the number of pairs that
-    part beyond their bounds.
+    part beyond their bounds; ``ValueError`` when no pair is compared (a
+    wrong path must not read as "agree").
     """
     files_a, files_b = _files(path_a), _files(path_b)
     if path_a.is_file() and path_b.is_file():
@@ -352,7 +358,8 @@ def diverge(path_a: Path, path_b: Path) -> tuple[list[str], int]:
         side = path_a if key in files_a else path_b
         lines.append(f"{key}: only in {side}")
     if not pairs:
-        lines.append("no trace files in common")
+        shown = "; ".join(lines) or "neither holds a trace file"
+        raise ValueError(f"no trace files in common, nothing compared ({shown})")
     return lines, parted
 
 

@@ -306,9 +306,35 @@ def test_levels_the_option_does_not_name_get_one_worker_each() -> None:
     assert plan.worker_levels == ("avx2", "default", "avx512")
     levels_of = [spec.split("ATEN_CPU_CAPABILITY=")[1].split("//")[0] for spec in plan.specs]
     assert levels_of == ["avx2", "avx2", "avx2", "default", "avx512"]
-    # With no runnable level, the plain worker only reports the skips.
+    # With no runnable level, a plain worker reports the skips, and a marker still keeps
+    # the levels this CPU can run.
     plan = planning.plan_workers(("avx512",), 1, {"avx512": "no"}, supported=("default",))
-    assert plan.marker_only == () and plan.worker_levels == (None,)
+    assert plan.marker_only == ("default",) and plan.worker_levels == (None, "default")
+    assert plan.specs[0] == "popen"
+
+
+def test_a_marker_keeps_its_levels_when_the_option_names_none_this_cpu_runs(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The marked test's runnable level runs in a worker of its own, not skipped."""
+    monkeypatch.setenv("PYTEST_BACKENDS_FAKE_CPU_FEATURES", "-avx512f")
+    pytester.makepyfile(
+        """
+        import pytest, torch
+
+        @pytest.mark.backends(cpu_capability=["default"])
+        def test_level():
+            assert torch.backends.cpu.get_cpu_capability() == "DEFAULT"
+
+        def test_plain():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "-rs", "--backends-cpu-capability=avx512"
+    )
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*SKIPPED*cap-avx512 cannot run on this machine*"])
 
 
 def test_the_plan_turns_n_into_workers_per_level(pytester: pytest.Pytester) -> None:

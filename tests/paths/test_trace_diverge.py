@@ -63,7 +63,30 @@ def test_default_and_avx2_traces_agree_and_a_planted_level_op_is_named(
     parted = next(line for line in out.splitlines() if "test_planted" in line)
     assert f"the paths part at trace_tests::level_bump ({path}:{planted}," in parted, out
     assert "tolerance certificate" in out and "dtype eps" in out
+    # The counts of a parting pair are those of the whole traces: the planted test runs the
+    # agreeing test's ops and one more, on both levels.
+    counts = {
+        name: tuple(int(w) for w in line.split(": ", 1)[1].split()[:4:3])
+        for name in ("test_agrees", "test_planted")
+        for line in out.splitlines()
+        if name in line and "ops aligned" in line
+    }
+    assert counts["test_planted"] == (counts["test_agrees"][0] + 1, counts["test_agrees"][1])
+    # Wherever the parting op sits: moved first, the pair still counts every op.
+    from pytest_backends.paths.trace import Trace, compare
+
+    fa, fb = (sorted((root).rglob("*planted*/*.jsonl"))[0] for root in (a, b))
+    ta, tb = Trace.load(fa), Trace.load(fb)
+    first = Trace(tb.path, tb.header, tb.ops[-1:] + tb.ops[:-1])
+    assert compare(ta, first)[0] is not None
+    assert compare(ta, first)[1:] == compare(ta, tb)[1:] == (len(tb.ops), len(ta.ops) - len(tb.ops))
     assert main(["diverge", str(a / "nothing"), str(b)]) == 2
+    # Nothing in common (a wrong path, or empty directories) compares nothing: not "agree".
+    (pytester.path / "empty_a").mkdir()
+    (pytester.path / "empty_b").mkdir()
+    assert main(["diverge", str(pytester.path / "empty_a"), str(pytester.path / "empty_b")]) == 2
+    assert main(["diverge", str(a), str(pytester.path / "empty_b")]) == 2
+    assert "nothing compared" in capsys.readouterr().err
 
 
 def test_bad_trace_option_is_a_usage_error(pytester: pytest.Pytester) -> None:
