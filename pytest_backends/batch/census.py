@@ -76,7 +76,11 @@ class BatchCensus:
         return len(self._entries)
 
     def add_test(self, nodeid: str, config: str, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Add one test's rows (``op, device, dtype, verdict, sizes``) run under ``config``."""
+        """Add one test's rows (``op, device, dtype, verdict, sizes``) run under ``config``.
+
+        A batch-variant row's ``sizes`` are where it differed; its ``sizes_same``
+        (optional) where it was compared without a difference.
+        """
         for i, row in enumerate(rows):
             where = f"batch-invariance rows of {nodeid}[{i}]"
             key = _key_of(row, where)
@@ -91,6 +95,7 @@ class BatchCensus:
             if verdict == "batch_variant":
                 entry.variant_in.add(nodeid)
                 entry.variant_sizes.update(sizes)
+                entry.same_sizes.update(_sizes(row.get("sizes_same", []), f"{where}: 'sizes_same'"))
             elif verdict == "no_difference":
                 entry.same_sizes.update(sizes)
 

@@ -156,15 +156,16 @@ class TestCheck:
             self._verdicts.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2] or "")
         ):
             sizes = differ if verdict == "batch_variant" else same
-            rows.append(
-                {
-                    "op": op,
-                    "device": device,
-                    "dtype": dtype,
-                    "verdict": verdict,
-                    "sizes": sorted(sizes),
-                }
-            )
+            row: dict[str, Any] = {
+                "op": op,
+                "device": device,
+                "dtype": dtype,
+                "verdict": verdict,
+                "sizes": sorted(sizes),
+            }
+            if verdict == "batch_variant" and same - differ:
+                row["sizes_same"] = sorted(same - differ)  # compared there, no difference
+            rows.append(row)
         return rows
 
 

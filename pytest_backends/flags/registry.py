@@ -408,9 +408,56 @@ class FlagRegistry:
     def diff(
         before: Mapping[str, object], after: Mapping[str, object]
     ) -> dict[str, tuple[object, object]]:
-        """``{name: (before, after)}`` for every flag whose value differs."""
+        """``{name: (before, after)}`` for every flag whose value differs.
+
+        A list and a tuple of equal items are one value (a snapshot read back
+        from JSON has lists where it had tuples).
+        """
         names = list(before) + [n for n in after if n not in before]
-        return {n: (before.get(n), after.get(n)) for n in names if before.get(n) != after.get(n)}
+        return {
+            n: (before.get(n), after.get(n))
+            for n in names
+            if before.get(n) != after.get(n) and not _same_items(before.get(n), after.get(n))
+        }
+
+    @staticmethod
+    def visible(
+        diff: Mapping[str, tuple[object, object]],
+        before: Mapping[str, object],
+        after: Mapping[str, object],
+    ) -> dict[str, tuple[object, object]]:
+        """``diff`` less the precision strings whose effective value did not change.
+
+        A ``*.fp32_precision`` leaf set to ``"none"`` inherits from its backend's
+        and then the generic string (``"ieee"`` where all are ``"none"``). The
+        legacy setters (``allow_tf32``, ``set_float32_matmul_precision``) write
+        the leaf itself: ``"none"`` becomes ``"ieee"`` with the kernels' precision
+        unchanged. Such a change is still restored, but is not a leak to report.
+        """
+        return {
+            n: change
+            for n, change in diff.items()
+            if not n.endswith(_PRECISION) or _effective(n, before) != _effective(n, after)
+        }
+
+
+_PRECISION = "fp32_precision"
+
+
+def _same_items(a: object, b: object) -> bool:
+    return isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b)
+
+
+def _effective(name: str, snapshot: Mapping[str, object]) -> object:
+    """The precision ``name`` has in ``snapshot``, its ``"none"`` resolved through its parents."""
+    parts = name.split(".")
+    while True:
+        value = snapshot.get(".".join(parts))
+        if value is not None and value != "none":
+            return value
+        if len(parts) == 1:
+            return "ieee"
+        parts = [*parts[:-2], parts[-1]]
 
 
 def _plan(

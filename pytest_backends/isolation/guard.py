@@ -5,8 +5,7 @@ one fingerprint at each boundary: a test that leaves one changed is reported
 with ``before -> after`` and the state is put back.  A fixture owns what it
 changes for its scope and is reported, once, naming it, if the change
 outlives its teardown.  Changes made while no test runs (a stray thread, a
-hook) are reported before the next test, or at session end after the last
-one.
+hook) are reported before the next test, or at session end after the last.
 """
 
 from __future__ import annotations
@@ -490,17 +489,18 @@ class IsolationPlugin:
         expected = state.expected
         if expected is None:
             expected = dict(self._ensure_ambient())
-        leaked = self._torch_own(reg.diff(expected, reg.to_plain(fp)), expected)
+        after = reg.to_plain(fp)
+        leaked = self._torch_own(reg.diff(expected, after), expected)
         if not leaked:
             return fp
         self._restore(reg, expected)
-        by_fixture, leaked = state.teardown.split(leaked)
+        by_fixture, leaked = state.teardown.split(reg.visible(leaked, expected, after))
         found[state.mode].extend(teardown_messages(by_fixture))  # not the test body's
         if leaked:
             found[state.mode].append(
                 f"{item.nodeid} left torch backend flags changed:\n{diff_lines(leaked)}\n"
-                "They were restored for the next test. Restore them in the test "
-                "(try/finally), or set them with the backend_flags fixture or "
+                "They were restored for the next test (but any that cannot be). Restore them "
+                "in the test (try/finally), or set them with the backend_flags fixture or "
                 "pytest_backends.override_flags(), which always restore."
                 + thread_hint(state.threads)
             )

@@ -441,3 +441,32 @@ def test_an_accepted_op_explains_only_the_rows_it_changed(pytester: pytest.Pytes
         ]
     )
     assert "first batch-variant op: suite::at_two" not in unused.stdout.str()
+
+
+ONLY_ALONE = """
+
+@torch.library.custom_op("suite::alone", mutates_args=())
+def alone(x: torch.Tensor) -> torch.Tensor:
+    return x * (1.0 + 1e-3 * (x.shape[0] == 1))
+
+
+@alone.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@pytest.mark.batch_invariant(sizes=[1, 4], tolerance="report", permute=False)
+def test_alone():
+    assert_batch_invariant(alone, torch.randn(8, 4))
+"""
+
+
+def test_a_variant_ops_census_lists_the_sizes_it_was_the_same_at(pytester: pytest.Pytester) -> None:
+    """Compared at 1 (differs) and 4 (the same): both are sizes compared."""
+    pytester.makepyfile(test_suite=PLANTED + ONLY_ALONE)
+    census = pytester.path / "census.json"
+    result = pytester.runpytest_subprocess("-p", "no:randomly", f"--backends-census={census}")
+    assert result.ret != pytest.ExitCode.INTERNAL_ERROR
+    row = _census(census)["suite::alone"]
+    assert row["sizes_differing"] == [1]
+    assert row["sizes_compared"] == [1, 4]

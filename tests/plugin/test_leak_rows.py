@@ -201,3 +201,54 @@ def test_autocast_restore_clears_the_cast_cache_and_nesting() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y2 = lin(x)
     assert not torch.equal(y1, y2)
+
+
+LEGACY_RESTORE = """
+import torch
+
+def test_set_default_value():
+    assert torch.get_float32_matmul_precision() == "highest"
+    torch.set_float32_matmul_precision("highest")
+
+def test_save_and_restore_legacy_tf32():
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+def test_save_and_restore_f32mp():
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+def test_a_real_leak():
+    torch.set_float32_matmul_precision("high")
+
+def test_next_sees_the_start():
+    assert torch.backends.cuda.matmul.fp32_precision == "none"
+    assert torch.get_float32_matmul_precision() == "highest"
+"""
+
+
+def test_a_legacy_restore_is_not_a_leak_but_is_put_back(pytester: pytest.Pytester) -> None:
+    """A leaf written "ieee" where it inherited "ieee": the kernels' precision is unchanged."""
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        pytest.skip("this torch has no fp32_precision strings")
+    pytester.makepyfile(test_legacy=LEGACY_RESTORE)
+    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    result.assert_outcomes(passed=5, errors=1)
+    result.stdout.fnmatch_lines(["*test_a_real_leak left torch backend flags changed:*"])
+    assert "test_save_and_restore" not in result.stdout.str().split("short test summary")[-1]
+    assert "test_set_default_value left" not in result.stdout.str()
+
+
+def test_a_snapshot_read_back_from_json_has_no_differences() -> None:
+    import json
+
+    from pytest_backends import diff_flags, snapshot_flags
+
+    saved = json.loads(json.dumps(snapshot_flags()))
+    assert diff_flags(saved, snapshot_flags()) == {}
