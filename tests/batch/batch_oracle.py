@@ -195,11 +195,17 @@ def op_rows_differ(
 
 
 def _others_changed(x: torch.Tensor, d: int, rows: Sequence[int]) -> torch.Tensor:
-    """A copy of ``x`` with every row along ``d`` but ``rows`` holding other values."""
-    out = x.clone()
+    """A copy of ``x``, laid out as ``x`` is, with every row along ``d`` but ``rows`` holding
+    other values (``x`` itself where its rows share memory: they cannot differ)."""
+    if x.stride(d) == 0 and x.shape[d] > 1:
+        return x
+    out = clone_as_is(x)
     for r in range(x.shape[d]):
         if r not in rows:
             row = out.select(d, r)
+            for k in range(row.dim()):  # each element of the row's memory once
+                if row.stride(k) == 0:
+                    row = row.narrow(k, 0, 1)
             row.copy_(row * -1.5 + 0.75)
     return out
 
