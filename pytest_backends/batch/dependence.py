@@ -23,6 +23,9 @@ from typing import Any
 
 import torch
 
+from pytest_backends import _tree
+from pytest_backends.batch.rows import same_bits
+
 __all__ = ["Slot", "reads_other_rows", "row_indices", "template"]
 
 
@@ -86,8 +89,6 @@ How = tuple[str, int, int]
 
 
 def _outputs(value: object) -> list[torch.Tensor]:
-    from pytest_backends import _tree
-
     return [t for t in _tree.iter_leaves(value) if isinstance(t, torch.Tensor)]
 
 
@@ -104,8 +105,6 @@ def _changed(x: torch.Tensor, keep: torch.Tensor, d: int) -> torch.Tensor:
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    from pytest_backends.batch.rows import same_bits
-
     return a.shape == b.shape and a.dtype == b.dtype and same_bits(a, b)
 
 

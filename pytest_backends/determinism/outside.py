@@ -23,6 +23,7 @@ Importing this module imports torch.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -113,18 +114,9 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    original = torch.Tensor.numpy
-
-    def numpy(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        array = original(self, *args, **kwargs)
-        # Conservative: a copy (``force=True`` on a conjugate view) is marked too, and
-        # costs only a digest per use.
-        mark(self)
-        return array
-
-    numpy.__doc__ = original.__doc__
-    numpy.__wrapped__ = original  # type: ignore[attr-defined]
-    torch.Tensor.numpy = numpy  # type: ignore[method-assign,assignment]
+    # Conservative: a copy (``numpy(force=True)`` of a conjugate view) is marked too, and
+    # costs only a digest per use.
+    torch.Tensor.numpy = _marking(torch.Tensor.numpy)  # type: ignore[method-assign]
     _wrap_dlpack()
 
     import threading
@@ -150,31 +142,26 @@ def _wrap_dlpack() -> None:
     :func:`install` ran (``from torch.utils.dlpack import to_dlpack`` at import)
     keeps the unwrapped function.
     """
-    original = torch.Tensor.__dlpack__
-
-    def __dlpack__(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        capsule = original(self, *args, **kwargs)
-        mark(self)
-        return capsule
-
-    __dlpack__.__doc__ = original.__doc__
-    __dlpack__.__wrapped__ = original  # type: ignore[attr-defined]
-    torch.Tensor.__dlpack__ = __dlpack__  # type: ignore[method-assign]
+    torch.Tensor.__dlpack__ = _marking(torch.Tensor.__dlpack__)  # type: ignore[method-assign]
 
     import torch.utils.dlpack as dlpack
 
     exporter: Any = getattr(dlpack, "to_dlpack")  # noqa: B009  (not in its __all__)
-
-    def to_dlpack(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        capsule = exporter(tensor, *args, **kwargs)
-        mark(tensor)
-        return capsule
-
-    to_dlpack.__doc__ = exporter.__doc__
-    to_dlpack.__wrapped__ = exporter  # type: ignore[attr-defined]
-    dlpack.to_dlpack = to_dlpack  # type: ignore[attr-defined,assignment]
+    dlpack.to_dlpack = _marking(exporter)  # type: ignore[attr-defined]
     if getattr(torch, "to_dlpack", None) is exporter:
-        torch.to_dlpack = to_dlpack  # type: ignore[attr-defined,assignment]
+        torch.to_dlpack = dlpack.to_dlpack  # type: ignore[attr-defined]
+
+
+def _marking(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` (a function handing a tensor's memory out), marking that tensor."""
+
+    @functools.wraps(original)
+    def wrapper(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        handed = original(tensor, *args, **kwargs)
+        mark(tensor)
+        return handed
+
+    return wrapper
 
 
 def started_since(count: int) -> list[str]:

@@ -62,6 +62,21 @@ def same_rows(full: object, sub: object, out_dim: int, start: int, size: int) ->
     return True
 
 
+def batch_size(inputs: Sequence[object], dims: Sequence[int | None]) -> int:
+    """The size of the first batched input's batch dimension."""
+    return next(x.shape[d] for x, d in zip(inputs, dims) if d is not None)  # type: ignore[attr-defined, no-any-return]
+
+
+def sliced(
+    inputs: Sequence[object], dims: Sequence[int | None], start: int, size: int
+) -> list[object]:
+    """Fresh copies of ``inputs``, each batched one narrowed to rows ``start .. start + size``."""
+    return [
+        x if d is None else x.narrow(d, start, size)  # type: ignore[attr-defined]
+        for x, d in zip(fresh(inputs), dims)
+    ]
+
+
 def oracle(
     fn: Callable[..., object],
     inputs: Sequence[object],
@@ -74,16 +89,14 @@ def oracle(
 
     ``starts(n, size)``, where given, names the offsets instead.
     """
-    n = next(x.shape[d] for x, d in zip(inputs, dims) if d is not None)  # type: ignore[union-attr]
+    n = batch_size(inputs, dims)
     with torch.no_grad():
         full = fn(*fresh(inputs))
         for size in sorted({s for s in sizes if s < n}):
             for start in range(n - size + 1) if starts is None else starts(n, size):
-                sub = [
-                    x if d is None else x.narrow(d, start, size)  # type: ignore[union-attr]
-                    for x, d in zip(fresh(inputs), dims)
-                ]
-                if not same_rows(full, fn(*sub), out_dim, start, size):
+                if not same_rows(
+                    full, fn(*sliced(inputs, dims, start, size)), out_dim, start, size
+                ):
                     return False, size
     return True, None
 
@@ -170,7 +183,7 @@ def op_rows_differ(
     whose first dimension happens to equal the batch size), so that call, which
     may be the blamed one, proves nothing either way.
     """
-    n = next(x.shape[d] for x, d in zip(inputs, dims) if d is not None)  # type: ignore[union-attr]
+    n = batch_size(inputs, dims)
     mode = _Calls({op})
     with torch.no_grad(), mode:
         fn(*inputs)
@@ -260,18 +273,13 @@ def op_reads_other_rows(
     with ``size`` rows where the full batch's got ``n`` (a weight whose first
     dimension happens to be ``n`` has it in both).
     """
-    n = next(x.shape[d] for x, d in zip(inputs, dims) if d is not None)  # type: ignore[union-attr]
+    n = batch_size(inputs, dims)
     full, sub = _Calls({op}), _Calls({op})
     with torch.no_grad():
         with full:
             fn(*fresh(inputs))
         with sub:
-            fn(
-                *[
-                    x if d is None else x.narrow(d, start, size)  # type: ignore[union-attr]
-                    for x, d in zip(fresh(inputs), dims)
-                ]
-            )
+            fn(*sliced(inputs, dims, start, size))
     keep = range(start, start + size)
     for (func, args, kwargs, out), (_, sub_args, _, _) in zip(full.calls, sub.calls):
         copies: dict[int, object] = {}  # one changed copy per distinct tensor: aliases stay
@@ -309,7 +317,7 @@ def ops_with_batch_rows(
     fn: Callable[..., object], inputs: Sequence[object], dims: Sequence[int | None]
 ) -> tuple[set[str], set[str]]:
     """Op names run with a tensor input that has a batch-sized dimension, and all op names."""
-    n = next(x.shape[d] for x, d in zip(inputs, dims) if d is not None)  # type: ignore[union-attr]
+    n = batch_size(inputs, dims)
     mode = _Calls(None)
     with torch.no_grad(), mode:
         fn(*inputs)

@@ -6,6 +6,7 @@ Shared by the proof-rule tests and the generated corpus.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -73,3 +74,24 @@ def checked_session(
     )
     found, blamed_ops, blamed_in = verdicts(pytester, recorder)
     return result, outcomes(result, found), blamed_ops, blamed_in
+
+
+def unchecked(
+    pytester: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[pytest.RunResult, str, dict[str, str]]:
+    """Every test checked over 3 runs under ``recorder``, the leak guard off.
+
+    Returns the run, its output and, per "not checked" test (by function name),
+    the reason given.
+    """
+    result = session(
+        pytester,
+        recorder,
+        monkeypatch,
+        "--backends-determinism=3",
+        "--backends-determinism-all",
+        "--backends-leaks=off",
+        "-rA",
+    )
+    out = result.stdout.str()
+    return result, out, dict(re.findall(r"not checked: \S+::(\w+): (.*)", out))

@@ -9,10 +9,8 @@ stale key would make the next op that reads the tensor look nondeterministic.
 
 from __future__ import annotations
 
-import re
-
 import pytest
-from sessions import session
+from sessions import unchecked
 
 _CASES = """
 import itertools
@@ -61,19 +59,9 @@ def test_a_changed_outside_tensor_is_read_again(
     """No stale key is blamed: each changed tensor makes its test "not checked", by content."""
     pytest.importorskip("numpy")
     planted_conftest.makepyfile(test_carry=_CASES)
-    result = session(
-        planted_conftest,
-        recorder,
-        monkeypatch,
-        "--backends-determinism=3",
-        "--backends-determinism-all",
-        "--backends-leaks=off",
-        "-rA",
-    )
-    out = result.stdout.str()
+    result, out, reasons = unchecked(planted_conftest, recorder, monkeypatch)
     result.assert_outcomes(passed=5)
     assert "nondeterministic op" not in out, out
-    reasons = dict(re.findall(r"not checked: \S+::(\w+): (.*)", out))
     for name in (
         "test_data_alias_written_after_use",
         "test_module_data_alias_written_after_use",

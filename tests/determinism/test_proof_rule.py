@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from sessions import RECORDERS, checked_session, session
+from sessions import RECORDERS, checked_session, session, unchecked
 
 from pytest_backends.determinism.record_native import native_module
 
@@ -111,15 +111,6 @@ def test_profiler_ranges_differ_between_runs():
 """
 
 
-def _reasons(out: str) -> dict[str, str]:
-    found = {}
-    for line in out.splitlines():
-        m = re.match(r"not checked: \S+::(\w+): (.*)", line)
-        if m:
-            found[m.group(1)] = m.group(2)
-    return found
-
-
 @pytest.mark.parametrize("recorder", RECORDERS)
 def test_every_input_kind_is_covered(
     planted_conftest: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch
@@ -127,20 +118,10 @@ def test_every_input_kind_is_covered(
     """Each input kind: no op blamed; an input that differed is named, with its kind."""
     pytest.importorskip("numpy")
     planted_conftest.makepyfile(test_kinds=_KINDS)
-    result = session(
-        planted_conftest,
-        recorder,
-        monkeypatch,
-        "--backends-determinism=3",
-        "--backends-determinism-all",
-        "--backends-leaks=off",
-        "-rA",
-    )
-    out = result.stdout.str()
+    result, out, reasons = unchecked(planted_conftest, recorder, monkeypatch)
     assert "nondeterministic op" not in out, out
     assert "NONDETERMINISTIC" not in out, out
     result.assert_outcomes(passed=8)
-    reasons = _reasons(out)
     # Memory shared with NumPy: read at the op, and named with the line that read it.
     source = (planted_conftest.path / "test_kinds.py").read_text(encoding="utf-8").splitlines()
     reads = [n for n, line in enumerate(source, 1) if line.strip() == "(buf * 2).sum()"]

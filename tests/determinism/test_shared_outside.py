@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from sessions import RECORDERS, session
+from sessions import RECORDERS, unchecked
 
 # Imported before any test loads the native extension (which must follow torch).
 torch = pytest.importorskip("torch")
@@ -122,10 +122,6 @@ def test_planted_op_beside_a_fixture_thread_is_blamed(updater):
 """
 
 
-def _reasons(out: str) -> dict[str, str]:
-    return dict(re.findall(r"not checked: \S+::(\w+): (.*)", out))
-
-
 @pytest.mark.parametrize("recorder", RECORDERS)
 def test_writers_outside_the_recorded_ops_are_not_blamed(
     planted_conftest: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch
@@ -133,17 +129,7 @@ def test_writers_outside_the_recorded_ops_are_not_blamed(
     """Shared memory, a DLPack export and a fixture's thread: "not checked", by content."""
     pytest.importorskip("numpy")
     planted_conftest.makepyfile(test_writers=_CASES)
-    result = session(
-        planted_conftest,
-        recorder,
-        monkeypatch,
-        "--backends-determinism=3",
-        "--backends-determinism-all",
-        "--backends-leaks=off",
-        "-rA",
-    )
-    out = result.stdout.str()
-    reasons = _reasons(out)
+    result, out, reasons = unchecked(planted_conftest, recorder, monkeypatch)
     outside = "changed outside torch ops (NumPy, DLPack or another process?)"
     for name, op in (
         ("test_shared_module_written_by_process", "aten::t"),
