@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_backends.batch.compare import HELD_BYTES, CaseResult, compare, compare_all
+from pytest_backends.batch.nested import flatten
 from pytest_backends.batch.runs import Case, Plan, Run, call, sub_batches, sweep
 from pytest_backends.batch.state import State
 
@@ -147,8 +148,10 @@ def _dims(inputs: Sequence[object], dim: int | Sequence[int | None] | None) -> l
 def _check_dims(inputs: Sequence[object], dims: Sequence[int | None]) -> None:
     """Raise where a batch dimension is out of its input's range."""
     for i, (x, d) in enumerate(zip(inputs, dims)):
+        if d is None:
+            continue  # passed whole: any value
         rank = x.dim()  # type: ignore[attr-defined]
-        if d is not None and not -rank <= d < rank:
+        if not -rank <= d < rank:
             raise ValueError(
                 f"assert_batch_invariant: dim {d} is out of range for input {i}, which has "
                 f"{rank} dimension(s)"
@@ -232,8 +235,9 @@ def assert_batch_invariant(
     ``dim`` is the batch dimension of every tensor input, or one entry per
     input, with None for inputs that are not batched (parameters, masks,
     lookup tables): they are passed whole to every call, as a copy made once
-    (rewritten where a run wrote it in place). Outputs are batched along
-    ``out_dim``.
+    (rewritten where a run wrote it in place). A list, tuple or dict input
+    holding tensors has each of them batched along its ``dim`` and is rebuilt
+    for every call. Outputs are batched along ``out_dim``.
 
     With ``backward`` (default), where batched inputs require grad, the
     outputs are back-propagated with seeded random upstream gradients (the
@@ -279,6 +283,10 @@ def assert_batch_invariant(
     if per_sample_grads and not backward:
         raise ValueError("assert_batch_invariant: per_sample_grads needs backward=True")
     tol = _tolerance(rtol, atol, tolerance)
+    flat = flatten(fn, inputs, dim) if not per_sample_grads else None
+    names = None
+    if flat is not None:  # a container of tensors: each tensor is an input of its own
+        fn, inputs, dim, names = flat.fn, tuple(flat.leaves), flat.dim, flat.names
     dims = _dims(inputs, dim)
     n = _batch_size(inputs, dims)
     if sizes is None:
@@ -298,7 +306,7 @@ def assert_batch_invariant(
             f"assert_batch_invariant: no sub-batch fits a batch of {n} ({shown}): nothing "
             f"would be compared; give sizes below {n} and offsets from 0 to {n} - size"
         )
-    plan = Plan(fn, inputs, dims, n, out_dim, backward, seed)
+    plan = Plan(fn, inputs, dims, n, out_dim, backward, seed, names=names)
     result = BatchInvariance(n, tolerance=tol if isinstance(tol, tuple) else None)
     start = State(fn, plan.batched())
     try:

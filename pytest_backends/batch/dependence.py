@@ -11,7 +11,10 @@ output without a batch dimension) change too, the op reads the other rows.
 
 Only floating-point batched inputs are changed (an index or a length changed
 at random would be out of range). Where the op cannot be run again, or its
-second run does not give the recorded output, nothing is concluded.
+second run does not give the recorded output, nothing is concluded. An op
+whose two runs on the same inputs give different values (one after the
+other, the generators moving on between them) :func:`draws` random numbers:
+a row's values depend on where it sits among the batch's draws.
 
 Importing this module imports torch.
 """
@@ -26,7 +29,7 @@ import torch
 from pytest_backends import _tree
 from pytest_backends.batch.rows import same_bits
 
-__all__ = ["Slot", "reads_other_rows", "row_indices", "template"]
+__all__ = ["Slot", "draws", "reads_other_rows", "row_indices", "template"]
 
 
 class Slot:
@@ -150,7 +153,7 @@ def reads_other_rows(
         return None
     from torch.utils._python_dispatch import _disable_current_modes
 
-    rng = torch.get_rng_state()
+    put_back = _generators([x for x, _ in inputs])
     try:
         with _disable_current_modes(), torch.no_grad():
             again = _outputs(func(*_arguments(args, same_args), **kwargs))
@@ -158,7 +161,7 @@ def reads_other_rows(
     except Exception:  # the op refuses the changed values: nothing is concluded
         return None
     finally:
-        torch.set_rng_state(rng)
+        put_back()
     if len(again) != len(outputs) or len(other) != len(outputs):
         return None
     told = False
@@ -177,3 +180,53 @@ def reads_other_rows(
                 return True
             told = True
     return False if told else None
+
+
+def _generators(tensors: Sequence[torch.Tensor]) -> Any:
+    """The states of the generators an op on ``tensors`` may draw from, and how to put them back."""
+    states: list[Any] = [torch.get_rng_state()]
+    cuda = any(t.device.type == "cuda" for t in tensors) and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+    if cuda:
+        states.append(torch.cuda.get_rng_state_all())
+
+    def put_back() -> None:
+        torch.set_rng_state(states[0])
+        if cuda:
+            torch.cuda.set_rng_state_all(states[1])
+
+    return put_back
+
+
+def draws(
+    call: tuple[Any, object, dict[str, Any]] | None,
+    inputs: Sequence[tuple[torch.Tensor, How]],
+) -> bool:
+    """Whether two runs of the op on copies of the same recorded inputs give different outputs.
+
+    Run one after the other, the generators moving on between them (and put back
+    after): an op that draws random numbers (dropout, ``randn_like``,
+    ``bernoulli``) gives other values, a kernel that computes each output from
+    its inputs gives the same. False where the op cannot be run again.
+    """
+    if call is None:
+        return False
+    func, args, kwargs = call
+    if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+        return False
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    put_back = _generators([x for x, _ in inputs])
+    outs: list[list[torch.Tensor]] = []
+    try:
+        with _disable_current_modes(), torch.no_grad():
+            for _ in range(2):
+                # One copy per distinct tensor, fresh for each run (an in-place op writes it).
+                copies: dict[int, torch.Tensor] = {}
+                tensors = [copies.setdefault(id(x), x.clone()) for x, _ in inputs]
+                outs.append(_outputs(func(*_arguments(args, tensors), **kwargs)))
+    except Exception:  # the op cannot be run again: nothing is concluded
+        return False
+    finally:
+        put_back()
+    first, second = outs
+    return len(first) == len(second) and any(not _same(a, b) for a, b in zip(first, second))

@@ -23,7 +23,10 @@ class Finding:
 
     ``kind``: ``"op"`` (``op`` gave different output rows for identical input
     rows), ``"mixed"`` (``op`` reduces over the batch, so every row depends
-    on the others: the function's design, not a kernel), ``"scalar"``
+    on the others: the function's design, not a kernel), ``"random"`` (``op``
+    draws random numbers: two runs on the same inputs give different values,
+    so a row's values depend on where it sits among the batch's draws),
+    ``"scalar"``
     (``op``'s tensor inputs were equal but a non-tensor argument, a value
     computed from the batch size, was not), ``"sequence"`` (the runs called
     different ops from ``op_index`` on: control flow depends on the batch
@@ -79,6 +82,15 @@ class Finding:
                 f"computes a value over all the rows it is given (op #{self.op_index} of the "
                 "run; in BatchNorm, the batch statistics of train mode), so a row's result "
                 "depends on the other rows by the function's design; no kernel is blamed"
+            )
+        if self.kind == "random":
+            return (
+                f"{self.op}{where}{at} draws random numbers (op #{self.op_index} of the run): "
+                "two runs on the same inputs give different values, and a row's values depend "
+                f"on where it sits among the batch's draws, so they differ between the full "
+                f"batch and {self.case} by the function's design (every run starts from the "
+                "same generator state); no kernel is blamed. Check in eval mode, or draw per "
+                "sample from a generator seeded by the row"
             )
         if self.kind == "scalar":
             return (

@@ -42,7 +42,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pytest_backends import _tree
-from pytest_backends.batch.dependence import reads_other_rows, row_indices, template
+from pytest_backends.batch.dependence import draws, reads_other_rows, row_indices, template
 from pytest_backends.batch.finding import ACROSS, Finding
 from pytest_backends.batch.rows import rows_differ
 from pytest_backends.determinism.compare import Comparison, Divergence, merge_verdict
@@ -319,6 +319,28 @@ def _reads(
     return reads_other_rows(op.call, ins, [(x, how) for x, _, how in outputs], rows, n)
 
 
+def _drawn_rows_differ(
+    op: _Op,
+    ins: list[tuple[torch.Tensor, tuple[str, int, int]]],
+    outputs: list[tuple[torch.Tensor, torch.Tensor, tuple[str, int, int]]],
+    rows: Sequence[int],
+    n: int,
+) -> bool:
+    """Whether a seeded random op gave differing batched rows by drawing them.
+
+    For ops whose inputs are not proven equal (an ``empty`` tensor that
+    ``bernoulli_`` fills) or hold no batch rows (``torch.rand(n, 1)``): only
+    those torch tags ``nondeterministic_seeded`` are run again.
+    """
+    seeded = getattr(torch.Tag, "nondeterministic_seeded", None)
+    if op.call is None or seeded is None or seeded not in getattr(op.call[0], "tags", ()):
+        return False
+    differ = any(
+        how[0] == "batched" and _same(x, y, how, rows, n) is False for x, y, how in outputs
+    )
+    return differ and len(ins) == len(op.inputs) and draws(op.call, ins)
+
+
 def compare_ops(
     full: OpLog,
     sub: OpLog,
@@ -385,7 +407,11 @@ def compare_ops(
         for p in a.out_ptrs if sources else ():
             mixed[p] = min(sources)
         if not batched_input:
-            continue  # no batch rows in: nothing to blame, no verdict
+            # No batch rows in: nothing to blame, no verdict. A draw whose rows differ
+            # (``torch.rand(n, 1)``) is still the cause the message names.
+            if i < limit and _drawn_rows_differ(a, ins, outputs, rows, n):
+                causes.append(Finding("random", case, a.name, a.device, a.dtype, i))
+            continue
         scalars_equal = len(a.scalars) == len(b.scalars) and all(
             na == nb and _equal_scalars(va, vb) for (na, va), (nb, vb) in zip(a.scalars, b.scalars)
         )
@@ -413,6 +439,8 @@ def compare_ops(
             continue
         if not inputs_equal:
             merge_verdict(verdicts, key, "inconclusive", VERDICTS)
+            if i < limit and _drawn_rows_differ(a, ins, outputs, rows, n):
+                causes.append(Finding("random", case, a.name, a.device, a.dtype, i))
             continue
         compared = differs = False
         for x, y, how in outputs:
@@ -434,7 +462,14 @@ def compare_ops(
                 )
                 causes.append(Finding("scalar", case, a.name, a.device, a.dtype, i, reason=shown))
             continue
-        if differs and _reads(a, ins, outputs, rows, n):
+        reads = _reads(a, ins, outputs, rows, n) if differs else False
+        if differs and reads is None and draws(a.call, ins):
+            # Random draws: a row's values depend on where it sits among the batch's draws.
+            merge_verdict(verdicts, key, "inconclusive", VERDICTS)
+            if i < limit:
+                causes.append(Finding("random", case, a.name, a.device, a.dtype, i))
+            continue
+        if differs and reads:
             # Output rows that change with the other rows' values: the op mixes rows (a
             # softmax, a cumulative sum, a roll over the batch), by design, not by its kernel.
             merge_verdict(verdicts, key, "inconclusive", VERDICTS)
@@ -463,7 +498,8 @@ def compare_ops(
     causes.extend(f for j, (i, f) in enumerate(mixing) if j in relevant and i < limit)
     causes = _reaching(sub, causes, part)
     finding = next(
-        (f for kind in ("mixed", "op", "scalar") for f in causes if f.kind == kind), sequence
+        (f for kind in ("mixed", "random", "op", "scalar") for f in causes if f.kind == kind),
+        sequence,
     )
     if sequence is not None:
         causes.append(sequence)

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from pytest_backends.batch.runs import Plan, Run, differentiable, outputs_of, prepare, same_layout
+from pytest_backends.batch.layout import same_layout
+from pytest_backends.batch.runs import Plan, Run, differentiable, outputs_of, prepare
 
 __all__ = ["per_sample_runs"]
 

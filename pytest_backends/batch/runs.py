@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_backends import _tree
+from pytest_backends.batch.layout import _check_layout, _copy_into, same_layout
 from pytest_backends.batch.rows import row_index, span
 
 if TYPE_CHECKING:
@@ -137,48 +138,6 @@ class Run:
         if self._by_label is None:
             self._by_label = {label: t for label, t, _ in self.parts}
         return self._by_label
-
-
-def _blank_like(x: torch.Tensor) -> torch.Tensor:
-    """A new tensor with ``x``'s sizes, strides and storage offset (so its alignment too)."""
-    import torch
-
-    if x.numel() == 0:
-        return torch.empty_like(x)
-    extent = 1 + sum((s - 1) * st for s, st in zip(x.shape, x.stride()))
-    buf = torch.empty(x.storage_offset() + extent, dtype=x.dtype, device=x.device)
-    return buf.as_strided(x.shape, x.stride(), x.storage_offset())
-
-
-def _copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst.copy_(src)`` where ``dst`` may repeat elements along stride-0 dimensions."""
-    for k in range(dst.dim()):
-        if dst.stride(k) == 0 and dst.shape[k] > 1:
-            dst, src = dst.narrow(k, 0, 1), src.narrow(k, 0, 1)
-    dst.copy_(src)
-
-
-def same_layout(x: torch.Tensor, like: torch.Tensor | None = None) -> torch.Tensor:
-    """A copy of ``x`` laid out as ``like`` (default ``x``): sizes, strides, storage offset."""
-    if like is None and x.storage_offset() == 0:
-        copy = x.detach().clone()  # keeps the strides of a dense tensor
-        if copy.stride() == x.stride():
-            return copy
-    dst = _blank_like(like if like is not None else x)
-    _copy_into(dst, x.detach())
-    return dst
-
-
-def _check_layout(x: object, what: str) -> None:
-    import torch
-
-    if not isinstance(x, torch.Tensor):
-        return
-    if x.is_nested:
-        raise TypeError(f"assert_batch_invariant: not supported: nested {what}")
-    if x.layout != torch.strided:
-        kind = "sparse" if x.is_sparse or "sparse" in str(x.layout) else str(x.layout)
-        raise TypeError(f"assert_batch_invariant: not supported: {kind} {what}")
 
 
 class Inputs:
@@ -406,6 +365,8 @@ class Plan:
     backward: bool
     seed: int
     copies: Inputs | None = None
+    #: Where each input sits in the caller's arguments, where a container was flattened.
+    names: Sequence[str] | None = None
 
     def batched(self) -> Inputs:
         """The private copies of the batched inputs (made on first use)."""
@@ -501,7 +462,7 @@ def call(
     parts = _parts(outs, plan.batched().held, out_dim)
     for (i, _, d), g in zip(wrt, got):
         if g is not None:
-            parts.append((f"grad of input {i}", g, d))
+            parts.append((f"grad of {plan.names[i] if plan.names else f'input {i}'}", g, d))
     single = isinstance(result, torch.Tensor) and len(parts) == 1 and not got
     return Run(parts, structure, single), used
 
@@ -556,7 +517,11 @@ def sweep(
         if k or not forward_only:
             start.restore()
         if forward_only:
-            result = fn(*selected[k])
+            try:
+                result = fn(*selected[k])
+            except Exception as exc:
+                _note(exc, case, plan.n)
+                raise
             selected[k] = []
             if (
                 isinstance(result, torch.Tensor)
@@ -575,7 +540,11 @@ def sweep(
             outs = outputs_of(result, out_dim, len(case.rows), structure)
             run = Run(_parts(outs, held, out_dim), structure)
         else:
-            run, _ = call(plan, case.rows, grads)
+            try:
+                run, _ = call(plan, case.rows, grads)
+            except Exception as exc:
+                _note(exc, case, plan.n)
+                raise
         kept.append((case, run))
         size += nbytes(run)
         if size > limit:
@@ -583,6 +552,16 @@ def sweep(
             kept, size = [], 0
     if kept:
         yield _finish(kept, out_dim)
+
+
+def _note(exc: Exception, case: Case, n: int) -> None:
+    """``exc`` with a note naming the sub-batch it was raised on (the full batch ran)."""
+    if hasattr(exc, "add_note"):  # Python 3.11+
+        exc.add_note(
+            f"assert_batch_invariant: fn raised this on the sub-batch `{case.label}` "
+            f"({case.size} of {n} rows), after the full batch ran: it fails for another "
+            "batch size"
+        )
 
 
 def _finish(kept: list[tuple[Case, torch.Tensor | Run]], out_dim: int) -> list[tuple[Run, Case]]:

@@ -90,14 +90,19 @@ def oracle(
     ``starts(n, size)``, where given, names the offsets instead.
     """
     n = batch_size(inputs, dims)
+    # Every call starts from the same generator state, as the check promises.
+    rng = torch.get_rng_state()
     with torch.no_grad():
         full = fn(*fresh(inputs))
         for size in sorted({s for s in sizes if s < n}):
             for start in range(n - size + 1) if starts is None else starts(n, size):
+                torch.set_rng_state(rng)
                 if not same_rows(
                     full, fn(*sliced(inputs, dims, start, size)), out_dim, start, size
                 ):
+                    torch.set_rng_state(rng)
                     return False, size
+    torch.set_rng_state(rng)
     return True, None
 
 
@@ -205,6 +210,20 @@ def op_rows_differ(
                 if not torch.equal(_bits(a.narrow(0, start, size)), _bits(b)):
                     return True
     return False if replayed and not unreplayable else None
+
+
+def op_draws(fn: Callable[..., object], inputs: Sequence[object], op: str) -> bool:
+    """Whether ``op``'s outputs differ between two runs of ``fn`` one after the other."""
+    runs = []
+    for _ in range(2):
+        mode = _Calls({op})
+        with torch.no_grad(), mode:
+            fn(*fresh(inputs))
+        runs.append([o for *_, out in mode.calls for _, o in _leaves(out)])
+    first, second = runs
+    return len(first) == len(second) and any(
+        isinstance(a, torch.Tensor) and not same_bits(a, b) for a, b in zip(first, second)
+    )
 
 
 def _others_changed(x: torch.Tensor, d: int, rows: Sequence[int]) -> torch.Tensor:
@@ -535,6 +554,8 @@ def cases(draw: Any) -> Case:
                 "cumsum_over_batch",
                 "roll_along_batch",
                 "sort_over_batch",
+                "dropout_train",
+                "noise",
             ]
         ),
         label="op",
@@ -578,6 +599,10 @@ def cases(draw: Any) -> Case:
             return t + t.roll(1, 0)
         if op == "sort_over_batch":
             return t.sort(0).values
+        if op == "dropout_train":
+            return torch.nn.functional.dropout(lin(t), 0.25, training=True)
+        if op == "noise":
+            return t.tanh() + torch.randn_like(t)
         return t - t.mean(0)
 
     if batch_dim == 1:

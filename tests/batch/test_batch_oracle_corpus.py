@@ -26,6 +26,7 @@ from batch_oracle import (
     _Calls,
     cases,
     fresh,
+    op_draws,
     op_reads_other_rows,
     op_rows_differ,
     ops_with_batch_rows,
@@ -111,6 +112,11 @@ def test_the_check_agrees_with_the_oracle(case: Case) -> None:
         assert not op_reads_other_rows(
             case.fn, case.inputs, case.dims, finding.op, error.case.rows[0], error.case.size
         ), f"{case.label}: {finding.op} blamed, but it reads the other rows"
+    if finding is not None and finding.kind == "random":
+        TALLY["random draws named"] += 1
+        assert finding.op is not None and op_draws(case.fn, case.inputs, finding.op), (
+            f"{case.label}: {finding.op} called a random draw, but two runs give equal values"
+        )
     if finding is not None and finding.kind == "mixed":
         TALLY["mixed rows named"] += 1
         assert error is not None
