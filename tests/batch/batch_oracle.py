@@ -62,9 +62,22 @@ def same_rows(full: object, sub: object, out_dim: int, start: int, size: int) ->
     return True
 
 
+def tmap(value: object, f: Callable[[torch.Tensor], object]) -> object:
+    """``value`` with ``f`` applied to every tensor in it (through lists, tuples and dicts)."""
+    if isinstance(value, torch.Tensor):
+        return f(value)
+    if isinstance(value, dict):
+        return {k: tmap(v, f) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(tmap(v, f) for v in value)
+    return value
+
+
 def batch_size(inputs: Sequence[object], dims: Sequence[int | None]) -> int:
-    """The size of the first batched input's batch dimension."""
-    return next(x.shape[d] for x, d in zip(inputs, dims) if d is not None)  # type: ignore[attr-defined, no-any-return]
+    """The size of the first batched input's (first tensor's) batch dimension."""
+    x, d = next((x, d) for x, d in zip(inputs, dims) if d is not None)
+    t = next(t for _, t in _leaves(x) if isinstance(t, torch.Tensor))
+    return int(t.shape[d])  # type: ignore[index]
 
 
 def sliced(
@@ -72,7 +85,7 @@ def sliced(
 ) -> list[object]:
     """Fresh copies of ``inputs``, each batched one narrowed to rows ``start .. start + size``."""
     return [
-        x if d is None else x.narrow(d, start, size)  # type: ignore[attr-defined]
+        x if d is None else tmap(x, lambda t, d=d: t.narrow(d, start, size))  # type: ignore[misc]
         for x, d in zip(fresh(inputs), dims)
     ]
 
@@ -109,13 +122,18 @@ def oracle(
 def fresh(inputs: Sequence[object]) -> list[object]:
     """Every tensor of ``inputs`` copied as it is laid out: each call starts from the same values,
     whatever an earlier call wrote in place."""
-    return [clone_as_is(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+    return [tmap(x, clone_as_is) for x in inputs]
 
 
 def same_bits(a: object, b: object) -> bool:
     """Whether two inputs hold the same bits (tensors) or are equal (anything else)."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+    if isinstance(a, (dict, list, tuple)) or isinstance(b, (dict, list, tuple)):
+        la, lb = _leaves(a), _leaves(b)
+        return [p for p, _ in la] == [p for p, _ in lb] and all(
+            same_bits(x, y) for (_, x), (_, y) in zip(la, lb)
+        )
     return a is b or a == b
 
 
@@ -257,9 +275,12 @@ def reads_other_rows(
     with torch.no_grad():
         base = fn(*fresh(inputs))
         changed = [
-            _others_changed(x, d, rows)
-            if d is not None and isinstance(x, torch.Tensor) and x.is_floating_point()
-            else x
+            x
+            if d is None
+            else tmap(
+                x,
+                lambda t, d=d: _others_changed(t, d, rows) if t.is_floating_point() else t,  # type: ignore[misc]
+            )
             for x, d in zip(fresh(inputs), dims)
         ]
         other = fn(*changed)
@@ -387,7 +408,34 @@ def _wrap(out: Any, kind: str) -> Any:
 
 @st.composite
 def cases(draw: Any) -> Case:
-    """A generated function, its inputs and their batch dims."""
+    """A generated function, its inputs and their batch dims; the inputs maybe in a container.
+
+    A container (a dict, as a tokenizer gives, or a tuple) holds every input
+    where all are batched along one dimension: the function unpacks it.
+    """
+    case = _case(draw)
+    d = case.dims[0]
+    if d is None or any(x != d for x in case.dims) or len(case.inputs) < 2:
+        return case
+    kind = draw(st.sampled_from(["arguments", "arguments", "dict", "tuple"]), label="inputs")
+    fn, k = case.fn, len(case.inputs)
+    if kind == "dict":
+        keys = [f"in{i}" for i in range(k)]
+        return Case(
+            f"{case.label} from a dict",
+            lambda b: fn(*(b[key] for key in keys)),
+            [dict(zip(keys, case.inputs))],
+            [d],
+            case.out_dim,
+        )
+    if kind == "tuple":
+        return Case(
+            f"{case.label} from a tuple", lambda b: fn(*b), [tuple(case.inputs)], [d], case.out_dim
+        )
+    return case
+
+
+def _case(draw: Any) -> Case:
     n = draw(st.integers(2, 64), label="batch")
     seed = draw(st.integers(0, 2**16), label="seed")
     gen = torch.Generator().manual_seed(seed)
