@@ -46,6 +46,7 @@ from pytest_backends.batch.dependence import draws, reads_other_rows, row_indice
 from pytest_backends.batch.finding import ACROSS, Finding
 from pytest_backends.batch.rows import rows_differ
 from pytest_backends.determinism.compare import Comparison, Divergence, merge_verdict
+from pytest_backends.determinism.keys import op_info
 from pytest_backends.determinism.locate import locate
 from pytest_backends.determinism.op_tables import UNINITIALIZED
 
@@ -113,13 +114,19 @@ class _Ref:
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor = tensor
-        self.version = tensor._version
+        self.version = _version(tensor)
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter; None for an inference tensor, which has none."""
+    return None if t.is_inference() else t._version
 
 
 def _resolve(value: torch.Tensor | _Ref) -> torch.Tensor | None:
-    """The recorded value, or None when a kept reference was written since."""
+    """The recorded value, or None when a kept reference was (or may have been) written since."""
     if isinstance(value, _Ref):
-        return value.tensor if value.tensor._version == value.version else None
+        version = value.version
+        return value.tensor if version is not None and _version(value.tensor) == version else None
     return value
 
 
@@ -187,7 +194,7 @@ class RowRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _keep(self, t: torch.Tensor) -> torch.Tensor | _Ref:
         seen = self._seen.get(id(t))
-        if seen is not None and seen[0]() is t and seen[1] == t._version:
+        if seen is not None and seen[0]() is t and seen[1] is not None and seen[1] == _version(t):
             return seen[2]
         base = t._base if t._base is not None else t
         kept: torch.Tensor | _Ref
@@ -201,7 +208,7 @@ class RowRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _remember(self, t: torch.Tensor, kept: torch.Tensor | _Ref) -> None:
         with contextlib.suppress(TypeError):  # not weakly referenceable
-            self._seen[id(t)] = (weakref.ref(t), t._version, kept)
+            self._seen[id(t)] = (weakref.ref(t), _version(t), kept)
 
     def __torch_dispatch__(
         self,
@@ -211,6 +218,15 @@ class RowRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        # Counted as the locator counts (its op_info): range markers are not ops, and a
+        # CompositeImplicitAutograd op (which reaches a mode under inference_mode) is looked
+        # through to the ops it calls, as outside inference mode.
+        info = op_info(func)
+        if info.marker:
+            return func(*args, **kwargs)
+        if info.composite:
+            with self:
+                return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
         tensors_in = _tensors([list(args), kwargs])
         dropped = self.dropped_after is not None or self.kept > self.limit
         if dropped and self.dropped_after is None:

@@ -172,10 +172,12 @@ class Inputs:
                 continue
             if x.is_nested or x.layout != torch.strided:
                 _check_layout(x, f"input {i}")
-            try:
-                copy = same_layout(x)
-            except RuntimeError:  # a layout with overlaps that strides alone cannot rebuild
-                copy = x.detach().clone()
+            # Made outside inference mode: a copy tracks its version (a write is seen).
+            with torch.inference_mode(False):
+                try:
+                    copy = same_layout(x)
+                except RuntimeError:  # a layout with overlaps that strides cannot rebuild
+                    copy = x.detach().clone()
             self.copies.append(copy)
             self.versions.append(copy._version)
             self.held.add(_storage(copy))

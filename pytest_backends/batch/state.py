@@ -264,6 +264,12 @@ class State:
             if torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
             else None
         )
+        # Generators passed as arguments start every run where they were, as the global ones do.
+        self._given = [
+            (g, g.get_state())
+            for g in (inputs.inputs if inputs is not None else ())
+            if isinstance(g, torch.Generator)
+        ]
         self._python = _PythonRandom()
         np = sys.modules.get("numpy")
         self._numpy = _NumpyRandom(np) if np is not None else None
@@ -277,12 +283,14 @@ class State:
                     self._buffers.append((sub, name, buf, buf.detach().clone()))
 
     def restore(self) -> None:
-        """Put the RNGs, the modules' buffers and modes and the inputs back."""
+        """Put back the RNGs (global, passed as arguments), modules' buffers and modes, inputs."""
         self._generator.set_state(self._torch)
         if self._cuda is not None:
             import torch
 
             torch.cuda.set_rng_state_all(self._cuda)
+        for generator, state in self._given:
+            generator.set_state(state)
         python, numpy = self._python, self._numpy
         if (
             python.memory is None
