@@ -186,7 +186,7 @@ class RowRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.kept = 0
         self.dropped_after: int | None = None
         # id(tensor) -> (weak reference, version, copy) of the outputs seen so far
-        self._seen: dict[int, tuple[Any, int, torch.Tensor | _Ref]] = {}
+        self._seen: dict[int, tuple[Any, int | None, torch.Tensor | _Ref]] = {}
 
     def backward_starts(self) -> None:
         """Mark the next op as the first of the backward pass."""
