@@ -22,6 +22,9 @@ from pytest_backends.batch.rows import row_index, span
 if TYPE_CHECKING:
     import torch
 
+# A context manager that does nothing, made once (entered on the check's hot path).
+_NO_CONTEXT = contextlib.nullcontext()
+
 __all__ = [
     "Case",
     "Inputs",
@@ -173,7 +176,7 @@ class Inputs:
             if x.is_nested or x.layout != torch.strided:
                 _check_layout(x, f"input {i}")
             # Made outside inference mode: a copy tracks its version (a write is seen).
-            with torch.inference_mode(False):
+            with torch.inference_mode(False) if torch.is_inference_mode_enabled() else _NO_CONTEXT:
                 try:
                     copy = same_layout(x)
                 except RuntimeError:  # a layout with overlaps that strides cannot rebuild
@@ -395,9 +398,6 @@ def arguments(
     return args, upstream
 
 
-_NO_WATCH = contextlib.nullcontext()
-
-
 def call(
     plan: Plan,
     rows: Sequence[int] | None,
@@ -424,7 +424,7 @@ def call(
     got: Sequence[torch.Tensor | None] = ()
     wrt: list[tuple[int, torch.Tensor, int]] = []
     used = None
-    with watch if watch is not None else _NO_WATCH:
+    with watch if watch is not None else _NO_CONTEXT:
         result = plan.fn(*args)
         if isinstance(result, torch.Tensor):  # the common case, without the tree walk
             outs = _single_output(result, out_dim, n, rows is None, structure)
