@@ -200,10 +200,8 @@ def _merge(args: argparse.Namespace) -> int:
 
             census = merge_censuses(inputs["census"])
         if report is not None:
-            warnings += report.warnings
+            warnings += report.all_warnings()
             gaps = report.gaps
-            if gaps:
-                warnings.append("\n".join(gaps.lines()))
             if gaps.strict and args.strict:
                 strict_failure = (
                     f"--strict: {len(gaps.strict)} test(s), configuration(s) or item(s) "

@@ -93,7 +93,10 @@ class WorkerPlugin:
         if not self.warn or self.level is None:
             return
         for item in session.items:
-            if item.stash.get(_shared.CONFIG_KEY, None) is None:
+            # Runs at one level: no config, or one without the level axis (a TestCase
+            # method marked with other axes, which the level axis never reaches).
+            config = item.stash.get(_shared.CONFIG_KEY, None)
+            if config is None or levels.AXIS not in config.axes:
                 self._homeless.append(item.nodeid)
                 item.warn(CapabilityWarning(self._why_once(item)))
 
@@ -101,7 +104,11 @@ class WorkerPlugin:
         cls = getattr(item, "cls", None)
         if isinstance(cls, type) and issubclass(cls, unittest.TestCase):
             what = "it is a unittest.TestCase method, and pytest runs those without parametrization"
-            fix = "write it as a pytest test function (or a method of a plain class)"
+            named = ", ".join(repr(lv) for lv in self.asked)
+            fix = (
+                f"name the levels in its marker, @pytest.mark.backends(cpu_capability=[{named}]), "
+                "or write it as a pytest test function (or a method of a plain class)"
+            )
         else:
             what = f"pytest cannot parametrize a {type(item).__name__} item"
             fix = "run it separately with ATEN_CPU_CAPABILITY=<level> if it depends on the level"

@@ -480,6 +480,7 @@ class MatrixPlugin:
                 kept.append(item)  # --backends-config narrows marked tests only
                 continue
             if named is not None:
+                testcase.align_node_id(item)
                 backend = named[1]
             else:
                 callspec = getattr(item, "callspec", None)

@@ -320,6 +320,11 @@ class MergedReport:
         """The tests, configurations and items that ran in no source."""
         return find_gaps(self.coverage) if self.coverage is not None else CoverageGaps()
 
+    def all_warnings(self) -> list[str]:
+        """The merge's warnings, the coverage gaps (what ran in no job) included."""
+        gaps = self.gaps
+        return [*self.warnings, *(["\n".join(gaps.lines())] if gaps else [])]
+
     @property
     def verify(self) -> bool:
         """Whether any source ran with kernel-path verification."""
@@ -359,6 +364,7 @@ class MergedReport:
             extra={
                 "conflicts": self.conflicts,
                 "skipped_elsewhere": self.skipped_elsewhere,
+                "warnings": self.all_warnings(),
                 **({"coverage": self.coverage.to_plain()} if self.coverage is not None else {}),
             },
         )
@@ -372,6 +378,7 @@ class MergedReport:
             verify=self.verify,
             sources=self.sources,
             session=self.session,
+            warnings=self.all_warnings(),
         )
 
     def terminal_lines(self) -> list[str]:

@@ -116,7 +116,7 @@ class RunSummary:
 
     def closing_line(self) -> str:
         """pytest's closing line: ``1 failed, 2 passed, 1 error``."""
-        first = ("failed", "passed", "skipped", "xfailed", "xpassed", "error")
+        first = ("failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "error")
         order = sorted(
             self.outcomes.items(),
             key=lambda kv: (first.index(kv[0]) if kv[0] in first else len(first), kv[0]),

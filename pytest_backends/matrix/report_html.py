@@ -49,6 +49,7 @@ th,td{border:1px solid #ddd;padding:4px 8px} th{background:#f6f6f6;font-weight:6
 .legend span{display:inline-block;padding:2px 8px;margin-right:6px;border:1px solid #ddd}
 .crash{display:block;font-size:9px;font-weight:normal} .crashed{outline:2px solid #8a1010}
 pre.detail{margin:4px 0 0;white-space:pre-wrap}
+pre.warning{background:#fbe7a9;color:#5c4300;padding:6px 10px;white-space:pre-wrap}
 """
 _SYMBOL = {
     "passed": "✓",
@@ -70,6 +71,7 @@ def render_html(
     verify: bool,
     sources: Sequence[Mapping[str, Any]] = (),
     session: RunSummary | None = None,
+    warnings: Sequence[str] = (),
 ) -> str:
     """A self-contained HTML page: the summary, a tests x configs grid, failures and skips.
 
@@ -77,7 +79,8 @@ def render_html(
     table of sources and, on every cell, a badge naming the source it came from.
     ``session`` puts pytest's verdict (closing line and exit status) at the
     top and its problems outside the matrix (unmarked tests, collection
-    errors, teardown errors) in the failures.
+    errors, teardown errors) in the failures. ``warnings`` (a merge's: tests
+    that ran in no job, mixed versions) are listed under it.
     """
     esc = html.escape
     columns = grid_columns(rows, verify)
@@ -98,6 +101,9 @@ def render_html(
             f"{esc(session.closing_line())} &mdash; {what}exit status "
             f"{session.exitstatus} ({esc(session.exit)})</p>"
         )
+    if warnings:
+        out.append(f'<h2 id="warnings">Warnings ({len(warnings)})</h2>')
+        out += [f'<pre class="warning">{esc(text)}</pre>' for text in warnings]
     badges = {str(src.get("label")): str(i) for i, src in enumerate(sources, 1)}
     merged = len(sources) > 1
     summary = ['<h2>Configurations</h2><table class="summary"><thead><tr><th>config</th>']

@@ -12,7 +12,7 @@ and, under pytest-xdist, from each worker through
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import pytest
@@ -78,9 +78,9 @@ class ReportPlugin:
         #: Matrix items whose setup passed and whose call phase has not been reported.
         self.started: set[str] = set()
 
-    def _count(self, category: str) -> None:
-        if category:
-            self.session.outcomes[category] = self.session.outcomes.get(category, 0) + 1
+    def _count(self, category: str, n: int = 1) -> None:
+        if category and n:
+            self.session.outcomes[category] = self.session.outcomes.get(category, 0) + n
 
     def _problem(self, report: Any, category: str, config: str | None) -> None:
         problem = {
@@ -104,6 +104,14 @@ class ReportPlugin:
             self._problem(report, "error", None)
         elif report.skipped:
             self._count("skipped")
+
+    def pytest_deselected(self, items: Sequence[pytest.Item]) -> None:
+        """Count deselected items as pytest's closing line does.
+
+        Items dropped by ``-k``, ``-m``, ``--lf`` or ``--backends-config`` are
+        counted, so the report of a narrowed run never reads as the whole suite.
+        """
+        self._count("deselected", len(items))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: object) -> None:
@@ -132,11 +140,11 @@ class ReportPlugin:
         self.crashes[crashitem] = how
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if str(report.outcome) == "rerun":  # pytest-rerunfailures: a later attempt follows
-            return
         status = self.config.hook.pytest_report_teststatus(report=report, config=self.config)
         category = str(status[0]) if isinstance(status, tuple) and status else ""
-        self._count(category)
+        self._count(category)  # "rerun" too, as pytest's closing line counts it
+        if str(report.outcome) == "rerun":  # pytest-rerunfailures: a later attempt follows
+            return
         if report.failed:
             config = _shared.read(report, _shared.PROPERTY_CONFIG, text=True)
             self._problem(report, category, config)
@@ -293,6 +301,7 @@ class ReportPlugin:
             result.sources = [header["label"]]
         verify = self.settings.verify != "off"
         environment = self._environment()
+        outputs: list[tuple[Any, Callable[[], str], _files.OutputKind]] = []
         if self.settings.report_json is not None:
             settings = {
                 "axes": list(self.settings.axes) if self.settings.axes else None,
@@ -301,36 +310,68 @@ class ReportPlugin:
                 "verify": self.settings.verify,
                 "select": [",".join(g) for g in self.settings.select],
             }
-            self._write(
-                self.settings.report_json,
-                render_json(
-                    rows,
-                    results,
-                    environment=environment,
-                    settings=settings,
-                    header=header,
-                    extra={"coverage": self.coverage().to_plain()},
-                    session=self.session,
-                ),
-                _files.JSON_REPORT,
+            outputs.append(
+                (
+                    self.settings.report_json,
+                    lambda: render_json(
+                        rows,
+                        results,
+                        environment=environment,
+                        settings=settings,
+                        header=header,
+                        extra={"coverage": self.coverage().to_plain()},
+                        session=self.session,
+                    ),
+                    _files.JSON_REPORT,
+                )
             )
         if self.settings.report_html is not None:
-            self._write(
-                self.settings.report_html,
-                render_html(
-                    rows,
-                    results,
-                    environment=[f"label: {header['label']}", *environment],
-                    verify=verify,
-                    session=self.session,
-                ),
-                _files.HTML_REPORT,
+            outputs.append(
+                (
+                    self.settings.report_html,
+                    lambda: render_html(
+                        rows,
+                        results,
+                        environment=[f"label: {header['label']}", *environment],
+                        verify=verify,
+                        session=self.session,
+                    ),
+                    _files.HTML_REPORT,
+                )
             )
+        self._write_all(outputs)
         if self.write_errors and session.exitstatus in (
             pytest.ExitCode.OK,
             pytest.ExitCode.NO_TESTS_COLLECTED,
         ):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _write_all(self, outputs: list[tuple[Any, Callable[[], str], _files.OutputKind]]) -> None:
+        """Write every output; when one fails, the others say so.
+
+        A file that could not be written fails the run, so the files that
+        were written must not read as green: they are written again with the
+        failure as a session problem and a failing exit status.
+        """
+        for path, render, kind in outputs:
+            self._write(path, render(), kind)
+        if not self.write_errors:
+            return
+        if self.session.exitstatus in (
+            int(pytest.ExitCode.OK),
+            int(pytest.ExitCode.NO_TESTS_COLLECTED),
+        ):
+            self.session.exitstatus = int(pytest.ExitCode.TESTS_FAILED)
+        self.session.problems += [
+            _session_problem(message.removeprefix("ERROR: ")) for message in self.write_errors
+        ]
+        for path, render, kind in outputs:
+            if str(path) in self.written:
+                try:
+                    _files.write_output(path, render(), kind)
+                except OSError as exc:
+                    self.written.remove(str(path))
+                    self.write_errors.append(f"ERROR: the matrix report was not written: {exc}")
 
     def _write(self, path: Any, text: str, kind: _files.OutputKind) -> None:
         try:

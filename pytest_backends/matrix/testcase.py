@@ -38,6 +38,7 @@ import pytest
 from pytest_backends.matrix import markers
 
 __all__ = [
+    "align_node_id",
     "config_names",
     "expandable",
     "is_testcase",
@@ -79,6 +80,25 @@ def method_marks(
 def config_names(name: str, config_ids: Sequence[str]) -> list[str]:
     """The test names of one method's configs: ``test_x[mkldnn-on]``."""
     return [f"{name}[{config_id}]" for config_id in config_ids]
+
+
+def align_node_id(item: pytest.Item) -> None:
+    """Give a config item the structured id pytest gives a parametrized item.
+
+    pytest builds a ``TestCase`` item's structured id (``Node.id``, pytest
+    9.2 and later) from its name, so ``test_x[mkldnn-on]`` is one name with
+    no parameters, while ids read back from text (``--lf``'s cache, node ids
+    on the command line) parse ``[mkldnn-on]`` as the parameters: the two
+    never compare equal and ``--lf`` deselected the item that failed.  The
+    item's id becomes the parse of its node id, as for any parametrized test.
+    Older pytest has no structured ids; nothing changes there.
+    """
+    current = getattr(item, "_id", None)
+    if current is None or not hasattr(current, "params"):
+        return
+    parsed = type(current).parse(item.nodeid)
+    if parsed != current:
+        item._id = parsed
 
 
 def _hidden(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -353,3 +353,39 @@ def test_the_plan_turns_n_into_workers_per_level(pytester: pytest.Pytester) -> N
     assert all(spec.startswith("popen//env:ATEN_CPU_CAPABILITY=") for spec in config.option.tx)
     assert config.option.dist != "no"
     assert config.option.maxworkerrestart == str(4 * len(config.option.tx))
+
+
+def test_a_testcase_method_marked_with_other_axes_is_warned_as_running_once(
+    pytester: pytest.Pytester,
+) -> None:
+    """The level axis never reaches a TestCase method; a marker of other axes changes nothing."""
+    pytester.makepyfile(
+        """
+        import unittest
+
+        import pytest
+        import torch
+
+        class TestConv(unittest.TestCase):
+            @pytest.mark.backends("mkldnn")
+            def test_marked(self):
+                torch.nn.Conv2d(3, 4, 3)(torch.randn(1, 3, 8, 8))
+
+            @pytest.mark.backends(cpu_capability=["default"])
+            def test_names_its_level(self):
+                assert torch.backends.cpu.get_cpu_capability() == "DEFAULT"
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "-v", "--backends-cpu-capability=default"
+    )
+    result.assert_outcomes(passed=2, warnings=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*PASSED*test_names_its_level?cap-default?*",
+            "*CapabilityWarning: test_*.py::TestConv::test_marked runs once, at CPU capability "
+            "level default*it is a unittest.TestCase method*name the levels in its marker, "
+            "@pytest.mark.backends(cpu_capability=?'default'?)*",
+        ],
+        consecutive=False,
+    )

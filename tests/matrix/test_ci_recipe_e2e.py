@@ -286,3 +286,24 @@ def test_the_recipe_job_fails_on_an_unmarked_nondeterministic_op(
     census = _load(pytester.path / "out" / "census.json")
     verdicts = {row["op"]: row["verdict"] for row in census["entries"]}
     assert verdicts.get("pbtest::noisy") == "nondeterministic", census["entries"]
+
+
+def test_the_first_baseline_command_makes_the_file_the_recipe_gates_on(
+    pytester: pytest.Pytester,
+) -> None:
+    text = CI_RST.read_text()
+    commands = re.findall(r"^\s*\$ (pytest --backends-determinism-all .*)$", text, re.MULTILINE)
+    assert commands, "ci.rst no longer says how to make the first baseline"
+    argv = shlex.split(commands[0])
+    pytester.makepyfile(test_suite=SUITE)
+    gated = [a for a in argv[1:] if a != "--backends-baseline-update"]
+    # Before the first baseline, the gate is a usage error naming the file.
+    missing = pytester.runpytest_subprocess("-p", "no:randomly", *gated)
+    assert missing.ret == pytest.ExitCode.USAGE_ERROR
+    assert "determinism-baseline.json" in missing.stderr.str()
+    made = pytester.runpytest_subprocess("-p", "no:randomly", *argv[1:])
+    assert made.ret == 0, made.stdout.str()
+    baseline = _load(pytester.path / "determinism-baseline.json")
+    assert baseline["format"] == "pytest-backends-baseline"
+    again = pytester.runpytest_subprocess("-p", "no:randomly", *gated)
+    assert again.ret == 0, again.stdout.str()

@@ -367,3 +367,29 @@ def test_a_skip_yields_to_a_source_that_ran_the_item(tmp_path: Path) -> None:
     )
     cuda = next(r for r in both.results if r.config == "device-cuda")
     assert (cuda.outcome, cuda.message, cuda.sources) == ("skipped", "needs CUDA", ["cpu", "cpu2"])
+
+
+def test_what_ran_in_no_job_is_on_the_merged_page_and_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A gap that fails ``merge --strict`` is on the page and in the JSON, not only on stderr."""
+    paths = []
+    for label, config in (("linux", "mkldnn-on"), ("macos", "mkldnn-off")):
+        path = _report(tmp_path / f"{label}.json", label, [_r("x", config)])
+        data = json.loads(path.read_text())
+        # both jobs collected test_gone and deselected it (-k)
+        data["coverage"]["collected"]["t.py::test_gone"] = ""
+        path.write_text(json.dumps(data))
+        paths.append(str(path))
+    out_json, out_html = tmp_path / "merged.json", tmp_path / "merged.html"
+    code = main(["merge", "--strict", "--report", str(out_json), "--html", str(out_html), *paths])
+    assert code == 1
+    assert "t.py::test_gone (deselected in every job)" in capsys.readouterr().err
+    [warning] = json.loads(out_json.read_text())["warnings"]
+    assert "1 collected test(s) ran in no job" in warning
+    assert "t.py::test_gone (deselected in every job)" in warning
+    page = out_html.read_text()
+    assert 'id="warnings"' in page and "t.py::test_gone (deselected in every job)" in page
+    # merging the merged report again keeps the gap, and only it
+    again = merge_reports([out_json])
+    assert again.all_warnings() == [warning]

@@ -334,3 +334,65 @@ def test_a_run_failed_outside_any_test_lists_why(
     assert any("module_fixture" in " ".join(row) for row in page.failures), page.failures
     merged = merge_reports([pytester.path / "r.json"])
     assert merged.session is not None and len(merged.session.problems) == 1
+
+
+def test_a_narrowed_run_counts_its_deselected_items_as_pytest_does(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        "--backends-config=mkldnn-on",
+        "-k",
+        "not leaks",
+        "--backends-report=r.json",
+        "--backends-html=r.html",
+    )
+    # -k drops test_leaks, --backends-config drops test_matrix[mkldnn-off]
+    counts = result.parseoutcomes()
+    assert counts == {"failed": 1, "passed": 2, "deselected": 2}, counts
+    report = json.loads((pytester.path / "r.json").read_text(encoding="utf-8"))
+    assert report["session"]["outcomes"] == counts
+    assert report["totals"] == counts
+    page = _page(pytester.path / "r.html")
+    assert "1 failed, 2 passed, 2 deselected" in page.run, page.run
+
+
+FLAKY = """
+import pathlib
+
+import pytest
+
+
+@pytest.mark.backends("mkldnn")
+def test_flaky(backend_config):
+    marker = pathlib.Path("ran-" + backend_config.id)
+    if not marker.exists():
+        marker.write_text("x")
+        raise AssertionError("fails on its first try")
+"""
+
+
+def test_reruns_are_counted_as_pytest_counts_them(pytester: pytest.Pytester) -> None:
+    """A test that passed only on a rerun is not reported as a plain pass."""
+    pytest.importorskip("pytest_rerunfailures")
+    pytester.makepyfile(test_flaky=FLAKY)
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        "--backends-matrix",
+        "--reruns=1",
+        "--backends-report=r.json",
+        "--backends-html=r.html",
+    )
+    counts = result.parseoutcomes()
+    assert counts == {"passed": 2, "rerun": 2}, counts
+    report = json.loads((pytester.path / "r.json").read_text(encoding="utf-8"))
+    assert report["session"]["outcomes"] == counts
+    assert report["totals"] == counts
+    assert "2 passed, 2 rerun" in _page(pytester.path / "r.html").run

@@ -356,6 +356,36 @@ def test_a_failed_write_fails_the_run_and_is_not_reported_written(
     assert "report written to" in out and str(html) in out
     assert stat.S_IMODE(html.stat().st_mode) == 0o666 & ~mask
     assert "Traceback" not in out
+    # and it says the run failed, and why: never greener than the exit code
+    page = html.read_text()
+    assert "exit status 1 (tests failed)" in page
+    assert "the matrix report was not written" in page and "r.json" in page
+
+
+def test_a_failed_html_write_is_in_the_json_report_written_before_it(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_outputs=FAILED_WRITE_SUITE.replace('"r.json"', '"r.html"').replace(
+            'os.mkdir("census.json")', "pass"
+        )
+    )
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:randomly",
+        "--backends-matrix",
+        "--backends-report=r.json",
+        "--backends-html=r.html",
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()[-3000:]
+    assert (pytester.path / "r.html").read_text() == "user data\n"
+    session = json.loads((pytester.path / "r.json").read_text())["session"]
+    assert session["exitstatus"] == 1 and session["exit"] == "tests failed"
+    assert session["outcomes"] == {"passed": 3}
+    [problem] = session["problems"]
+    assert problem["nodeid"] == "(session)"
+    assert "the matrix report was not written" in problem["message"]
+    assert "r.html" in problem["message"]
 
 
 def test_a_failed_rename_keeps_the_old_file_and_leaves_no_temporary(
