@@ -33,6 +33,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/MapAllocator.h>
+#include <ATen/NestedTensorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -211,7 +212,36 @@ struct Key {
 struct ShapeInfo {
   c10::SmallVector<int64_t, 5> shape;
   const char* reason = "";
+  // A nested tensor has no sizes: `shape` holds its components' sizes, row by row,
+  // `nested_dim` per component (0: a plain shape).
+  int64_t nested_dim = 0;
 };
+
+// What an unreadable tensor is, in the words the Python recorder uses (its layout).
+const char* unreadable_reason(const at::Tensor& t) {
+  if (t.is_meta()) {
+    return "meta";
+  }
+  if (t.is_nested()) {
+    return "nested";
+  }
+  switch (t.layout()) {
+    case at::kSparse:
+      return "torch.sparse_coo";
+    case at::kSparseCsr:
+      return "torch.sparse_csr";
+    case at::kSparseCsc:
+      return "torch.sparse_csc";
+    case at::kSparseBsr:
+      return "torch.sparse_bsr";
+    case at::kSparseBsc:
+      return "torch.sparse_bsc";
+    case at::kMkldnn:
+      return "torch._mkldnn";
+    default:
+      return "unreadable";
+  }
+}
 
 struct Known {
   c10::weak_intrusive_ptr<c10::TensorImpl> weak;
@@ -1222,14 +1252,21 @@ class Recorder {
     k.dtype = t.scalar_type();
     k.ref = static_cast<int64_t>(shapes_.size());
     ShapeInfo& info = shapes_.emplace_back();
-    info.shape.assign(t.sizes().begin(), t.sizes().end());
     info.reason = reason;
+    if (const auto* nested = at::native::get_nested_tensor_impl_or_null(t)) {
+      // No sizes() to read (it throws): the components' sizes stand for the shape.
+      const at::Tensor sizes = nested->get_nested_sizes().contiguous();
+      info.nested_dim = sizes.dim() == 2 ? sizes.size(1) : 0;
+      info.shape.assign(sizes.data_ptr<int64_t>(), sizes.data_ptr<int64_t>() + sizes.numel());
+    } else {
+      info.shape.assign(t.sizes().begin(), t.sizes().end());
+    }
     return add_key(k);
   }
 
   int64_t digest(const at::Tensor& t, bool external) {
     if (!readable(t)) {
-      return shape_key(t, KeyKind::Opaque, t.is_meta() ? "meta" : "unreadable");
+      return shape_key(t, KeyKind::Opaque, unreadable_reason(t));
     }
     if (t.numel() == 0) {
       return shape_key(t, KeyKind::Empty);
@@ -1434,6 +1471,7 @@ class Recorder {
       const ShapeInfo& info = shapes_[static_cast<size_t>(k.ref)];
       h = chain(h, static_cast<uint64_t>(k.dtype));
       h = chain(h, info.shape.size());
+      h = chain(h, static_cast<uint64_t>(info.nested_dim));
       for (int64_t d : info.shape) {
         h = chain(h, static_cast<uint64_t>(d));
       }
@@ -1519,7 +1557,20 @@ class Recorder {
   }
 
   py::tuple shape_of(const Key& k) const {
-    const auto& shape = shapes_[static_cast<size_t>(k.ref)].shape;
+    const ShapeInfo& info = shapes_[static_cast<size_t>(k.ref)];
+    const auto& shape = info.shape;
+    if (info.nested_dim > 0) {  // a nested tensor: one tuple per component
+      const size_t dim = static_cast<size_t>(info.nested_dim);
+      py::tuple out(shape.size() / dim);
+      for (size_t c = 0; c < out.size(); ++c) {
+        py::tuple row(dim);
+        for (size_t i = 0; i < dim; ++i) {
+          row[i] = py::int_(shape[c * dim + i]);
+        }
+        out[c] = row;
+      }
+      return out;
+    }
     py::tuple out(shape.size());
     for (size_t i = 0; i < shape.size(); ++i) {
       out[i] = py::int_(shape[i]);

@@ -61,6 +61,12 @@ def _switches(args: argparse.Namespace) -> int:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         print(f"pytest-backends switches: error: --names {args.names}: {reason}", file=sys.stderr)
         return 2
+    if not names:  # a truncated or empty list would pass as "nothing unknown"
+        print(
+            f"pytest-backends switches: error: --names {args.names}: no names in the file",
+            file=sys.stderr,
+        )
+        return 2
     surface = classify(names, set(reg.names()) | set(reg.absent))
     where = args.names or f"torch {torch.__version__}"
     print(f"pytest-backends switches of {where}")
@@ -195,6 +201,7 @@ def _merge(args: argparse.Namespace) -> int:
             from pytest_backends.matrix.merge import merge_reports
 
             report = merge_reports(inputs["report"])
+            report.strict = bool(args.strict)
         if inputs["census"]:
             from pytest_backends.determinism.census_merge import merge_censuses
 

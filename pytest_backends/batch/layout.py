@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["same_layout"]
+__all__ = ["check_layout", "copy_into", "same_layout"]
 
 
 def _blank_like(x: torch.Tensor) -> torch.Tensor:
@@ -26,7 +26,7 @@ def _blank_like(x: torch.Tensor) -> torch.Tensor:
     return buf.as_strided(x.shape, x.stride(), x.storage_offset())
 
 
-def _copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``dst.copy_(src)`` where ``dst`` may repeat elements along stride-0 dimensions."""
     for k in range(dst.dim()):
         if dst.stride(k) == 0 and dst.shape[k] > 1:
@@ -41,11 +41,12 @@ def same_layout(x: torch.Tensor, like: torch.Tensor | None = None) -> torch.Tens
         if copy.stride() == x.stride():
             return copy
     dst = _blank_like(like if like is not None else x)
-    _copy_into(dst, x.detach())
+    copy_into(dst, x.detach())
     return dst
 
 
-def _check_layout(x: object, what: str) -> None:
+def check_layout(x: object, what: str) -> None:
+    """Raise ``TypeError`` where ``x`` is a nested or non-strided (sparse) tensor."""
     import torch
 
     if not isinstance(x, torch.Tensor):

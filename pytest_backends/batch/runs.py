@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_backends import _tree
-from pytest_backends.batch.layout import _check_layout, _copy_into, same_layout
+from pytest_backends.batch.layout import check_layout, copy_into, same_layout
 from pytest_backends.batch.rows import row_index, span
 
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ class Inputs:
                 self._entries.append((x, 0, None, False))
                 continue
             if x.is_nested or x.layout != torch.strided:
-                _check_layout(x, f"input {i}")
+                check_layout(x, f"input {i}")
             # Made outside inference mode: a copy tracks its version (a write is seen).
             with torch.inference_mode(False) if torch.is_inference_mode_enabled() else _NO_CONTEXT:
                 try:
@@ -203,7 +203,7 @@ class Inputs:
                 import torch
 
                 with torch.no_grad():  # an unbatched copy may be a leaf that requires grad
-                    _copy_into(copy, self.inputs[i].detach())  # type: ignore[attr-defined]
+                    copy_into(copy, self.inputs[i].detach())  # type: ignore[attr-defined]
                 versions[i] = copy._version
 
     def select(self, rows: Sequence[int] | None, first: int | None = -1) -> list[object]:
@@ -300,7 +300,7 @@ def outputs_of(
                 f"assert_batch_invariant: {path} is a {type(leaf).__name__}, not a tensor: fn "
                 "must return tensors (or containers of them) batched along out_dim"
             )
-        _check_layout(leaf, f"output `{path}`")
+        check_layout(leaf, f"output `{path}`")
         batched = leaf.dim() > out_dim and leaf.shape[out_dim] == n
         if structure is not None:
             structure[path] = _signature(leaf, out_dim, n)
@@ -326,7 +326,7 @@ def _single_output(
     import torch
 
     if result.is_nested or result.layout != torch.strided:
-        _check_layout(result, "output `output`")
+        check_layout(result, "output `output`")
     sig = structure["output"] = _signature(result, out_dim, n)
     if -1 in sig[1]:
         return [("output", result)]

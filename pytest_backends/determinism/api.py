@@ -190,10 +190,10 @@ def _check_tensor(t: torch.Tensor, label: str) -> None:
             f"assert_reproducible: {label} is a nested tensor, which cannot be digested; "
             "return its components (t.unbind()) or a padded tensor (t.to_padded_tensor(0))"
         )
-    if t.layout != torch.strided:
+    if t.layout != torch.strided and _sparse_parts(t) is None:
         raise TypeError(
             f"assert_reproducible: {label} has layout {t.layout}, which cannot be digested; "
-            "return t.to_dense() (or its indices and values) instead"
+            "return t.to_dense() instead"
         )
     if t.is_quantized:
         raise TypeError(
@@ -202,6 +202,31 @@ def _check_tensor(t: torch.Tensor, label: str) -> None:
         )
     if t.is_meta:
         raise TypeError(f"assert_reproducible: {label} is a meta tensor and holds no data")
+
+
+def _sparse_parts(t: torch.Tensor) -> list[torch.Tensor] | None:
+    """The tensors a sparse ``t`` is stored as, then its layout and size; None if not sparse.
+
+    A sparse tensor (an output, or the gradient of ``nn.Embedding(sparse=True)``)
+    is compared by these, bitwise: by its stored form, so an uncoalesced
+    tensor's entries are compared in the order they are stored.
+    """
+    import torch
+
+    layout = t.layout
+    if layout == torch.sparse_coo:
+        parts = [t._indices(), t._values()]
+    elif layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = [t.crow_indices(), t.col_indices(), t.values()]
+    elif layout in (torch.sparse_csc, torch.sparse_bsc):
+        parts = [t.ccol_indices(), t.row_indices(), t.values()]
+    else:
+        return None
+    form = [_SPARSE_LAYOUTS.index(str(layout)), *t.shape]
+    return [*parts, torch.tensor(form, dtype=torch.int64, device=t.device)]
+
+
+_SPARSE_LAYOUTS = [f"torch.sparse_{name}" for name in ("coo", "csr", "csc", "bsr", "bsc")]
 
 
 def _numpy_tensor(np: Any, value: Any, label: str) -> torch.Tensor:
@@ -301,7 +326,10 @@ class _Digests:
         from pytest_backends.determinism.digest import digest
 
         self.labels.append(label)
-        if isinstance(value, torch.Tensor):
+        parts = _sparse_parts(value) if isinstance(value, torch.Tensor) else None
+        if parts is not None:  # one digest of its parts' digests
+            self.values.append(digest(torch.stack([digest(p.detach()) for p in parts])))
+        elif isinstance(value, torch.Tensor):
             self.values.append(digest(value))
         elif isinstance(value, float):
             self.values.append(("float", value.hex()))
@@ -374,8 +402,11 @@ def assert_reproducible(
     (through their digests), Python numbers, strings and None by value, nested
     in lists, tuples, named tuples, dicts and dataclasses. Any other value (a
     set, a generator, an arbitrary object) raises TypeError naming its type and
-    its path (``output[1].state``), as do nested tensors and non-strided
-    layouts, which cannot be digested. With ``backward=True``, the outputs that
+    its path (``output[1].state``), as do nested, quantized and meta tensors
+    and layouts other than strided and sparse, which cannot be digested. A
+    sparse tensor (COO, CSR, CSC, BSR, BSC; also a sparse gradient, such as
+    ``nn.Embedding(sparse=True)``'s) is compared by its stored indices and
+    values, its layout and its size. With ``backward=True``, the outputs that
     require grad are back-propagated with **seeded random** upstream
     gradients (the same in every run; not ``.sum()``, whose all-ones gradient
     hides order-dependent reductions), and the gradients of the tensor

@@ -42,6 +42,7 @@ __all__ = [
     "entry_verdicts",
     "evidence",
     "load_baseline",
+    "op_family",
     "read_census",
     "read_census_file",
 ]
@@ -164,6 +165,22 @@ def _optional_str(value: object, where: str) -> str | None:
 def device_type(device: str | None) -> str | None:
     """``"cuda"`` for ``"cuda:1"``: a baseline entry's device is a device type."""
     return device.split(":", 1)[0] if device else device
+
+
+def op_family(op: str) -> str:
+    """``op`` without its in-place suffix: ``aten::index_add_`` -> ``aten::index_add``.
+
+    A baseline entry accepts both forms. They run one kernel, and which one
+    runs is torch's choice, not the test's: backward formulas and autograd's
+    gradient accumulation take the out-of-place form while a Python dispatch
+    mode is active (``isTensorSubclassLike``), so the Python recorder sees
+    ``aten::index_add`` where the native one sees ``aten::index_add_``.
+    Dunder names (``aten::__iand__``) are kept whole.
+    """
+    namespace, sep, name = op.rpartition("::")
+    if name.endswith("_") and not name.endswith("__") and name.strip("_"):
+        name = name[:-1]
+    return namespace + sep + name
 
 
 # --- census -----------------------------------------------------------------
@@ -390,10 +407,10 @@ class BaselineEntry:
     note: str | None = None
 
     def matches(self, key: Key) -> bool:
-        """Whether this entry accepts ``(op, device, dtype)``."""
+        """Whether this entry accepts ``(op, device, dtype)`` (``op`` in either form)."""
         op, device, dtype = key
         return (
-            op == self.op
+            (op == self.op or op_family(op) == op_family(self.op))
             and device_type(device or "none") == device_type(self.device)
             and (self.dtype is None or dtype == self.dtype)
         )

@@ -78,6 +78,10 @@ class OpInfo:
     seeded: bool = False
     #: Marks a range and computes nothing (:data:`.op_tables.MARKER_NAMESPACES`): not recorded.
     marker: bool = False
+    #: ``CompositeImplicitAutograd``: looked through to the ops it calls, never recorded
+    #: itself. Such an op reaches the recorder only where autograd is excluded
+    #: (``torch.inference_mode``); the native recorder looks through it too.
+    composite: bool = False
 
 
 #: The :class:`OpInfo` of every op seen, by ``id`` of the op: ``OpOverload.__hash__`` is a
@@ -118,9 +122,20 @@ def op_info(func: Any) -> OpInfo:
         name in op_tables.REBINDS,
         torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()),
         name.split("::", 1)[0] in op_tables.MARKER_NAMESPACES,
+        _composite(func),
     )
     INFOS[id(func)] = info
     return info
+
+
+def _composite(func: Any) -> bool:
+    """Whether ``func`` has a ``CompositeImplicitAutograd`` kernel (what the native hook asks)."""
+    try:
+        return bool(
+            torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+        )
+    except RuntimeError:  # an overload the dispatcher does not hold: it reaches no kernel
+        return False
 
 
 def storage_ptr(t: torch.Tensor) -> int:
@@ -196,14 +211,17 @@ def covered_memory(t: torch.Tensor) -> tuple[torch.Tensor, tuple[Any, ...]] | No
 
 
 def opaque(t: torch.Tensor) -> Slot:
-    """The key of a tensor the recorder cannot read: only what it is, never its contents."""
-    return (
-        op_tables.SlotTag.OPAQUE,
-        dtype_name(t.dtype),
-        tuple(t.shape),
-        str(t.layout),
-        type(t).__name__,
-    )
+    """The key of a tensor the recorder cannot read: only what it is, never its contents.
+
+    A nested tensor has no shape (``t.shape`` raises): its components' shapes
+    stand for it, as in the native recorder.
+    """
+    if t.is_nested and type(t) is torch.Tensor:
+        shape: tuple[Any, ...] = tuple(map(tuple, t._nested_tensor_size().tolist()))
+        what = "nested"
+    else:
+        shape, what = tuple(t.shape), str(t.layout)
+    return (op_tables.SlotTag.OPAQUE, dtype_name(t.dtype), shape, what, type(t).__name__)
 
 
 def value_key(a: object) -> Slot:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from pytest_backends.determinism.keys import op_info
 from pytest_backends.determinism.location import Location
 from pytest_backends.determinism.record import user_frame
 
@@ -121,7 +122,14 @@ class _Locator:
 
 
 class _LocatingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Feeds a :class:`_Locator` from a Python dispatch mode."""
+    """Feeds a :class:`_Locator` from a Python dispatch mode.
+
+    It counts the ops the Python recorder records, by the same rules (its
+    :func:`~pytest_backends.determinism.keys.op_info`): range markers are not
+    ops, and a ``CompositeImplicitAutograd`` op (which reaches a mode under
+    ``torch.inference_mode``) is looked through to the ops it calls. Counted
+    otherwise, every op after one of them would be found at the wrong index.
+    """
 
     def __init__(self, locator: _Locator) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -134,8 +142,15 @@ class _LocatingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        out = func(*args, **(kwargs or {}))
-        self.locator.observe(func.name().split(".", 1)[0], sys._getframe(1))
+        kwargs = kwargs or {}
+        info = op_info(func)
+        if info.marker:
+            return func(*args, **kwargs)
+        if info.composite:
+            with self:
+                return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
+        out = func(*args, **kwargs)
+        self.locator.observe(info.name, sys._getframe(1))
         return out
 
 

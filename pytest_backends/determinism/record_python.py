@@ -59,7 +59,8 @@ from pytest_backends.determinism.uninitialized import (
 
 __all__ = ["PythonRecorder"]
 
-_Tensor = torch.Tensor
+_Tensor, _STRIDED = torch.Tensor, torch.strided
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
 
 
 class PythonRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
@@ -135,6 +136,9 @@ class PythonRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         info = INFOS.get(id(func)) or op_info(func)
         if info.marker:
             return info.call(*args, **kwargs)  # a range marker: no op of the record
+        if info.composite:  # looked through (its C++ kernel's ops come back here), as natively
+            with self:
+                return info.op._op_dk(_COMPOSITE, *args, **kwargs)
         self._op_ran = False
         self._op_error = None
         try:
@@ -471,7 +475,7 @@ class PythonRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _output(self, t: torch.Tensor) -> Slot:
         # ``_remember(t, _digest(t))`` inlined for the common case: this runs for
         # nearly every output of every op.
-        if t.is_meta or type(t) is not _Tensor or not t.is_contiguous():
+        if type(t) is not _Tensor or t.layout != _STRIDED or t.is_meta or not t.is_contiguous():
             return self._remember(t, self._digest(t))
         key = Digest()
         if t.numel():
@@ -602,11 +606,7 @@ class PythonRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         """Nothing to keep alive: ``first_uses`` holds weak references."""
 
     def finish(self, raised: BaseException | None = None) -> RunLog:
-        """The run's log; empty (and ``failure`` set) when the recorder's own machinery broke.
-
-        ``raised`` (the run's exception) is not needed here: this recorder sees
-        each op's own exception.
-        """
+        """The run's log; empty (``failure`` set) if the recorder broke. Sees ops' own errors."""
         try:
             return self._log()
         except Exception as exc:

@@ -10,6 +10,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from pytest_backends.flags.module_attributes import ROW as MODULE_ATTRIBUTES
+from pytest_backends.flags.module_attributes import module_attribute_row
 from pytest_backends.flags.row import (
     ALL_PRECISIONS,
     CUDA_PRECISIONS,
@@ -475,6 +477,20 @@ def build_catalogue(torch: Any) -> tuple[list[Flag], dict[str, str]]:
     process_rows(torch, add, c_flag)
     device_rows(torch, add)
     switch_rows(torch, add, c_flag)
+    attr_read, attr_write, (attr_plain, attr_check) = module_attribute_row(
+        torch, [(einsum, "enabled"), (einsum, "strategy")]
+    )
+    add(
+        MODULE_ATTRIBUTES,
+        True,
+        attr_read,
+        attr_write,
+        attr_check,
+        "[] (torch's own attributes; restored by the guard only)",
+        "attributes set on the torch.backends modules (torch.backends.nnpack.enabled = ...)",
+        plain=attr_plain,
+        order=95,
+    )
     unmanaged_rows(torch, rows, absent)
 
     # The freeze switch of torch.backends.disable_global_flags(); written last,

@@ -314,6 +314,18 @@ class MergedReport:
     coverage: Coverage | None = None
     #: The sources' pytest verdicts added up (``None``: no source recorded one).
     session: RunSummary | None = None
+    #: ``merge --strict``: coverage gaps fail the merge, and its outputs say so.
+    strict: bool = False
+
+    def errors(self) -> list[str]:
+        """What fails the merge itself (``--strict`` and a gap), for its outputs."""
+        gaps = self.gaps.strict if self.strict else []
+        if not gaps:
+            return []
+        return [
+            f"merge --strict failed: {len(gaps)} test(s), configuration(s) or item(s) "
+            "ran in no job (listed under Warnings)"
+        ]
 
     @property
     def gaps(self) -> CoverageGaps:
@@ -365,6 +377,7 @@ class MergedReport:
                 "conflicts": self.conflicts,
                 "skipped_elsewhere": self.skipped_elsewhere,
                 "warnings": self.all_warnings(),
+                "merge_errors": self.errors(),
                 **({"coverage": self.coverage.to_plain()} if self.coverage is not None else {}),
             },
         )
@@ -379,6 +392,7 @@ class MergedReport:
             sources=self.sources,
             session=self.session,
             warnings=self.all_warnings(),
+            errors=self.errors(),
         )
 
     def terminal_lines(self) -> list[str]:

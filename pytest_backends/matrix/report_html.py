@@ -72,6 +72,7 @@ def render_html(
     sources: Sequence[Mapping[str, Any]] = (),
     session: RunSummary | None = None,
     warnings: Sequence[str] = (),
+    errors: Sequence[str] = (),
 ) -> str:
     """A self-contained HTML page: the summary, a tests x configs grid, failures and skips.
 
@@ -80,7 +81,8 @@ def render_html(
     ``session`` puts pytest's verdict (closing line and exit status) at the
     top and its problems outside the matrix (unmarked tests, collection
     errors, teardown errors) in the failures. ``warnings`` (a merge's: tests
-    that ran in no job, mixed versions) are listed under it.
+    that ran in no job, mixed versions) are listed under it; ``errors`` (a
+    ``merge --strict`` that failed) above them, marked as failing.
     """
     esc = html.escape
     columns = grid_columns(rows, verify)
@@ -101,6 +103,7 @@ def render_html(
             f"{esc(session.closing_line())} &mdash; {what}exit status "
             f"{session.exitstatus} ({esc(session.exit)})</p>"
         )
+    out += [f'<p class="run bad" id="merge-failed">{esc(text)}</p>' for text in errors]
     if warnings:
         out.append(f'<h2 id="warnings">Warnings ({len(warnings)})</h2>')
         out += [f'<pre class="warning">{esc(text)}</pre>' for text in warnings]

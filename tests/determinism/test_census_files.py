@@ -16,6 +16,7 @@ from pytest_backends.determinism.census import (
     CensusFileError,
     Versions,
     atomic_write_json,
+    op_family,
     read_census,
 )
 
@@ -145,7 +146,29 @@ def test_baseline_matching() -> None:
     only_f32 = BaselineEntry("aten::index_add_", "cuda", "float32")
     assert only_f32.matches(INDEX_ADD)
     assert not only_f32.matches(("aten::index_add_", "cuda", "float64"))
-    assert not only_f32.matches(("aten::index_add", "cuda", "float32"))
+    assert not only_f32.matches(("aten::index_put_", "cuda", "float32"))
+    assert not only_f32.matches(("aten::index_add_", "cuda", "float64"))
+
+
+@pytest.mark.parametrize(
+    ("entry_op", "seen"),
+    [
+        ("aten::index_add_", "aten::index_add"),  # made by the native recorder, run by Python
+        ("aten::scatter_add", "aten::scatter_add_"),
+        ("aten::_foreach_add_", "aten::_foreach_add"),
+    ],
+)
+def test_an_entry_accepts_the_in_place_and_out_of_place_forms(entry_op: str, seen: str) -> None:
+    """One kernel, two names: torch picks the form by whether a dispatch mode is active."""
+    assert BaselineEntry(entry_op, "cuda", "float32").matches((seen, "cuda", "float32"))
+    assert op_family(entry_op) == op_family(seen)
+
+
+def test_op_family_keeps_other_names_whole() -> None:
+    assert op_family("aten::__iand__") == "aten::__iand__"
+    assert op_family("aten::__and__") == "aten::__and__"
+    assert op_family("pbtest::noisy") == "pbtest::noisy"
+    assert not BaselineEntry("aten::add", "cpu").matches(("aten::addmm", "cpu", "float32"))
 
 
 def test_version_mismatch_names_both_versions(tmp_path: Path) -> None:

@@ -100,18 +100,49 @@ def test_values_that_cannot_be_compared_raise_type_error(fn: object, pattern: st
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
-def test_nested_tensor_and_sparse_layout_give_a_clear_error() -> None:
+def test_nested_tensor_and_mkldnn_layout_give_a_clear_error() -> None:
     def nested() -> object:
         return [torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])]
 
     with pytest.raises(TypeError, match=r"output\[0\] is a nested tensor.*unbind"):
         assert_reproducible(nested, runs=2, backward=False)
 
-    def sparse() -> object:
-        return {"adj": torch.eye(3).to_sparse()}
+    def opaque() -> object:
+        return {"m": torch.ones(2, 2).to_mkldnn()}
 
-    with pytest.raises(TypeError, match=r"output\['adj'\] has layout torch.sparse_coo.*to_dense"):
-        assert_reproducible(sparse, runs=2, backward=False)
+    with pytest.raises(TypeError, match=r"output\['m'\] has layout torch._mkldnn.*to_dense"):
+        assert_reproducible(opaque, runs=2, backward=False)
+
+
+@pytest.mark.filterwarnings("ignore:Sparse")
+@pytest.mark.parametrize("layout", ["coo", "csr", "csc", "bsr"])
+def test_sparse_outputs_are_compared_by_their_stored_form(layout: str) -> None:
+    """Indices, values, layout and size, bitwise: equal ones pass, a changed value fails."""
+    dense = torch.eye(4)
+
+    def sparse(scale: float = 1.0) -> torch.Tensor:
+        x = dense * scale
+        if layout == "bsr":
+            return x.to_sparse_bsr((2, 2))
+        return x.to_sparse_csr() if layout == "csr" else getattr(x, f"to_sparse_{layout}")()
+
+    assert_reproducible(lambda: {"adj": sparse()}, runs=3, backward=False)
+    with pytest.raises(NotReproducibleError, match=r"output\['adj'\] differs"):
+        assert_reproducible(lambda: {"adj": sparse(1.0 + _noise())}, runs=3, backward=False)
+    with pytest.raises(NotReproducibleError, match="output differs"):
+        assert_reproducible(lambda: torch.sparse_coo_tensor([[0]], [1.0], (2 + next(_calls),)))
+
+
+def test_sparse_gradients_are_compared() -> None:
+    """``nn.Embedding(sparse=True)`` has a sparse weight gradient: digested, not a crash."""
+    embedding = torch.nn.Embedding(10, 3, sparse=True)
+    assert_reproducible(embedding, torch.tensor([1, 2, 2]), runs=3)
+
+    def noisy(idx: torch.Tensor) -> torch.Tensor:
+        return embedding(idx) * (1.0 + _noise())
+
+    with pytest.raises(NotReproducibleError, match="also differing in run 1: grad of leaf #0"):
+        assert_reproducible(noisy, torch.tensor([1, 2, 2]), runs=3)
 
 
 def test_non_tensor_arguments_are_still_accepted() -> None:

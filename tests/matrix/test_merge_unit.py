@@ -390,6 +390,14 @@ def test_what_ran_in_no_job_is_on_the_merged_page_and_report(
     assert "t.py::test_gone (deselected in every job)" in warning
     page = out_html.read_text()
     assert 'id="warnings"' in page and "t.py::test_gone (deselected in every job)" in page
+    # --strict failed the merge: the page and the JSON say so, not only the exit code
+    assert 'id="merge-failed"' in page and "merge --strict failed" in page
+    assert json.loads(out_json.read_text())["merge_errors"]
     # merging the merged report again keeps the gap, and only it
     again = merge_reports([out_json])
     assert again.all_warnings() == [warning]
+    # without --strict the gap is a warning only
+    code = main(["merge", "--report", str(out_json), "--html", str(out_html), *paths])
+    assert code == 0
+    assert 'id="merge-failed"' not in out_html.read_text()
+    assert json.loads(out_json.read_text())["merge_errors"] == []

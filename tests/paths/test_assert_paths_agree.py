@@ -256,3 +256,85 @@ def test_unlike_nonfinite_values_dtypes_and_shapes_say_what_differs(
         assert_paths_agree(fn, torch.randn(4, 8), axes=["mkldnn"], backward=False)
     assert shown in str(info.value)
     assert head in str(info.value)
+
+
+@torch.library.custom_op("paths_tests::double", mutates_args=())
+def double(x: torch.Tensor) -> torch.Tensor:
+    """Doubles ``x`` only while oneDNN is enabled: a planted path-dependent op."""
+    return x * (2.0 if torch.backends.mkldnn.enabled else 1.0)
+
+
+double.register_autograd(lambda ctx, grad: grad)
+
+
+def test_a_small_result_that_an_op_changes_wholly_is_named_not_passed() -> None:
+    """The result bound's floor of scale 1 never hides an op that parts on its own.
+
+    Results of magnitude 1e-6 doubled under one configuration are 100% apart,
+    yet within a bound computed at scale 1; the op that doubled them is named.
+    """
+    x = torch.randn(16, 32)
+    with pytest.raises(PathsDisagreeError) as info:
+        assert_paths_agree(lambda t: double(t * 1e-6), x, axes=["mkldnn"], backward=False)
+    d = info.value.divergence
+    assert d is not None and d.op == "paths_tests::double", str(info.value)
+    assert "beyond the bound at the result's own scale" in str(info.value)
+    # Small results that agree within their own scale's bound still agree.
+    assert_paths_agree(lambda t: torch.tanh(t * 1e-6) * 1e-3, x, axes=["mkldnn"], backward=False)
+
+
+def test_memory_an_op_leaves_unwritten_never_makes_it_reproduce_its_recording() -> None:
+    """``aten::_ctc_loss`` leaves ``log_alpha`` unwritten beyond each target's length.
+
+    Leftover bytes there could match a recording by chance (the allocator handed
+    the same block back) and get the op blamed for bytes no kernel computed;
+    replays read them as NaN, so the op never reproduces its recording.
+    """
+    from pytest_backends.paths.api import _replay
+
+    torch.manual_seed(0)
+    logits = torch.randn(12, 3, 6).log_softmax(2)
+    targets = torch.randint(1, 6, (3, 4))
+    lengths = (torch.full((3,), 12), torch.tensor([1, 4, 2]))
+    flags = {"mkldnn.enabled": True}
+    run = _run(
+        lambda z: torch.nn.functional.ctc_loss(z, targets, *lengths),
+        [logits],
+        "on",
+        flags,
+        "cpu",
+        False,
+    )
+    record = next(r for r in run.records if r.name == "aten::_ctc_loss")
+    for _ in range(2):
+        junk = torch.full((3 * 12 * 9,), 2.5e38)  # leftover bytes for the next block of this size
+        del junk
+        replayed = _replay(record, flags)
+        assert replayed is not None
+        alpha = replayed[1]
+        assert bool(alpha[0, 1:, 3:].isnan().all()), alpha[0]  # beyond 2 * 1 + 1, after t = 0
+        assert not bool(alpha[1].isnan().any())  # the longest target: every element written
+        assert not torch.equal(alpha.nan_to_num(), record.outputs[1].nan_to_num())
+
+
+def test_missing_axes_a_bad_fn_and_an_unrunnable_reference_say_so() -> None:
+    """No axes, ``axes=None`` and a non-callable ``fn`` are errors naming the argument
+    (they were a marker's message and raw ``TypeError``s); a reference this machine
+    cannot run skips with its reason (it was "not one of the configurations")."""
+    with pytest.raises(ValueError, match="axes names no axis"):
+        assert_paths_agree(torch.sin, torch.randn(3))
+    with pytest.raises(TypeError, match="axes is a list of axis names"):
+        assert_paths_agree(torch.sin, torch.randn(3), axes=None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="fn must be callable"):
+        assert_paths_agree(3, torch.randn(3), axes=["mkldnn"])  # type: ignore[arg-type]
+    if not torch.cuda.is_available():
+        with pytest.raises(pytest.skip.Exception, match="reference configuration 'cudnn-on"):
+            assert_paths_agree(
+                torch.sin, torch.randn(3), axes=["cudnn", "mkldnn"], reference="cudnn-on,mkldnn-on"
+            )
+    with pytest.raises(ZeroDivisionError) as info:
+        assert_paths_agree(
+            lambda t: t if torch.backends.mkldnn.enabled else 1 / 0, torch.randn(3), axes=["mkldnn"]
+        )
+    if sys.version_info >= (3, 11):
+        assert "under configuration mkldnn-off" in "".join(info.value.__notes__)

@@ -129,3 +129,63 @@ def test_zoo_traced_at_default_and_avx2_has_no_false_blames(
     lines = [line for line in out.splitlines() if "ops aligned" in line]
     parted = [line for line in lines if "agree within bounds" not in line]
     assert len(lines) >= 40 and parted == [] and code == 0, out
+
+
+UNSAMPLED_SUITE = """
+import pytest, torch
+
+@torch.library.custom_op("trace_tests::bump_one", mutates_args=())
+def bump_one(x: torch.Tensor) -> torch.Tensor:
+    y = x.clone()
+    if torch.backends.mkldnn.enabled:
+        y.view(-1)[1] += 100.0  # flat index 1: between the samples of a 128-element tensor
+    return y
+
+@torch.library.custom_op("trace_tests::flip_one", mutates_args=())
+def flip_one(x: torch.Tensor) -> torch.Tensor:
+    mask = x > 0
+    if torch.backends.mkldnn.enabled:
+        mask.view(-1)[1] = ~mask.view(-1)[1]
+    return mask
+
+@pytest.mark.backends("mkldnn")
+def test_float(backend_config):
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    (bump_one(x) * 2).sum()  # BUMP
+
+@pytest.mark.backends("mkldnn")
+def test_mask(backend_config):
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    m = flip_one(x)  # FLIP
+    x.where(m, 0.0).sum()
+"""
+
+
+def test_a_change_the_samples_miss_is_blamed_on_its_op_and_two_files_pair(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sketch's norms see every element, a discrete tensor's digest every value.
+
+    The op that changed an element between the samples (a float) or a bool is
+    the one named, not the reduction after it; and two files given by name are
+    one pair, never also "only in" either side.
+    """
+    path = pytester.makepyfile(test_unsampled=UNSAMPLED_SUITE)
+    lines = UNSAMPLED_SUITE.splitlines()[1:]
+    bump = next(i for i, line in enumerate(lines, 1) if line.endswith("# BUMP"))
+    flip = next(i for i, line in enumerate(lines, 1) if line.endswith("# FLIP"))
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--backends-matrix", "--backends-trace=tr"
+    )
+    result.assert_outcomes(passed=4)
+    for test, op, line in (("float", "bump_one", bump), ("mask", "flip_one", flip)):
+        on, off = (
+            next((pytester.path / "tr").glob(f"*test_{test}_mkldnn-{v}/*.jsonl"))
+            for v in ("on", "off")
+        )
+        assert main(["diverge", str(on), str(off)]) == 1
+        out = capsys.readouterr().out
+        assert f"the paths part at trace_tests::{op} ({path}:{line}," in out, out
+        assert "only in" not in out, out

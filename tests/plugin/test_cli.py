@@ -391,7 +391,10 @@ def test_switches_lists_managed_not_state_and_unknown(tmp_path: Path) -> None:
     assert "unknown (1)\n  _get_brand_new_switch" in newer.stdout
     binary = tmp_path / "binary.names"
     binary.write_bytes(b"\xa8\xff\x00")
+    empty = tmp_path / "empty.names"
+    empty.write_text("# truncated\n\n")
     for bad, reason in (
+        (empty, "no names in the file"),
         (tmp_path / "missing.names", "No such file or directory"),
         (tmp_path, "Is a directory"),
         (binary, "can't decode"),

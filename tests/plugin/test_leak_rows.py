@@ -21,6 +21,16 @@ pytest_plugins = ["pytester"]
 
 # row -> (code that changes it and never restores it, code that asserts the default)
 PAIRS: dict[str, tuple[str, str]] = {
+    "backends.module_attributes": (
+        """
+        torch.backends.nnpack.enabled = False  # nnpack has no such property: torch ignores it
+        torch.backends.cuda.flash_sdp_enabled = False  # a function replaced by a bool
+        """,
+        """
+        assert not hasattr(torch.backends.nnpack, "enabled")
+        assert torch.backends.cuda.flash_sdp_enabled() is True
+        """,
+    ),
     "autocast.nesting": (
         """
         ctx = torch.autocast("cpu", dtype=torch.bfloat16)
@@ -252,3 +262,44 @@ def test_a_snapshot_read_back_from_json_has_no_differences() -> None:
 
     saved = json.loads(json.dumps(snapshot_flags()))
     assert diff_flags(saved, snapshot_flags()) == {}
+
+
+MODULE_ATTRIBUTES = """
+import torch
+
+def test_lazy_imports_are_no_change():
+    import torch.backends.xeon.run_cpu  # a submodule import adds module attributes
+    torch.backends.cudnn.version()      # torch caches the version in a private global
+
+def test_replace_a_submodule():
+    torch.backends.cudnn = None
+
+def test_delete_the_conftest_attribute():
+    assert torch.backends.nnpack.enabled is False
+    del torch.backends.nnpack.enabled
+
+def test_back_to_the_baseline():
+    assert torch.backends.cudnn.enabled is torch._C._get_cudnn_enabled()
+    assert torch.backends.nnpack.enabled is False
+"""
+
+
+def test_attributes_set_on_backends_modules_are_reported_and_put_back(
+    pytester: pytest.Pytester,
+) -> None:
+    """``torch.backends.nnpack.enabled = False`` adds an attribute torch never reads.
+
+    It stayed for every later test, unreported. A conftest's is the suite's
+    baseline (put back when a test deletes it); a submodule a test replaces
+    is put back; importing a submodule, or torch's own private caches, is no change.
+    """
+    pytester.makeconftest("import torch\ntorch.backends.nnpack.enabled = False\n")
+    pytester.makepyfile(test_attrs=MODULE_ATTRIBUTES)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4, errors=2)
+    out = result.stdout.str()
+    assert "torch.backends.nnpack.enabled = False (no such attribute" in out, out
+    assert "ERROR at teardown of test_replace_a_submodule" in out
+    assert "torch.backends.cudnn = None (torch's: the module torch.backends.cudnn)" in out
+    assert "ERROR at teardown of test_delete_the_conftest_attribute" in out
+    assert "lazy_imports" not in out.split("short test summary info")[-1]

@@ -30,6 +30,7 @@ _BY_ACTION = (
     "tunableop.results",
     "jit.emit_hooks",
     "serialization.load.endianness",
+    "backends.module_attributes",
 )
 ROWS = [r for r in registry().rows if not r.name.startswith(_BY_ACTION)]
 

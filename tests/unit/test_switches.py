@@ -76,6 +76,8 @@ NEWER_PYTHON_ONLY = {
     "tunableop.wildcard_fallback",
     "python_native.helion.enabled",
     "inductor.numerics",
+    # no one switch: any attribute a test sets on a torch.backends module
+    "backends.module_attributes",
 }
 
 
