@@ -47,7 +47,7 @@ from pytest_backends.batch.finding import ACROSS, Finding
 from pytest_backends.batch.rows import rows_differ
 from pytest_backends.determinism.compare import Comparison, Divergence, merge_verdict
 from pytest_backends.determinism.keys import op_info
-from pytest_backends.determinism.locate import locate
+from pytest_backends.determinism.locate import locate, run_uncounted
 from pytest_backends.determinism.op_tables import UNINITIALIZED
 
 if TYPE_CHECKING:
@@ -221,12 +221,9 @@ class RowRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         # Counted as the locator counts (its op_info): range markers are not ops, and a
         # CompositeImplicitAutograd op (which reaches a mode under inference_mode) is looked
         # through to the ops it calls, as outside inference mode.
-        info = op_info(func)
-        if info.marker:
-            return func(*args, **kwargs)
-        if info.composite:
-            with self:
-                return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
+        skipped, out = run_uncounted(self, op_info(func), args, kwargs)
+        if skipped:
+            return out
         tensors_in = _tensors([list(args), kwargs])
         dropped = self.dropped_after is not None or self.kept > self.limit
         if dropped and self.dropped_after is None:

@@ -31,7 +31,7 @@ from pytest_backends.determinism.record import user_frame
 if TYPE_CHECKING:
     from pytest_backends.determinism.compare import Comparison, Divergence
 
-__all__ = ["Location", "locate"]
+__all__ = ["Location", "locate", "run_uncounted"]
 
 
 def _module_path(frame: Any) -> tuple[str, str] | None:
@@ -144,14 +144,31 @@ class _LocatingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     ) -> Any:
         kwargs = kwargs or {}
         info = op_info(func)
-        if info.marker:
-            return func(*args, **kwargs)
-        if info.composite:
-            with self:
-                return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
+        skipped, out = run_uncounted(self, info, args, kwargs)
+        if skipped:
+            return out
         out = func(*args, **kwargs)
         self.locator.observe(info.name, sys._getframe(1))
         return out
+
+
+def run_uncounted(
+    mode: Any, info: Any, args: Sequence[Any], kwargs: dict[str, Any]
+) -> tuple[bool, Any]:
+    """Run an op the recorders do not count, in a Python dispatch ``mode``: ``(True, result)``.
+
+    A range marker runs as it is; a ``CompositeImplicitAutograd`` op (it reaches a mode
+    under ``torch.inference_mode``) runs its own kernel under ``mode``, whose ops come
+    back to it. ``(False, None)`` for an op that is counted. (The Python recorder's hot
+    path does the same inline.)
+    """
+    if info.marker:
+        return True, info.call(*args, **kwargs)
+    if info.composite:
+        composite = torch._C.DispatchKey.CompositeImplicitAutograd
+        with mode:
+            return True, info.op._op_dk(composite, *args, **kwargs)
+    return False, None
 
 
 def _current_node() -> Any:
