@@ -174,7 +174,7 @@ def _locked(directory: Path) -> Iterator[None]:
 
 def _tool(name: str) -> str:
     """``name`` -> its resolved path, size and mtime, or ``name=absent``."""
-    found = shutil.which(name)
+    found = shutil.which(name, path=_build_path()) if name == "ninja" else shutil.which(name)
     if found is None:
         return f"{name}=absent"
     real = os.path.realpath(found)
@@ -189,6 +189,36 @@ def _compiler() -> str:
     """The C++ compiler torch's build would use (``$CXX``, else ``c++``), identified."""
     command = (os.environ.get("CXX") or "c++").split()
     return _tool(command[0]) if command else "c++=absent"
+
+
+def _build_path() -> str:
+    """``PATH`` for a build: the interpreter's own scripts directory first, where it has ninja.
+
+    pip installs the ``ninja`` requirement next to the interpreter, which is on
+    ``PATH`` only in an activated environment: without this, ``.venv/bin/python``
+    would build with whichever ninja ``PATH`` holds, or fail for want of one, and
+    a cache built under one ninja version is compiled again in full under another
+    (the build log's format changes between versions).
+    """
+    path = os.environ.get("PATH", os.defpath)
+    scripts = os.path.dirname(sys.executable)
+    if os.access(os.path.join(scripts, "ninja"), os.X_OK):
+        return f"{scripts}{os.pathsep}{path}"
+    return path
+
+
+@contextlib.contextmanager
+def _build_environment() -> Iterator[None]:
+    """``PATH`` set to :func:`_build_path` while torch's build runs ninja."""
+    before = os.environ.get("PATH")
+    os.environ["PATH"] = _build_path()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = before
 
 
 def _toolchain() -> str:
@@ -293,18 +323,19 @@ def _jit_build(directory: Path, files: list[Path], verbose: bool) -> ModuleType:
 
     cflags, ldflags = _compile_flags()
     cuda = any(f.suffix == ".cu" for f in files)
-    module = cpp_extension.load(
-        name=EXTENSION_NAME,
-        sources=[str(f) for f in files],
-        extra_cflags=cflags,
-        extra_cuda_cflags=["-O3"] if cuda else None,
-        extra_ldflags=ldflags,
-        extra_include_paths=[str(source_dir())],
-        build_directory=str(directory),
-        with_cuda=cuda,
-        is_python_module=True,
-        verbose=verbose,
-    )
+    with _build_environment():
+        module = cpp_extension.load(
+            name=EXTENSION_NAME,
+            sources=[str(f) for f in files],
+            extra_cflags=cflags,
+            extra_cuda_cflags=["-O3"] if cuda else None,
+            extra_ldflags=ldflags,
+            extra_include_paths=[str(source_dir())],
+            build_directory=str(directory),
+            with_cuda=cuda,
+            is_python_module=True,
+            verbose=verbose,
+        )
     assert isinstance(module, ModuleType)
     return module
 

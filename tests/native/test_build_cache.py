@@ -180,15 +180,25 @@ def test_failed_build_is_retried_when_the_toolchain_changes(
     with pytest.raises(_native.NativeBuildError, match="compiler missing"):
         _native.build()
     assert len(attempts) == 2
-    # ... and installing ninja counts too, although it is not part of the build key
-    ninja_dir = tmp_path / "bin"
-    ninja_dir.mkdir()
-    (ninja_dir / "ninja").write_text("#!/bin/sh\n")
-    (ninja_dir / "ninja").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{ninja_dir}{os.pathsep}{os.environ['PATH']}")
+    # ... and installing ninja counts too, although it is not part of the build key: on
+    # PATH, or next to the interpreter (``pip install ninja`` in a venv never activated)
+    scripts = tmp_path / "venv" / "bin"
+    scripts.mkdir(parents=True)
+    monkeypatch.setattr(sys, "executable", str(scripts / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(_native.NativeBuildError, match="compiler missing"):
+        _native.build()  # this interpreter's ninja is gone: another toolchain
+    with pytest.raises(_native.NativeBuildError, match=r"earlier build .* failed"):
         _native.build()
-    assert len(attempts) == 3
+    for ninja_dir in (tmp_path / "bin", scripts):
+        ninja_dir.mkdir(exist_ok=True)
+        (ninja_dir / "ninja").write_text("#!/bin/sh\n")
+        (ninja_dir / "ninja").chmod(0o755)
+        if ninja_dir != scripts:
+            monkeypatch.setenv("PATH", str(ninja_dir))
+        with pytest.raises(_native.NativeBuildError, match="compiler missing"):
+            _native.build()
+    assert len(attempts) == 5
 
 
 def test_broken_libraries_never_raise_from_load(
@@ -240,11 +250,33 @@ def test_truncated_library_is_rebuilt_and_the_test_that_triggered_it_is_named(
     _assert_record_matches(relinkable_cache)
 
 
+def _objects(directory: Path) -> dict[str, int]:
+    return {o.name: o.stat().st_mtime_ns for o in directory.glob("*.o")}
+
+
+def test_the_build_runs_the_interpreters_own_ninja_whatever_path_holds() -> None:
+    """``.venv/bin/python`` without an activated venv builds with the venv's ninja.
+
+    Otherwise a cache built by ``build-native`` under one ninja is compiled again in
+    full by a build under another (each ninja version rewrites the other's build log).
+    """
+    own = Path(sys.executable).parent / "ninja"
+    if not os.access(own, os.X_OK):
+        pytest.skip("no ninja installed next to this interpreter")
+    code = "from pytest_backends import _native; print(_native._tool('ninja'))"
+    env = {**os.environ, "PATH": os.pathsep.join(["/usr/bin", "/bin"])}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith(f"ninja={os.path.realpath(own)}:"), proc.stdout
+
+
 @pytest.mark.slow
 def test_a_build_killed_midway_does_not_hang_the_next_one(relinkable_cache: Path) -> None:
     """torch's build lock, left by a killed build, is stale under the cache's own lock."""
     (relinkable_cache / "lock").write_text("")  # what a build killed midway leaves
     (relinkable_cache / "build-ok").unlink()  # so the next load relinks
+    objects = _objects(relinkable_cache)
+    assert objects, sorted(p.name for p in relinkable_cache.iterdir())
     code = "from pytest_backends import _native; _native.build(); print('built')"
     try:
         proc = subprocess.run(
@@ -255,6 +287,8 @@ def test_a_build_killed_midway_does_not_hang_the_next_one(relinkable_cache: Path
     assert proc.returncode == 0 and "built" in proc.stdout, proc.stderr[-3000:]
     assert not (relinkable_cache / "lock").exists()
     _assert_record_matches(relinkable_cache)
+    # relinked, not compiled again: the session's build and this one ran the same ninja
+    assert _objects(relinkable_cache) == objects
 
 
 def test_garbage_library_without_a_compiler_falls_back_with_one_warning(
