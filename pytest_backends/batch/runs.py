@@ -434,8 +434,13 @@ def call(
                 structure[path] = None if leaf is None else _signature(leaf, out_dim, n)
         else:
             outs = outputs_of(result, out_dim, n, structure)
-        if plan.backward:
-            if grads is None and rows is None:
+        if plan.backward and plan.batched().needs_grad:
+            if (
+                grads is None
+                and rows is None
+                # Drawn only where a backward will run (none under no_grad, say).
+                and any(differentiable(t) for _, t in outs)
+            ):
                 with torch.utils._python_dispatch._disable_current_modes():
                     grads = upstream = upstream_grads([t for _, t in outs], plan.seed)
             if upstream is not None and len(upstream) == len(outs):
