@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "Tolerance": "tolerance",
     "flag_effect": "effect",
     "assert_paths_agree": "paths",
+    "PathsAgreement": "paths",
     "PathsDisagreeError": "paths",
     "FlagEffect": "effect",
 }
@@ -87,6 +88,7 @@ if TYPE_CHECKING:
     from pytest_backends.flags import (
         snapshot_flags as snapshot_flags,
     )
+    from pytest_backends.paths import PathsAgreement as PathsAgreement
     from pytest_backends.paths import PathsDisagreeError as PathsDisagreeError
     from pytest_backends.paths import assert_paths_agree as assert_paths_agree
     from pytest_backends.tolerance import Tolerance as Tolerance

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,29 +62,86 @@ __all__ = [
 ]
 
 
-#: The fixtures pytest makes to run xunit-style and unittest setup and teardown methods.
-_XUNIT = {
-    "_unittest_setUpClass_fixture_": "setUpClass/tearDownClass",
-    "_xunit_setup_module_fixture_": "setup_module/teardown_module",
-    "_xunit_setup_class_fixture_": "setup_class/teardown_class",
-    "_xunit_setup_function_fixture_": "setup_function/teardown_function",
-    "_xunit_setup_method_fixture_": "setup_method/teardown_method",
+#: The fixtures pytest makes to run xunit-style and unittest setup and teardown code, by
+#: the start of their names: the setup and the teardown names pytest looks for, in its
+#: order, paired by spelling (``setUpModule`` goes with ``tearDownModule``).
+_XUNIT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "_unittest_setUpClass_fixture_": (("setUpClass",), ("tearDownClass",)),
+    "_unittest_setup_method_fixture_": (("setup_method",), ("teardown_method",)),
+    "_xunit_setup_module_fixture_": (
+        ("setUpModule", "setup_module"),
+        ("tearDownModule", "teardown_module"),
+    ),
+    "_xunit_setup_class_fixture_": (("setup_class",), ("teardown_class",)),
+    "_xunit_setup_function_fixture_": (("setup_function",), ("teardown_function",)),
+    "_xunit_setup_method_fixture_": (("setup_method",), ("teardown_method",)),
 }
+
+
+def _users(name: str, value: object) -> bool:
+    """Whether ``value``, found under ``name``, is code of the user's that pytest runs."""
+    if value is None:
+        return False
+    # pytest skips a function under one of these names that is a fixture (pytest >= 8.4
+    # marks it with the first attribute, older versions with the second).
+    if any(hasattr(value, a) for a in ("_fixture_function_marker", "_pytestfixturefunction")):
+        return False
+    # unittest.TestCase's own no-op setUpClass/tearDownClass, inherited, are nobody's code.
+    unittest = sys.modules.get("unittest")
+    base = vars(getattr(unittest, "TestCase", object)).get(name)
+    return base is None or getattr(value, "__func__", value) is not getattr(base, "__func__", base)
+
+
+def _defined(fixturedef: Any, names: tuple[str, ...]) -> str | None:
+    """The first of ``names`` that the fixture's module or class defines, as pytest looks."""
+    owner = getattr(getattr(fixturedef, "node", None), "obj", None)
+    if owner is not None:
+        for name in names:
+            try:
+                value = getattr(owner, name, None)
+            except Exception:  # a user's descriptor may raise; then it is not the one
+                continue
+            if _users(name, value):
+                return name
+        return None
+    # Before pytest 9.1 a fixture knows no node: pytest's function keeps what it
+    # calls in its closure.
+    called: dict[str, object] = {}
+    for cell in getattr(getattr(fixturedef, "func", None), "__closure__", None) or ():
+        with contextlib.suppress(ValueError):  # an empty cell
+            value = cell.cell_contents
+            called.setdefault(str(getattr(value, "__name__", "")), value)
+    return next((n for n in names if n in called and _users(n, called[n])), None)
+
+
+def _xunit_methods(fixturedef: Any, setups: tuple[str, ...], teardowns: tuple[str, ...]) -> str:
+    """``setUpModule/tearDownModule``: the names the user wrote, the missing one in their style."""
+    setup, teardown = _defined(fixturedef, setups), _defined(fixturedef, teardowns)
+    if setup is not None:
+        style = setups.index(setup)
+    elif teardown is not None:
+        style = teardowns.index(teardown)
+    else:
+        style = len(setups) - 1
+    return f"{setup or setups[style]}/{teardown or teardowns[style]}"
 
 
 def fixture_label(fixturedef: Any) -> str:
     """How reports name a fixture: its name, scope and where it is defined.
 
-    The fixtures pytest makes for ``setUpClass``/``tearDownClass`` and xunit's
-    ``setup_module``/``teardown_module`` (and the like) are named by those methods.
+    The fixtures pytest makes to run xunit-style and unittest setup and
+    teardown code are named by that code as the test module spells it
+    (``setUpModule/tearDownModule``, ``setup_module/teardown_module``,
+    ``setUpClass/tearDownClass``, ``setup_method/teardown_method``, ...).
     """
     where = getattr(fixturedef, "baseid", "") or getattr(
         getattr(fixturedef, "func", None), "__module__", "a plugin"
     )
     argname = str(fixturedef.argname)
     if argname.startswith("_"):
-        for prefix, methods in _XUNIT.items():
+        for prefix, (setups, teardowns) in _XUNIT.items():
             if argname.startswith(prefix):
+                methods = _xunit_methods(fixturedef, setups, teardowns)
                 return f"{methods} of {where} ({fixturedef.scope} scope, pytest's {argname!r})"
     return f"fixture {argname!r} ({fixturedef.scope} scope, defined in {where})"
 

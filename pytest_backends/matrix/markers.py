@@ -32,7 +32,7 @@ MARKER = "backends"
 
 
 class MarkerError(ValueError):
-    """A ``@pytest.mark.backends`` marker names an unknown axis or value."""
+    """A ``@pytest.mark.backends`` marker names an unknown axis or value, or repeats one."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,7 @@ def backends(*axes: str, **values: str | Sequence[str]) -> MarkerSpec:
                 f"{axis}=[] selects no value: pick at least one, e.g. backends({axis}=[...]), "
                 f"or name the axis for all its values: backends({axis!r})"
             )
+        _check_unique(axis, picked)
         pairs.append((axis, picked))
     if not pairs:
         raise MarkerError(
@@ -86,6 +87,20 @@ def backends(*axes: str, **values: str | Sequence[str]) -> MarkerSpec:
             f"backends({axis!r}) for all its values or backends({axis}=[...]) for some"
         )
     return MarkerSpec(tuple(pairs))
+
+
+def _check_unique(axis: str, picked: tuple[str, ...]) -> None:
+    # A repeated value would silently run once: it is a mistake (a typo for another
+    # value, or a copy-paste), so say which, whatever the axis.
+    once = list(dict.fromkeys(picked))
+    if len(once) == len(picked):
+        return
+    repeated = [v for v in once if picked.count(v) > 1]
+    which = "value" if len(repeated) == 1 else "values"
+    raise MarkerError(
+        f"axis {axis!r} lists {which} {', '.join(map(repr, repeated))} more than once: name "
+        f"each value once, backends({axis}={once!r})"
+    )
 
 
 def marker_line() -> str:

@@ -11,10 +11,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["Divergence", "PathsDisagreeError", "assert_paths_agree", "first_divergence"]
+__all__ = [
+    "Divergence",
+    "PathsAgreement",
+    "PathsDisagreeError",
+    "assert_paths_agree",
+    "first_divergence",
+]
 
 if TYPE_CHECKING:
     from pytest_backends.paths.api import Divergence as Divergence
+    from pytest_backends.paths.api import PathsAgreement as PathsAgreement
     from pytest_backends.paths.api import PathsDisagreeError as PathsDisagreeError
     from pytest_backends.paths.api import assert_paths_agree as assert_paths_agree
     from pytest_backends.paths.api import first_divergence as first_divergence

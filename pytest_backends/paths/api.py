@@ -17,12 +17,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from pytest_backends.paths.bounds import Bound, pair_bound, reduction_length, term_scale
 from pytest_backends.paths.record import OpRecord, PathRecorder, module_tracking
+from pytest_backends.paths.results import Identity, results_of, same_value
 
-__all__ = ["Divergence", "PathsDisagreeError", "assert_paths_agree", "first_divergence"]
+__all__ = [
+    "Divergence",
+    "PathsAgreement",
+    "PathsDisagreeError",
+    "assert_paths_agree",
+    "first_divergence",
+]
 
 SEED = 20240611
 
@@ -31,12 +37,30 @@ class PathsDisagreeError(AssertionError):
     """Two configurations' results differ beyond the model's bound.
 
     ``divergence`` is the op where the paths part (``None`` when no single op
-    does: the difference built up from ops each within its bound).
+    does: the difference built up from ops each within its bound);
+    ``not_compared`` as in :class:`PathsAgreement`.
     """
 
-    def __init__(self, message: str, divergence: Divergence | None) -> None:
+    def __init__(
+        self, message: str, divergence: Divergence | None, not_compared: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(message)
         self.divergence = divergence
+        self.not_compared = not_compared
+
+
+@dataclass(frozen=True)
+class PathsAgreement:
+    """What :func:`assert_paths_agree` compared, when every configuration agrees.
+
+    ``not_compared`` names each result leaf left out, as ``"output 1
+    (torch._C.Generator)"``: its path and type, a type with identity
+    equality only (each run returns a new object: not a numeric result).
+    """
+
+    reference: str
+    others: tuple[str, ...]
+    not_compared: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -100,37 +124,6 @@ def _clone_inputs(inputs: Sequence[Any]) -> list[Any]:
     return out
 
 
-def _results(out: Any) -> tuple[list[tuple[str, object]], list[torch.Tensor]]:
-    """Every leaf of ``fn``'s result, copied (tensors of every dtype, and Python values),
-    with the structure first; and the differentiable float tensors, for the backward.
-
-    A Python float (complex) is compared as a float32 (complex64) value, within the
-    result's bound; other Python values (ints, bools, strings) exactly.
-    """
-    leaves, spec = tree_flatten(out)
-    results: list[tuple[str, object]] = [("output structure", spec)]
-    diff = []
-    for i, leaf in enumerate(leaves):
-        if isinstance(leaf, torch.Tensor):
-            results.append((f"output {i}", leaf.detach().clone()))
-            if leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex()):
-                diff.append(leaf)
-        elif isinstance(leaf, (float, complex)):  # a float32 loss's .item(), most often
-            dtype = torch.complex64 if isinstance(leaf, complex) else torch.float32
-            results.append((f"output {i}", torch.tensor(leaf, dtype=dtype)))
-        else:
-            results.append((f"output {i}", leaf))
-    return results, diff
-
-
-def _same_value(a: object, b: object) -> bool:
-    """Whether two results that are not tensors (nor Python floats) are equal."""
-    try:
-        return type(a) is type(b) and bool(a == b)
-    except Exception:  # no boolean equality (an array): compared by its text
-        return type(a) is type(b) and repr(a) == repr(b)
-
-
 def _run(
     fn: Callable[..., Any],
     inputs: Sequence[Any],
@@ -157,7 +150,7 @@ def _run(
             if note is not None:
                 note(f"assert_paths_agree: raised by fn under configuration {config_id}")
             raise
-        results, diff = _results(out)
+        results, diff = results_of(out)
         if backward and diff and leaves:
             gen = torch.Generator().manual_seed(SEED)
             grads_out = [
@@ -467,7 +460,7 @@ def assert_paths_agree(
     axes: Sequence[str] | Mapping[str, Sequence[str]] = (),
     reference: str | None = None,
     backward: bool = True,
-) -> None:
+) -> PathsAgreement:
     """Assert that ``fn(*inputs)`` agrees across the configurations of ``axes``.
 
     ``axes`` names flag-level axes (``["mkldnn"]``) or maps axis to values
@@ -481,9 +474,13 @@ def assert_paths_agree(
     Raises :class:`PathsDisagreeError` naming the first op where the paths
     part, with its call site, module path, both configurations, the error,
     the bound and the bound's derivation.  Results that are not floating
-    point (integer and bool tensors, Python ints and bools) and the result's
-    structure are compared exactly, and so are a floating-point result's
-    dtype and shape; a Python float as a float32 value. A NaN agrees with a
+    point (integer and bool tensors, Python ints, bools, strings, None, dtypes,
+    sizes, devices) and the result's structure are compared exactly, and so
+    are a floating-point result's dtype and shape; a Python float as a float32
+    value. A leaf whose type has identity equality only (a ``torch.Generator``,
+    a module, a plain ``object()``) is not a numeric result: it is never
+    compared, only its type is, and the returned :class:`PathsAgreement` (or
+    the error) lists it as not compared. A NaN agrees with a
     NaN and an infinity with the same infinity; any other non-finite
     difference is an infinite error. ``ValueError`` for an unknown or
     process-level axis, axes that give fewer than two configurations, or an
@@ -507,6 +504,9 @@ def assert_paths_agree(
     else:
         raise ValueError(f"reference {reference!r} is not one of the configurations {ids}")
     ref = _run(fn, inputs, ref_config.id, ref_config.flags, ref_config.device, backward)
+    not_compared = tuple(
+        f"{label} ({leaf.type_name})" for label, leaf in ref.results if isinstance(leaf, Identity)
+    )
     failures: list[str] = []
     error_divergence: Divergence | None = None
     for config in configs:
@@ -518,7 +518,7 @@ def assert_paths_agree(
         floored: list[str] = []  # within the bound only thanks to its scale's floor of 1
         for (label, a), (_label, b) in zip(other.results, ref.results, strict=False):
             if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-                if not _same_value(a, b):
+                if not same_value(a, b):
                     bad.append(f"{label}: {a!r} vs {b!r} under the reference (compared exactly)")
                 continue
             if not (b.is_floating_point() or b.is_complex()):
@@ -564,4 +564,10 @@ def assert_paths_agree(
             )
         failures.append(f"{config.id} vs {ref.config_id} (reference):\n{head}\n" + "\n".join(bad))
     if failures:
-        raise PathsDisagreeError("\n\n".join(failures), error_divergence)
+        if not_compared:
+            failures.append(
+                "not compared (identity equality only, not numeric results): "
+                + ", ".join(not_compared)
+            )
+        raise PathsDisagreeError("\n\n".join(failures), error_divergence, not_compared)
+    return PathsAgreement(ref.config_id, tuple(i for i in ids if i != ref.config_id), not_compared)

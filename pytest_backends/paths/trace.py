@@ -189,38 +189,45 @@ def _norm_gap(a: Mapping[str, Any], b: Mapping[str, Any], rtol: float, atol: flo
 
 def _sketch_gap(
     a: Mapping[str, Any], b: Mapping[str, Any], rtol: float, atol: float
-) -> tuple[bool, float, float]:
-    """(within, max abs error, max rel error) of sketch ``a`` against ``b``.
+) -> tuple[bool, float, float, str]:
+    """(within, max abs error, max rel error, why they are lower bounds) of ``a`` against ``b``.
 
     Equal digests agree.  Otherwise a discrete tensor (integers, bools)
     differs: its digest covers every element.  A float tensor is within only
     if its sampled values *and* its norms (which see every element) are
     consistent with the bound: a difference the samples miss still moves
-    ``max_abs`` or ``l2``.
+    ``max_abs`` or ``l2``.  The errors are exact only where the sample holds
+    every value; otherwise they are lower bounds, and the fourth item says
+    what they come from (``""`` when exact).
     """
     if a["digest"] == b["digest"]:
-        return True, 0.0, 0.0
+        return True, 0.0, 0.0, ""
     if a["shape"] != b["shape"] or a["dtype"] != b["dtype"]:
-        return False, math.inf, math.inf
+        return False, math.inf, math.inf, ""
     if not str(a["dtype"]).startswith(("float", "bfloat", "complex")):
-        return False, math.inf, math.inf
+        return False, math.inf, math.inf, ""
     x, y = _values(a), _values(b)
     if x.numel() != y.numel():
-        return False, math.inf, math.inf
+        return False, math.inf, math.inf, ""
     same_nonfinite = bool(torch.equal(torch.isfinite(x), torch.isfinite(y)))
     finite = torch.isfinite(x) & torch.isfinite(y)
     err = (x - y).abs().where(finite, torch.zeros_like(x))
-    within = same_nonfinite and bool((err <= atol + rtol * y.abs()).all())
+    samples_within = bool((err <= atol + rtol * y.abs()).all())
     rel = err / y.abs().clamp_min(atol if atol > 0 else 1e-30)
     worst = float(err.max()) if err.numel() else 0.0
     worst_rel = float(rel.max()) if rel.numel() else 0.0
+    if not same_nonfinite:  # a non-finite value against another value: an infinite error
+        return False, math.inf, math.inf, ""
+    n = _elements(b)
+    basis = "" if x.numel() >= n else f"{x.numel()} of {n} values sampled"
     proven = _norm_gap(a, b, rtol, atol)
     if proven >= 0:
-        within = False
+        if samples_within:
+            basis = "the samples agree; the norms differ"
         worst = max(worst, proven)
         top = max(float(b.get("max_abs", 0.0)), atol if atol > 0 else 1e-30)
         worst_rel = max(worst_rel, proven / top)
-    return within, worst, worst_rel
+    return samples_within and proven < 0, worst, worst_rel, basis
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -242,13 +249,25 @@ class TraceDivergence:
     certificate: str
     rtol: float
     atol: float
+    lower_bound: str = ""
+    """Why ``max_abs`` and ``max_rel`` are lower bounds (the sketch did not see every
+    value); ``""`` when they are exact."""
 
     def summary(self) -> str:
-        """One line naming the op, where it ran, the error and the bound."""
+        """One line naming the op, where it ran, the error and the bound.
+
+        A lower bound reads ``max rel error >= R, max abs >= A (why)``.
+        """
+        if self.lower_bound:
+            error = (
+                f"max rel error >= {self.max_rel:.3g}, max abs >= {self.max_abs:.3g} "
+                f"({self.lower_bound})"
+            )
+        else:
+            error = f"max rel error {self.max_rel:.3g} (max abs {self.max_abs:.3g})"
         return (
             f"the paths part at {self.op} ({self.site}, module {self.module or '<no module>'}): "
-            f"max rel error {self.max_rel:.3g} (max abs {self.max_abs:.3g}), bound "
-            f"{self.atol:.3g} + {self.rtol:.3g}*|x| ({self.a} vs {self.b})"
+            f"{error}, bound {self.atol:.3g} + {self.rtol:.3g}*|x| ({self.a} vs {self.b})"
         )
 
 
@@ -336,7 +355,7 @@ def compare(a: Trace, b: Trace) -> tuple[TraceDivergence | None, int, int]:
                     f"terms of scale {float(other.get('scale', 1.0)):.3g} adds {extra:.3g} "
                     "to atol (replay cannot isolate the op offline)"
                 )
-            within, err, rel = _sketch_gap(x, y, rtol, atol)
+            within, err, rel, lower = _sketch_gap(x, y, rtol, atol)
             if not within:
                 ident = op["identity"]
                 return (
@@ -351,6 +370,7 @@ def compare(a: Trace, b: Trace) -> tuple[TraceDivergence | None, int, int]:
                         certificate,
                         rtol,
                         atol,
+                        lower,
                     ),
                     common,
                     alone,

@@ -278,3 +278,91 @@ def test_a_selection_with_two_values_of_one_axis_is_a_usage_error(
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
     err = result.stderr.str()
     assert "--backends-config" in err and "mkldnn" in err and "INTERNALERROR" not in err
+
+
+DUPLICATES = """
+    import unittest
+
+    import pytest
+    import torch
+
+    @pytest.mark.backends(mkldnn=["on", "on"])
+    def test_list():
+        pass
+
+    @pytest.mark.backends("mkldnn", sdpa=("math", "flash", "math"))
+    def test_tuple():
+        pass
+
+    @pytest.mark.backends(cpu_capability=["default", "avx2", "default"])
+    class TestLevels:
+        @pytest.mark.parametrize("n", [1, 2])
+        def test_level(self, n):
+            pass
+
+    class TestCaseClass(unittest.TestCase):
+        @pytest.mark.backends(nnpack=["off", "on", "off", "on"])
+        def test_case(self):
+            pass
+
+    def test_hooked():
+        pass
+
+    @pytest.mark.backends(mkldnn=["on", "off"])
+    def test_good(backend_config):
+        assert torch.backends.mkldnn.enabled is (backend_config.axes["mkldnn"] == "on")
+
+    def test_plain():
+        pass
+"""
+
+
+def test_a_value_repeated_on_one_axis_is_an_error_naming_test_axis_and_value(
+    pytester: pytest.Pytester,
+) -> None:
+    # Any form that lists values (a list, a tuple, the CPU capability levels, a marker
+    # on a class, on a TestCase method or added by a hook) goes through one check.
+    pytester.makeconftest(
+        """
+        import pytest
+
+        def pytest_collection_modifyitems(items):
+            for item in items:
+                if item.name == "test_hooked":
+                    item.add_marker(pytest.mark.backends(deterministic=["on", "on"]))
+        """
+    )
+    pytester.makepyfile(test_dups=DUPLICATES)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "-p", "no:cacheprovider", "--backends-matrix", "-rA"
+    )
+    out = result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in out and "Traceback" not in out, out[-3000:]
+    expected = {
+        "test_list": "axis 'mkldnn' lists value 'on' more than once: name each "
+        "value once, backends(mkldnn=['on'])",
+        "test_tuple": "axis 'sdpa' lists value 'math' more than once: name each "
+        "value once, backends(sdpa=['math', 'flash'])",
+        "TestLevels::test_level": "axis 'cpu_capability' lists value 'default' more than once: "
+        "name each value once, backends(cpu_capability=['default', 'avx2'])",
+        "TestCaseClass::test_case": "axis 'nnpack' lists values 'off', 'on' more than once: "
+        "name each value once, backends(nnpack=['off', 'on'])",
+        "test_hooked": "axis 'deterministic' lists value 'on' more than once",
+    }
+    for test, message in expected.items():
+        line = f"invalid @pytest.mark.backends on test_dups.py::{test}: {message}"
+        assert any(line in text for text in result.outlines), (line, out[-4000:])
+    assert _summary(result, "ERROR") == {
+        "test_dups.py::test_list",
+        "test_dups.py::test_tuple",
+        "test_dups.py::TestLevels::test_level[1]",
+        "test_dups.py::TestLevels::test_level[2]",
+        "test_dups.py::TestCaseClass::test_case",
+        "test_dups.py::test_hooked",
+    }
+    assert _summary(result, "PASSED") == {
+        "test_dups.py::test_good[mkldnn-on]",
+        "test_dups.py::test_good[mkldnn-off]",
+        "test_dups.py::test_plain",
+    }
+    assert result.ret == pytest.ExitCode.TESTS_FAILED

@@ -24,6 +24,13 @@ def test_positional_axes_and_keyword_values() -> None:
         ((), {"sdpa": []}, r"sdpa=\[\] selects no value"),
         ((), {"mkldnn": True}, r"mkldnn=True: values are a string or a list of strings"),
         (("mkldnn",), {"mkldnn": "on"}, "axis 'mkldnn' is given twice"),
+        ((), {"mkldnn": ["on", "on"]}, r"axis 'mkldnn' lists value 'on' more than once"),
+        (
+            (),
+            {"cpu_capability": ("avx2", "avx2", "avx2", "default")},
+            r"lists value 'avx2' more than once: name each value once, "
+            r"backends\(cpu_capability=\['avx2', 'default'\]\)",
+        ),
     ],
 )
 def test_bad_arguments(args: tuple[object, ...], kwargs: dict[str, object], message: str) -> None:

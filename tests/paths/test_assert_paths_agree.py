@@ -149,9 +149,10 @@ def test_results_that_are_not_floats_are_compared_exactly(fn: Any, shown: str) -
 
 
 def test_bad_axes_are_clear_errors() -> None:
-    for one in ({"mkldnn": ["on"]}, {"mkldnn": ["on", "on"]}):
-        with pytest.raises(ValueError, match="nothing to compare"):
-            assert_paths_agree(torch.sin, torch.randn(3), axes=one)
+    with pytest.raises(ValueError, match="nothing to compare"):
+        assert_paths_agree(torch.sin, torch.randn(3), axes={"mkldnn": ["on"]})
+    with pytest.raises(ValueError, match="lists value 'on' more than once"):
+        assert_paths_agree(torch.sin, torch.randn(3), axes={"mkldnn": ["on", "on"]})
     with pytest.raises(ValueError, match="new process"):
         assert_paths_agree(torch.sin, torch.randn(3), axes=["cpu_capability"])
     with pytest.raises(ValueError, match="reference"):
@@ -338,3 +339,46 @@ def test_missing_axes_a_bad_fn_and_an_unrunnable_reference_say_so() -> None:
         )
     if sys.version_info >= (3, 11):
         assert "under configuration mkldnn-off" in "".join(info.value.__notes__)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [torch.Generator, object, lambda: nn.Linear(2, 2), lambda: lambda: 0],
+    ids=["generator", "object", "module", "function"],
+)
+def test_a_leaf_with_identity_equality_only_is_listed_as_not_compared(make: Any) -> None:
+    """Each run returns a new object whose type compares by identity: not a numeric
+    result, so never a disagreement; the result and the message list it (path, type)."""
+    kind = type(make())
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    x = torch.randn(4, 8)
+    result = assert_paths_agree(lambda t: (t.relu(), make()), x, axes=["mkldnn"], backward=False)
+    assert result.not_compared == (f"output 1 ({name})",), result
+    with pytest.raises(PathsDisagreeError) as info:
+        assert_paths_agree(lambda t: (bump(t), make()), x, axes=["mkldnn"], backward=False)
+    text = str(info.value)
+    assert "output 0: max abs error" in text and "output 1:" not in text, text
+    assert f"not compared (identity equality only, not numeric results): output 1 ({name})" in text
+    assert info.value.not_compared == result.not_compared
+
+
+@pytest.mark.parametrize(
+    ("on", "off"),
+    [
+        (torch.float32, torch.float64),
+        (torch.strided, torch.sparse_coo),
+        (torch.Size([2, 3]), torch.Size([2, 4])),
+        (torch.device("cpu"), torch.device("meta")),
+        (None, 0),
+        ("a", "b"),
+    ],
+)
+def test_plain_values_are_still_compared_by_equality(on: object, off: object) -> None:
+    """dtypes, layouts, sizes, devices, None and strings are values: compared by equality."""
+    x = torch.randn(4, 8)
+    result = assert_paths_agree(lambda t: (t.relu(), on), x, axes=["mkldnn"], backward=False)
+    assert result.not_compared == ()
+    with pytest.raises(PathsDisagreeError, match=r"output [12]: "):
+        assert_paths_agree(
+            lambda t: (t.relu(), on if _mkldnn_on() else off), x, axes=["mkldnn"], backward=False
+        )

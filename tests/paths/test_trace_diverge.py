@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -189,3 +191,76 @@ def test_a_change_the_samples_miss_is_blamed_on_its_op_and_two_files_pair(
         out = capsys.readouterr().out
         assert f"the paths part at trace_tests::{op} ({path}:{line}," in out, out
         assert "only in" not in out, out
+
+
+_PLANT = {"index": -1, "by": 100.0}
+
+
+@torch.library.custom_op("trace_tests::plant", mutates_args=())
+def plant(x: torch.Tensor) -> torch.Tensor:
+    """Adds ``_PLANT["by"]`` to one flat element while ``_PLANT["index"]`` names one."""
+    y = x.clone()
+    if _PLANT["index"] >= 0:
+        y.view(-1)[int(_PLANT["index"])] += _PLANT["by"]
+    return y
+
+
+def _planted_traces(root: Path, shape: tuple[int, int], index: int) -> list[Path]:
+    """Two traces of ``plant``: untouched, then with element ``index`` planted."""
+    from pytest_backends.paths.trace import header, tracing
+
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    paths = []
+    try:
+        for name, planted in (("a", -1), ("b", index)):
+            _PLANT["index"] = planted
+            paths.append(root / f"{name}.jsonl")
+            with tracing(paths[-1], header(name, {}, "cpu", "t")):
+                plant(x)
+    finally:
+        _PLANT["index"] = -1
+    return paths
+
+
+@pytest.mark.parametrize(
+    ("shape", "index", "shown"),
+    [
+        ((8, 16), 1, "max abs >= {} (the samples agree; the norms differ)"),
+        ((8, 16), 0, "max abs >= {} (32 of 128 values sampled)"),
+        ((4, 4), 5, "(max abs {}), bound"),
+    ],
+    ids=["norms-only", "sampled", "every-value"],
+)
+def test_a_max_abs_the_sketch_only_bounds_is_shown_as_a_lower_bound(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    shape: tuple[int, int],
+    index: int,
+    shown: str,
+) -> None:
+    """A sketch keeps 32 values: the max abs error of a larger tensor is a lower bound
+    (from the samples, or only from the norms when the samples agree), never "the max"."""
+    from pytest_backends.paths.trace import Trace, compare
+
+    paths = _planted_traces(tmp_path, shape, index)
+    assert main(["diverge", *map(str, paths)]) == 1
+    out = capsys.readouterr().out
+    found = compare(*(Trace.load(p) for p in paths))[0]
+    assert found is not None and found.op == "trace_tests::plant", out
+    assert shown.format(f"{found.max_abs:.3g}") in out, out
+    assert found.max_abs <= 100.0 * (1 + 1e-6)
+    exact = shape == (4, 4)
+    assert (found.max_abs == pytest.approx(100.0, rel=1e-6)) if exact else found.max_abs > 0
+    assert found.lower_bound == ("" if exact else shown.split("(")[1].rstrip(")"))
+    assert ("max rel error >= " in out) != exact, out
+
+
+def test_a_nan_against_a_number_is_an_infinite_error_not_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sampled NaN where the other trace has a number: "max abs inf", as in process."""
+    monkeypatch.setitem(_PLANT, "by", float("nan"))
+    paths = _planted_traces(tmp_path, (4, 4), 5)
+    assert main(["diverge", *map(str, paths)]) == 1
+    assert "max rel error inf (max abs inf), bound" in capsys.readouterr().out

@@ -10,6 +10,8 @@ fixture restores.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -190,3 +192,161 @@ def test_override_flags_in_a_wider_fixture_under_the_matrix(
     assert "leaked by fixtures" not in out
     result.assert_outcomes(passed=3)
     assert result.ret == pytest.ExitCode.OK
+
+
+def test_xunit_setup_and_teardown_are_named_as_the_test_module_spells_them(
+    pytester: pytest.Pytester,
+) -> None:
+    # pytest runs each of these through a fixture of its own; a report names the
+    # functions the user wrote, in their spelling, never pytest's generic pair.
+    pytester.makepyfile(
+        test_a="""
+        import unittest
+        import torch
+
+        def setUpModule():
+            torch.backends.mkldnn.deterministic = True    # never restored
+
+        def tearDownModule():
+            pass
+
+        class TestA(unittest.TestCase):
+            def test_a(self):
+                pass
+        """,
+        test_b="""
+        import unittest
+        import torch
+
+        def tearDownModule():
+            torch.backends.nnpack.set_flags(False)        # in teardown, never restored
+
+        class TestB(unittest.TestCase):
+            def test_b(self):
+                pass
+        """,
+        test_c="""
+        import torch
+
+        def setup_module():
+            torch.backends.mkldnn.deterministic = True
+
+        def test_c():
+            pass
+        """,
+        test_d="""
+        import unittest
+        import torch
+
+        class TestD(unittest.TestCase):
+            def teardown_method(self, method):
+                torch.backends.mkldnn.deterministic = True
+
+            def test_d(self):
+                pass
+        """,
+        test_e="""
+        import torch
+
+        def teardown_function(function):
+            torch.backends.mkldnn.deterministic = True
+
+        def test_e():
+            pass
+        """,
+        test_zz_next="""
+        import torch
+
+        def test_next():
+            assert torch.backends.mkldnn.deterministic is False
+            assert torch._C._get_nnpack_enabled()
+        """,
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert "INTERNALERROR" not in out
+    result.assert_outcomes(passed=6, errors=2)  # the function-scoped ones are their tests'
+    for line in [
+        "setUpModule/tearDownModule of test_a.py (module scope, pytest's "
+        "'_xunit_setup_module_fixture_test_a') changed torch backend flags and did not "
+        "restore them*",
+        "setUpModule/tearDownModule of test_b.py (module scope*) changed torch backend flags "
+        "in its teardown*",
+        "setup_module/teardown_module of test_c.py (module scope*) changed torch backend "
+        "flags and did not restore them*",
+        "setup_method/teardown_method of test_d.py::TestD (function scope, pytest's "
+        "'_unittest_setup_method_fixture_TestD') changed torch backend flags in its teardown*",
+        "setup_function/teardown_function of test_e.py (function scope*) changed torch "
+        "backend flags in its teardown*",
+    ]:
+        result.stdout.fnmatch_lines([line])
+
+
+def _closure_of(setup: object, teardown: object) -> Callable[..., object]:
+    """A fixture function that keeps what it calls in its closure, as pytest's xunit ones do."""
+
+    def xunit_setup_module_fixture(request: object) -> object:
+        return setup, teardown
+
+    return xunit_setup_module_fixture
+
+
+def _named(name: str) -> Callable[[], None]:
+    """A function called ``name`` (not defined under that name here: pytest would run it)."""
+
+    def function() -> None:
+        pass
+
+    function.__name__ = function.__qualname__ = name
+    return function
+
+
+@pytest.fixture
+def a_fixture() -> None:
+    """A fixture under an xunit name, which pytest does not run as xunit code."""
+
+
+#: What a test module may define: ``fixture:NAME`` is a fixture under NAME.
+_DEFINED: dict[str, tuple[str, object]] = {
+    "setUpModule": ("setUpModule", _named("setUpModule")),
+    "fixture:setUpModule": ("setUpModule", a_fixture),
+    # another name for a function (``setup_module = setUpModule``): named as pytest finds it
+    "setup_module": ("setup_module", _named("setUpModule")),
+    "teardown_module": ("teardown_module", _named("teardown_module")),
+}
+
+
+@pytest.mark.parametrize(
+    ("defined", "node", "expected"),
+    [
+        (["setUpModule", "teardown_module"], True, "setUpModule/teardown_module"),
+        (["setup_module", "teardown_module"], True, "setup_module/teardown_module"),
+        (["setUpModule"], True, "setUpModule/tearDownModule"),
+        (["fixture:setUpModule", "teardown_module"], True, "setup_module/teardown_module"),
+        (["setUpModule"], False, "setUpModule/tearDownModule"),
+        (["teardown_module"], False, "setup_module/teardown_module"),
+        ([], False, "setup_module/teardown_module"),
+    ],
+)
+def test_xunit_labels_name_what_the_module_defines_on_every_pytest(
+    defined: list[str], node: bool, expected: str
+) -> None:
+    # With ``node`` the fixture knows its module (pytest >= 9.1); without it the label
+    # comes from what pytest's function calls (older pytest), never a fixture.
+    from types import SimpleNamespace
+
+    from pytest_backends.isolation.teardown import fixture_label
+
+    attrs = dict(_DEFINED[d] for d in defined)
+    runs = {n: f for n, f in attrs.items() if f is not a_fixture}
+    setup = runs.get("setUpModule", runs.get("setup_module"))
+    fixturedef = SimpleNamespace(
+        argname="_xunit_setup_module_fixture_test_m",
+        scope="module",
+        baseid="test_m.py",
+        func=_closure_of(setup, runs.get("teardown_module")),
+        **({"node": SimpleNamespace(obj=SimpleNamespace(**attrs))} if node else {}),
+    )
+    assert fixture_label(fixturedef) == (
+        f"{expected} of test_m.py (module scope, pytest's '_xunit_setup_module_fixture_test_m')"
+    )

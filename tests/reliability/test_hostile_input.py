@@ -173,7 +173,7 @@ def test_empty():
 def test_duplicate_axis():
     pass
 
-@pytest.mark.backends(mkldnn=["on", "on"], nnpack={"on": 1})
+@pytest.mark.backends(mkldnn=["on", "off"], nnpack={"on": 1})
 def test_dict_value():
     pass
 
