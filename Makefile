@@ -31,13 +31,13 @@ ifeq ($(INSTALL),wheel)
 test:
 	@echo "Testing the package as users install it: sdist + wheel built, the wheel installed"
 	@echo "in a fresh venv (.whl/), the slow group and the packaging tests run from a copy"
-	@echo "without the sources (~16 CPU-min of tests: about 12 min on 2 cores)."
+	@echo "without the sources (~40 slow tests: about 7 min on 2 cores)."
 	TORCH="$(TORCH)" PYTHON="$(PYTHON)" scripts/test-installed.sh wheel $(PYTEST_ARGS)
 else
 test: $(STAMP)
 	-$(PY) -m pytest_backends build-native
-	@echo "Running the test suite on 2 xdist workers, the slow group left out (~1,800 tests,"
-	@echo "~13 CPU-min: about 8 min on 2 cores); make test INSTALL=wheel runs the slow group."
+	@echo "Running the test suite on 2 xdist workers, the slow group left out (~2,100 tests:"
+	@echo "about 10 min on 2 cores); make test INSTALL=wheel runs the slow group."
 	$(PY) -m pytest -n 2 -q --durations=5 -m "not slow" $(PYTEST_ARGS)
 endif
 
