@@ -53,7 +53,11 @@ class Recorded:
     (``raised``: its number and exception), or the harness failed
     (``failure``, one line). ``restore`` and ``run_again`` repeat run 0 for
     stage 3; ``native`` is the extension module when the native recorder
-    recorded the runs, and ``described`` says which recorder did.
+    recorded the runs, and ``described`` says which recorder did. ``carried``
+    names the state the test keeps between runs that the harness cannot reset
+    (:func:`~pytest_backends.determinism.carried.carried_state`), asked for only
+    when the runs differ with nothing to blame. ``expected_failure`` says that
+    run 0's exception is the one an ``xfail`` marker expects.
     """
 
     records: Sequence[RunRecord]
@@ -66,6 +70,8 @@ class Recorded:
     raised: tuple[int, BaseException] | None = None
     restore: Callable[[], object] = _nothing
     run_again: Callable[[], object] = _nothing
+    carried: Callable[[], Sequence[str]] = tuple
+    expected_failure: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,8 +126,13 @@ def _reason(
 ) -> str | None:
     """Why the test is not checked (None: it is), from the compared runs."""
     if single:
-        return verdict.first_run_reason(recorded.first, recorded.subtest_failed)
-    reason = verdict.explain_unchecked(comparison, compared)
+        return verdict.first_run_reason(
+            recorded.first, recorded.subtest_failed, recorded.expected_failure
+        )
+    carried: Sequence[str] = ()
+    if comparison.unexplained is not None:
+        carried = recorded.carried()
+    reason = verdict.explain_unchecked(comparison, compared, carried)
     blind = next((r.blind for r in recorded.records if r.blind), None)
     if blind and not (comparison.blamed or comparison.uninitialized):
         return blind
@@ -153,7 +164,7 @@ def check(recorded: Recorded, settings: Settings, baseline: Baseline) -> Verdict
     if failure is not None:
         reason, comparison = verdict.recorder_failed(failure), None
     elif recorded.raised is not None and (comparison is None or not comparison.blamed):
-        reason = verdict.rerun_raised(*recorded.raised)
+        reason = verdict.rerun_raised(*recorded.raised) + verdict.carried_note(recorded.carried())
     repeatable = settings.repeatable and failure is None and not single
     if repeatable:
         reason = None  # not repeatable is a failure here, reported as such

@@ -138,7 +138,7 @@ class DeterminismPlugin:
             result = yield
         except BaseException as exc:
             runs.end(exc)
-            self._check(item, runs, first=exc)
+            self._check(item, runs, first=exc, expected_failure=_xfail_expected(item, exc))
             raise
         # A unittest.TestCase stores its failure, skip or xfail instead of raising it.
         stored = stored_outcome(item, 0)
@@ -181,6 +181,7 @@ class DeterminismPlugin:
         ``stopped`` are the :class:`~pytest_backends.determinism.check.Recorded`
         fields that say how the runs ended.
         """
+        from pytest_backends.determinism.carried import carried_state
         from pytest_backends.determinism.check import Recorded, check
         from pytest_backends.determinism.runs import failed_first_run
 
@@ -190,6 +191,7 @@ class DeterminismPlugin:
             runs.described,
             runs.native(),
             subtest_failed=failed_first_run(item),
+            carried=lambda: carried_state(item),
             **stopped,
         )
         found = check(recorded, self.settings, self.baseline)
@@ -352,3 +354,21 @@ class DeterminismPlugin:
                     write(verdict.accept_hint(settings.baseline))
                 else:
                     write(f"every nondeterministic op is in the baseline {settings.baseline}")
+
+
+def _xfail_expected(item: pytest.Item, exc: BaseException) -> bool:
+    """Whether ``exc`` is the failure an ``xfail`` marker on ``item`` expects."""
+    try:
+        from _pytest.skipping import xfailed_key
+    except ImportError:
+        return False
+    xfailed = item.stash.get(xfailed_key, None)
+    if xfailed is None or not isinstance(exc, Exception):
+        return False
+    raises: Any = xfailed.raises
+    if raises is None:
+        return True
+    if isinstance(raises, (type, tuple)):
+        return isinstance(exc, raises)
+    matches = getattr(raises, "matches", None)  # pytest.RaisesExc
+    return bool(matches(exc)) if callable(matches) else False

@@ -273,6 +273,12 @@ def roots_of(item: Any) -> list[object]:
     return roots
 
 
+def reached_generators(item: Any) -> list[Any]:
+    """The explicit generators :class:`GeneratorStates` restores for ``item``'s runs."""
+    seen: set[int] = set()
+    return [gen for root in roots_of(item) for gen in _generators(root, _DEPTH, seen)]
+
+
 class Runs:
     """The runs of one test: recorders started and stopped safely, and what they saw."""
 

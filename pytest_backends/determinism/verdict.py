@@ -205,13 +205,18 @@ def recorder_failed(failure: str) -> str:
     return f"the determinism recorder failed: {failure}"
 
 
-def first_run_reason(first: BaseException | None, subtest_failed: bool) -> str:
-    """Why a test was run once only, from run 0's exception (or its stored outcome)."""
+def first_run_reason(
+    first: BaseException | None, subtest_failed: bool, expected: bool = False
+) -> str:
+    """Why a test was run once only, from run 0's exception (or its stored outcome).
+
+    ``expected``: ``first`` is the failure an ``xfail`` marker expects.
+    """
     import unittest
 
     import pytest
 
-    if isinstance(first, pytest.xfail.Exception):
+    if isinstance(first, pytest.xfail.Exception) or expected:
         return "it xfailed in its first run, so it was not run again"
     if isinstance(first, (pytest.skip.Exception, unittest.SkipTest)):
         return "it was skipped in its first run, so it was not run again"
@@ -254,14 +259,36 @@ def _show(key: Any) -> str:
             return repr(key)
     if isinstance(key, (int, bool)) or key is None:
         return repr(key)
+    if isinstance(key, (tuple, list)) and not _is_tensor_key(key) and not _is_generator_key(key):
+        shown = [_show(k) for k in key]
+        if "?" not in shown:
+            inner = ", ".join(shown) + ("," if len(shown) == 1 and isinstance(key, tuple) else "")
+            return f"({inner})" if isinstance(key, tuple) else f"[{inner}]"
     return "?"
 
 
-def explain_unchecked(comparison: Comparison, runs: Sequence[RunRecord]) -> str | None:
+def carried_note(carried: Sequence[str]) -> str:
+    """``"; state kept between runs ...: ..."``, naming ``carried``, or ``""``."""
+    if not carried:
+        return ""
+    return "; state kept between runs that the harness cannot reset: " + "; ".join(carried)
+
+
+def explain_unchecked(
+    comparison: Comparison, runs: Sequence[RunRecord], carried: Sequence[str] = ()
+) -> str | None:
     """Why the runs differ when no op is to blame, or None when they agree or an op is blamed.
 
     ``runs`` are the compared runs, in the order given to ``compare_runs``.
+    ``carried`` names state kept between runs that the harness cannot reset
+    (:func:`~pytest_backends.determinism.carried.carried_state`): it is named
+    as the cause, and a differing generator is then not put down to threads.
     """
+    reason = _explain(comparison, runs, bool(carried))
+    return None if reason is None else reason + carried_note(carried)
+
+
+def _explain(comparison: Comparison, runs: Sequence[RunRecord], carried: bool) -> str | None:
     d = comparison.unexplained
     if d is None or comparison.blamed or comparison.uninitialized:
         return None
@@ -300,6 +327,11 @@ def explain_unchecked(comparison: Comparison, runs: Sequence[RunRecord]) -> str 
             )
     generators = [(x, y) for x, y in pairs if _is_generator_key(x) or _is_generator_key(y)]
     threads = sorted({name for r in (ref, other) for name in r.threads})
+    if generators and carried:
+        return (
+            f"{INPUTS_DIFFER}: the generator {d.op}{at} (op #{d.op_index}) draws from is in "
+            f"a different state at call time in run {d.run} than in run 0"
+        )
     if generators and threads:
         names = ", ".join(repr(t) for t in threads[:3])
         return (

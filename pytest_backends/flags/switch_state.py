@@ -76,6 +76,24 @@ def pop_to(length: Callable[[], int], pop: Callable[[], object], value: int) -> 
         raise RuntimeError(f"a mode stack can only be shortened (it has {length()} modes)")
 
 
+def pop_function_mode(torch: Any) -> object:
+    """Pop the top TorchFunctionMode; one that is torch's default-device context is
+    dropped the way ``set_default_device(None)`` drops it.
+
+    ``set_default_device`` keeps the context it installed (and the device it
+    replaced) besides the stack: popped alone, the context would stay recorded
+    and be exited again by the next ``set_default_device`` call.
+    """
+    mode = torch._C._pop_torch_function_stack()
+    holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    if holder is not None and holder.__dict__.get("device_context") is mode:
+        holder.device_context = None
+        device: Any = sys.modules.get("torch.utils._device")
+        if device is not None and hasattr(mode, "old_device"):
+            device.CURRENT_DEVICE = mode.old_device
+    return mode
+
+
 def dual_level_write(forward_ad: Any, value: int) -> None:
     """Exit forward-AD dual levels down to ``value``."""
     while forward_ad._current_level > value:

@@ -43,6 +43,7 @@ from pytest_backends.flags.switch_state import (
     module_attr_read,
     module_attr_write,
     pair_row,
+    pop_function_mode,
     pop_to,
     safe_globals_plain,
     safe_globals_reader,
@@ -419,7 +420,7 @@ def _stack_rows(torch: Any, add: Add) -> None:
                 get_attr(C, length),
                 functools.partial(get_attr(C, pop), None)
                 if name == "modes.dispatch_stack"
-                else get_attr(C, pop),
+                else functools.partial(pop_function_mode, torch),
             ),
             non_negative_int,
             "a non-negative int (modes can only be popped)",

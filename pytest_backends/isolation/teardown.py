@@ -45,9 +45,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from pytest_backends.isolation.watch import WATCH
 
 __all__ = [
     "Followed",
@@ -126,6 +130,46 @@ def _xunit_methods(fixturedef: Any, setups: tuple[str, ...], teardowns: tuple[st
     return f"{setup or setups[style]}/{teardown or teardowns[style]}"
 
 
+def _defined_in(fixturedef: Any) -> str:
+    """Where a fixture is defined: the node of its test module or class, else its file.
+
+    A fixture of a test module or class is named by that node
+    (``test_a.py::TestC``); one of a ``conftest.py`` by the file it is defined
+    in, relative to the rootdir (its node is the directory, which names no
+    file); a plugin's by its module. Every fixture setup asks, so the answer
+    is kept per fixture definition.
+    """
+    try:
+        return _WHERE[fixturedef]
+    except (KeyError, TypeError):  # TypeError: not weakly referable, never kept
+        pass
+    func = getattr(fixturedef, "func", None)
+    func = getattr(func, "__func__", func)  # a fixture defined as a method
+    where = _where(
+        str(getattr(fixturedef, "baseid", "") or ""),
+        getattr(getattr(func, "__code__", None), "co_filename", None),
+        getattr(func, "__module__", None),
+    )
+    with contextlib.suppress(TypeError):
+        _WHERE[fixturedef] = where
+    return where
+
+
+_WHERE: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def _where(baseid: str, file: str | None, module: str | None) -> str:
+    root = WATCH.rootpath
+    if "::" in baseid or baseid.endswith(".py") or not file or root is None:
+        return baseid or module or "a plugin"  # a test module's or class's node
+    # a directory's node (a conftest's fixture), "" at the rootdir and for plugins
+    with contextlib.suppress(ValueError, OSError):  # outside the rootdir
+        rel = Path(file).resolve().relative_to(Path(root).resolve()).as_posix()
+        if rel.startswith(f"{baseid}/") if baseid else rel == "conftest.py":
+            return rel
+    return baseid or module or "a plugin"
+
+
 def fixture_label(fixturedef: Any) -> str:
     """How reports name a fixture: its name, scope and where it is defined.
 
@@ -134,9 +178,7 @@ def fixture_label(fixturedef: Any) -> str:
     (``setUpModule/tearDownModule``, ``setup_module/teardown_module``,
     ``setUpClass/tearDownClass``, ``setup_method/teardown_method``, ...).
     """
-    where = getattr(fixturedef, "baseid", "") or getattr(
-        getattr(fixturedef, "func", None), "__module__", "a plugin"
-    )
+    where = _defined_in(fixturedef)
     argname = str(fixturedef.argname)
     if argname.startswith("_"):
         for prefix, (setups, teardowns) in _XUNIT.items():

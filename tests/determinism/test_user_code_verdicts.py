@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from sessions import session
+from sessions import session, unchecked
 
 RECORDERS = ["native", "python"]
 
@@ -146,6 +146,82 @@ def test_explicit_generators_are_restored(
     out = result.stdout.str()
     for op in ("aten::randn", "aten::randperm", "aten::bernoulli"):
         assert f"nondeterministic op {op}" not in out, out
+
+
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_persistent_dataloader_names_the_state_it_keeps(
+    planted_conftest: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module-scoped DataLoader with persistent workers is not checked, and the
+    reason names it (its workers and iterator outlive the runs; its generator is not
+    reset), not the worker threads; a differing size is shown, not "?"."""
+    planted_conftest.makepyfile(
+        test_persist="""
+        import pytest
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        @pytest.fixture(scope="module")
+        def loader():
+            g = torch.Generator().manual_seed(0)
+            ds = TensorDataset(torch.arange(32.0).reshape(16, 2))
+            return DataLoader(
+                ds, batch_size=4, shuffle=True, num_workers=2,
+                persistent_workers=True, generator=g,
+            )
+
+        def test_first(loader):
+            for (b,) in loader:
+                assert b.shape == (4, 2)
+                break
+
+        def test_again(loader):
+            assert len([b[:, 0] * 2 for (b,) in loader]) == 4
+        """
+    )
+    result, out, reasons = unchecked(planted_conftest, recorder, monkeypatch)
+    _assert_recorder(result, recorder)
+    result.assert_outcomes(passed=2)
+    assert set(reasons) == {"test_first", "test_again"}, out
+    for name, reason in reasons.items():
+        assert "fixture 'loader'" in reason and "persistent workers" in reason, (name, reason)
+        assert "loader.generator" in reason, (name, reason)
+        assert "other threads" not in reason, (name, reason)
+        assert "? in run" not in reason, (name, reason)
+
+
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_rng_objects_kept_between_runs_are_named(
+    planted_conftest: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NumPy or ``random.Random`` RNG object kept between runs is named as the cause."""
+    planted_conftest.makepyfile(
+        test_rngs="""
+        import random
+        import numpy as np
+        import torch
+
+        NP_RNG = np.random.default_rng(0)
+        PY_RNG = random.Random(0)
+
+        def test_numpy_generator():
+            assert torch.from_numpy(NP_RNG.standard_normal(4)).mul(2).shape == (4,)
+
+        def test_python_random():
+            assert torch.full((2,), PY_RNG.random()).shape == (2,)
+
+        def test_local_numpy_generator():
+            rng = np.random.default_rng(0)
+            assert torch.from_numpy(rng.standard_normal(4)).mul(2).shape == (4,)
+        """
+    )
+    result, out, reasons = unchecked(planted_conftest, recorder, monkeypatch)
+    _assert_recorder(result, recorder)
+    result.assert_outcomes(passed=3)
+    assert set(reasons) == {"test_numpy_generator", "test_python_random"}, out
+    assert "module global 'NP_RNG'" in reasons["test_numpy_generator"], out
+    assert "numpy.random.Generator" in reasons["test_numpy_generator"], out
+    assert "module global 'PY_RNG'" in reasons["test_python_random"], out
 
 
 @pytest.mark.parametrize("recorder", RECORDERS)
@@ -479,14 +555,24 @@ def test_skip_and_xfail_inside_the_body_say_so(
         def test_xfails():
             torch.ones(2) * 2
             pytest.xfail("known")
+
+        @pytest.mark.xfail(strict=True, raises=AssertionError)
+        def test_xfail_marker():
+            assert torch.ops.pbtest.noisy(torch.ones(4)).sum() < 0
+
+        @pytest.mark.xfail(raises=KeyError)
+        def test_xfail_marker_other_error():
+            assert torch.ones(4).sum() < 0
         """
     )
     result = _session(planted_conftest, recorder, monkeypatch)
     _assert_recorder(result, recorder)
-    result.assert_outcomes(skipped=1, xfailed=1)
+    result.assert_outcomes(skipped=1, xfailed=2, failed=1)
     result.stdout.fnmatch_lines(
         [
             "*not checked: test_body.py::test_skips: it was skipped in its first run*",
+            "*not checked: test_body.py::test_xfail_marker: it xfailed in its first run*",
+            "*not checked: test_body.py::test_xfail_marker_other_error: it failed in its first*",
             "*not checked: test_body.py::test_xfails: it xfailed in its first run*",
         ],
         consecutive=False,

@@ -132,6 +132,53 @@ def test_wider_fixtures_own_their_changes(pytester: pytest.Pytester) -> None:
     assert "no_mkldnn" not in result.stdout.str()
 
 
+def test_a_conftest_fixture_is_named_by_its_file(pytester: pytest.Pytester) -> None:
+    # a fixture of a conftest.py is named by that file, not by its directory's
+    # node id ("tests/sub") or its module's name ("conftest")
+    pytester.makeconftest(
+        """
+        import pytest, torch
+
+        @pytest.fixture(scope="session")
+        def root_fx():
+            torch.backends.nnpack.set_flags(False)
+        """
+    )
+    pytester.mkpydir("tests")
+    sub = pytester.mkpydir("tests/sub")
+    (pytester.path / "tests" / "conftest.py").write_text(
+        "import pytest, torch\n\n"
+        "@pytest.fixture(scope='session')\n"
+        "def tests_fx():\n"
+        "    torch.set_default_dtype(torch.float64)\n"
+    )
+    (sub / "conftest.py").write_text(
+        "import pytest, torch\n\n"
+        "@pytest.fixture(scope='module')\n"
+        "def sub_fx():\n"
+        "    torch.backends.mkldnn.enabled = False\n"
+    )
+    (sub / "test_s.py").write_text(
+        "class TestC:\n"
+        "    import pytest\n\n"
+        "    @pytest.fixture(scope='class')\n"
+        "    @classmethod\n"
+        "    def cls_fx(cls):\n"
+        "        import torch\n"
+        "        torch.backends.cudnn.benchmark = True\n\n"
+        "    def test_s(self, root_fx, tests_fx, sub_fx, cls_fx):\n"
+        "        pass\n"
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    assert "fixture 'root_fx' (session scope, defined in conftest.py)" in out, out
+    assert "fixture 'tests_fx' (session scope, defined in tests/conftest.py)" in out, out
+    assert "fixture 'sub_fx' (module scope, defined in tests/sub/conftest.py)" in out, out
+    # a test module's fixture keeps the node it is defined in, its class included
+    assert "fixture 'cls_fx' (class scope, defined in tests/sub/test_s.py::TestC)" in out, out
+
+
 def test_a_fixture_teardown_change_is_the_fixtures_not_the_test_body(
     pytester: pytest.Pytester,
 ) -> None:

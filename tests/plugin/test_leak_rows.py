@@ -303,3 +303,29 @@ def test_attributes_set_on_backends_modules_are_reported_and_put_back(
     assert "torch.backends.cudnn = None (torch's: the module torch.backends.cudnn)" in out
     assert "ERROR at teardown of test_delete_the_conftest_attribute" in out
     assert "lazy_imports" not in out.split("short test summary info")[-1]
+
+
+def test_a_default_device_context_left_installed_is_removed_the_way_torch_removes_it(
+    pytester: pytest.Pytester,
+) -> None:
+    # set_default_device("cpu") installs a device-context mode whose device is
+    # torch's default: the mode stack is what changed, and putting it back must
+    # also drop torch's own record of that context, as set_default_device(None)
+    # does, or a later set_default_device() exits a context that is gone.
+    pytester.makepyfile(
+        """
+        import torch
+        import torch.utils._device
+
+        def test_a():
+            torch.set_default_device("cpu")
+
+        def test_b():
+            assert torch._C._len_torch_function_stack() == 0
+            assert getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None) is None
+            assert torch.utils._device.CURRENT_DEVICE is None
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*test_a left torch backend flags changed:*"])

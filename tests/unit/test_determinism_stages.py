@@ -40,6 +40,7 @@ RANK = {
     "check": 6,
     # the hook layer: the runs of one test, the hooks, the feature, the command-line tools
     "runs": 7,
+    "carried": 7,
     "plugin": 8,
     "feature": 9,
     "census_merge": 9,
