@@ -7,6 +7,7 @@ removed there, so the only compiling they do is relinking its objects.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -65,16 +66,30 @@ def relinkable_build(native_module: ModuleType, tmp_path_factory: pytest.TempPat
     source = Path(str(native_module.__file__)).parent
     if _names_these_sources(source):
         return source
-    root = tmp_path_factory.mktemp("relinkable") / "pytest_backends"
-    root.mkdir(mode=0o700)
+    # Built once for the xdist workers of this run (their base temp dirs share a parent),
+    # under a lock: two workers compiling at once would each take twice as long.
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    root = shared / "relinkable-build" / "pytest_backends"
     target = root / source.name
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.lock", "lock"))
-    (target / "build-ok").unlink()
-    env = {**os.environ, "PYTEST_BACKENDS_CACHE_DIR": str(root), "PYTEST_BACKENDS_NATIVE": "jit"}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    code = "from pytest_backends import _native; _native.build()"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(root.parent / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not ((target / "build-ok").is_file() and _names_these_sources(target)):
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.lock", "lock"))
+            (target / "build-ok").unlink()
+            env = {
+                **os.environ,
+                "PYTEST_BACKENDS_CACHE_DIR": str(root),
+                "PYTEST_BACKENDS_NATIVE": "jit",
+            }
+            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+            code = "from pytest_backends import _native; _native.build()"
+            proc = subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True
+            )
+            assert proc.returncode == 0, proc.stderr[-3000:]
     assert _names_these_sources(target)
     return target
 
