@@ -399,7 +399,7 @@ class IsolationPlugin:
         if restore:
             self._restore(reg, restore)
         mode = owned.mode if owned is not None else self.settings.mode
-        for message in leak_messages(fixture_label(fixturedef), by_setup, by_teardown):
+        for message in leak_messages(fixturedef, by_setup, by_teardown):
             if mode != "off" and fixturedef.scope == "function":
                 self._pending.append((mode, message))  # part of its test
             elif mode != "off":

@@ -188,6 +188,17 @@ def fixture_label(fixturedef: Any) -> str:
     return f"fixture {argname!r} ({fixturedef.scope} scope, defined in {where})"
 
 
+def _where_to_restore(fixturedef: Any) -> str:
+    """Where the user's code restores what its setup changed: a fixture's yield, or xunit's
+    teardown (``teardown_method``, ``tearDownClass``, ...) as the test module spells it."""
+    argname = str(fixturedef.argname)
+    for prefix, (setups, teardowns) in _XUNIT.items():
+        if argname.startswith(prefix):
+            teardown = _xunit_methods(fixturedef, setups, teardowns).split("/")[1]
+            return f"in {teardown}"
+    return "after the fixture's yield"
+
+
 def teardown_messages(by_fixture: Mapping[str, Mapping[str, tuple[object, object]]]) -> list[str]:
     """One leak message per fixture whose teardown left flags changed."""
     from pytest_backends.isolation.snapshot import diff_lines
@@ -360,19 +371,20 @@ def settle(
 
 
 def leak_messages(
-    label: str,
+    fixturedef: Any,
     by_setup: Mapping[str, tuple[object, object]],
     by_teardown: Mapping[str, tuple[object, object]],
 ) -> list[str]:
-    """The messages naming the fixture ``label`` for what :func:`settle` found."""
+    """The messages naming the fixture (:func:`fixture_label`) for what :func:`settle` found."""
     from pytest_backends.isolation.snapshot import diff_lines
 
+    label = fixture_label(fixturedef)
     messages = []
     if by_setup:
         messages.append(
             f"{label} changed torch backend flags and did not restore them "
             f"in its teardown:\n{diff_lines(by_setup)}\n"
-            "Restore them after the fixture's yield, or set them inside "
+            f"Restore them {_where_to_restore(fixturedef)}, or set them inside "
             "pytest_backends.override_flags(), which always restores."
         )
     if by_teardown:

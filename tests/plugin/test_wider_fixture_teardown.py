@@ -280,6 +280,10 @@ def test_xunit_setup_and_teardown_are_named_as_the_test_module_spells_them(
         "backend flags in its teardown*",
     ]:
         result.stdout.fnmatch_lines([line])
+    # The advice names the teardown the module would define, not a fixture's yield.
+    result.stdout.fnmatch_lines(["Restore them in tearDownModule, or set them inside*"])
+    result.stdout.fnmatch_lines(["Restore them in teardown_module, or set them inside*"])
+    assert "Restore them after the fixture's yield" not in out
 
 
 def _closure_of(setup: object, teardown: object) -> Callable[..., object]:
