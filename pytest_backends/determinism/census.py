@@ -24,6 +24,7 @@ from pytest_backends import _files
 from pytest_backends._files import atomic_write_text
 
 __all__ = [
+    "AUTOGRAD_ONLY",
     "BASELINE_FORMAT",
     "CENSUS_FORMAT",
     "FORMAT_VERSION",
@@ -65,6 +66,13 @@ VERDICTS = (
 
 #: ``(op, device type, dtype)``, e.g. ``("aten::index_add_", "cuda", "float32")``.
 Key = tuple[str, "str | None", "str | None"]
+
+#: Ops the census leaves out: torch's autograd layer completes them itself, so the
+#: native hook (above autograd) sees them and a Python dispatch mode (below it) never
+#: does. They change autograd metadata and compute no data (``torch.tensor(...)`` and
+#: ``torch.as_tensor`` run ``detach_`` on every tensor they make; forward AD's
+#: ``make_dual`` and ``unpack_dual`` run the other two), so no verdict is lost.
+AUTOGRAD_ONLY = frozenset({"aten::detach_", "aten::_make_dual", "aten::_fw_primal"})
 
 
 class CensusFileError(Exception):
@@ -219,10 +227,12 @@ class Census:
             self.boundary[nodeid] = notes
 
     def add_test(self, nodeid: str, verdicts: Mapping[Key, str]) -> None:
-        """Record one test's verdict for each op key it hit."""
+        """Record one test's verdict for each op key it hit, but ops in :data:`AUTOGRAD_ONLY`."""
         for key, verdict in verdicts.items():
             if verdict not in VERDICTS:
                 raise ValueError(f"unknown verdict {verdict!r}")
+            if key[0] in AUTOGRAD_ONLY:
+                continue
             entry = self._entries.setdefault(key, _Entry())
             entry.counts[verdict] = entry.counts.get(verdict, 0) + 1
             entry.tests.add(nodeid)
@@ -294,6 +304,8 @@ class Census:
                 raise CensusFileError(
                     f"{where}: 'tests' and 'nondeterministic_in' must be lists of strings"
                 )
+            if op in AUTOGRAD_ONLY:
+                continue  # written before they were left out
             entry = self._entries.setdefault(key, _Entry())
             for verdict, n in counts.items():
                 entry.counts[verdict] = entry.counts.get(verdict, 0) + n

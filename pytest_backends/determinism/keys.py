@@ -158,10 +158,21 @@ def digest_function() -> Callable[[torch.Tensor], torch.Tensor]:
     module = digest_module()
     op = module._native_digest_op(None)
     if op is None:
-        fn: Callable[[torch.Tensor], torch.Tensor] = module._python_digest
-        return fn
+        return _python_digest
     # OpOverload.__call__ is a Python frame around this callable.
     return getattr(op, "_op", op)  # type: ignore[no-any-return]
+
+
+def _python_digest(t: torch.Tensor) -> torch.Tensor:
+    """The digest in torch ops; a ZeroTensor raises TypeError (the caller keys it as unreadable).
+
+    A ZeroTensor (``aten::_efficientzerotensor``: forward AD's zero tangents,
+    ``torch.func.jvp``) has a storage without memory; digesting it with torch ops
+    crashed the process (the native digest does not read it).
+    """
+    if t._is_zerotensor():
+        raise TypeError("digest: a ZeroTensor has no memory to read")
+    return digest_module()._python_digest(t)  # type: ignore[no-any-return]
 
 
 _PYTHON_DISPATCH: dict[type, bool] = {}
@@ -188,7 +199,9 @@ def covered_memory(t: torch.Tensor) -> tuple[torch.Tensor, tuple[Any, ...]] | No
     """The tensor to digest for ``t`` and what to add to its key; None when it is unreadable.
 
     A view whose storage is smaller than the view needs (a storage freed with
-    ``untyped_storage().resize_(0)``) cannot be read. An overlapping view (an
+    ``untyped_storage().resize_(0)``) cannot be read, nor can a ``ZeroTensor`` (forward
+    AD's zero tangents, ``aten::_efficientzerotensor``): its storage has no memory,
+    and reading it crashes the process. An overlapping view (an
     ``expand``, stride 0) is digested by the memory it covers, with its sizes and
     strides added to the key, never materialised.
     """
@@ -203,7 +216,7 @@ def covered_memory(t: torch.Tensor) -> tuple[torch.Tensor, tuple[Any, ...]] | No
         storage = t.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError):
         return t, ()  # no storage to check (the digest says whether it can read it)
-    if storage.nbytes() < (offset + span) * t.element_size():
+    if t._is_zerotensor() or storage.nbytes() < (offset + span) * t.element_size():
         return None
     if span < t.numel():
         return t.as_strided((span,), (1,), offset), ("strided", sizes, strides)

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from pytest_backends.flags.mode_stack import ROW as STACK_ROW
+from pytest_backends.flags.mode_stack import function_stack_reader
 from pytest_backends.flags.row import (
     Invalid,
     check_bool,
@@ -411,10 +413,13 @@ def _stack_rows(torch: Any, add: Add) -> None:
         ),
     ):
         ok = callable(get_attr(C, length)) and callable(get_attr(C, pop))
+        # the function stack keeps its modes, for the report (see .mode_stack)
+        modes = function_stack_reader(torch) if name == STACK_ROW else None
+        read, plain = modes or (get_attr(C, length) or missing_flag, any_value)
         add(
             name,
             ok or "not in this torch",
-            get_attr(C, length) or missing_flag,
+            read,
             functools.partial(
                 pop_to,
                 get_attr(C, length),
@@ -425,6 +430,7 @@ def _stack_rows(torch: Any, add: Add) -> None:
             non_negative_int,
             "a non-negative int (modes can only be popped)",
             doc,
+            plain=plain,
             order=60,
         )
     add(

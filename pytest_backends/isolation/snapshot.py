@@ -31,14 +31,22 @@ def diff_lines(diff: Mapping[str, tuple[object, object]]) -> str:
     """One ``name: before -> after`` line per changed flag.
 
     A switch the catalogue does not manage, or one torch cannot put back, says so
-    on its line.
+    on its line. A change of the torch-function mode stack names the modes: a
+    default-device context as the default device it set and how to undo it
+    (:func:`~pytest_backends.flags.mode_stack.stack_lines`).
     """
     from pytest_backends.flags import format_diff
+    from pytest_backends.flags.mode_stack import stack_lines
 
     rows = registry().by_name
+    named = stack_lines(diff)
     lines = []
     for name, change in diff.items():
-        line = format_diff({name: change})
+        line = named.get(name)
+        if line == "":
+            continue  # said by another row's line
+        if line is None:
+            line = format_diff({name: change})
         row = rows.get(name)
         if row is not None and row.unmanaged:
             line = (
