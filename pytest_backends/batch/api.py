@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_backends.batch.compare import HELD_BYTES, CaseResult, compare, compare_all
+from pytest_backends.batch.dims import axis, check_out_dim
 from pytest_backends.batch.nested import flatten
 from pytest_backends.batch.runs import Case, Plan, Run, call, sub_batches, sweep
 from pytest_backends.batch.state import State
@@ -123,8 +124,7 @@ def _dims(inputs: Sequence[object], dim: int | Sequence[int | None] | None) -> l
             dim if isinstance(x, torch.Tensor) and x.dim() > 0 and dim is not None else None
             for x in inputs
         ]
-        _check_dims(inputs, dims_all)
-        return dims_all
+        return _check_dims(inputs, dims_all)
     dims = list(dim)
     if len(dims) != len(inputs):
         raise ValueError(
@@ -141,21 +141,25 @@ def _dims(inputs: Sequence[object], dim: int | Sequence[int | None] | None) -> l
                 f"assert_batch_invariant: input {i} ({type(x).__name__}) has no dimension "
                 f"{d} to batch over; give dim=None for it"
             )
-    _check_dims(inputs, dims)
-    return dims
+    return _check_dims(inputs, dims)
 
 
-def _check_dims(inputs: Sequence[object], dims: Sequence[int | None]) -> None:
-    """Raise where a batch dimension is out of its input's range."""
+def _check_dims(inputs: Sequence[object], dims: Sequence[int | None]) -> list[int | None]:
+    """The batch dimensions counted from 0; raise where one is out of its input's range."""
+    counted: list[int | None] = []
     for i, (x, d) in enumerate(zip(inputs, dims)):
         if d is None:
-            continue  # passed whole: any value
+            counted.append(None)  # passed whole: any value
+            continue
         rank = x.dim()  # type: ignore[attr-defined]
-        if not -rank <= d < rank:
+        k = axis(rank, d)
+        if k is None:
             raise ValueError(
                 f"assert_batch_invariant: dim {d} is out of range for input {i}, which has "
                 f"{rank} dimension(s)"
             )
+        counted.append(k)
+    return counted
 
 
 def _batch_size(inputs: Sequence[object], dims: Sequence[int | None]) -> int:
@@ -283,6 +287,7 @@ def assert_batch_invariant(
     if per_sample_grads and not backward:
         raise ValueError("assert_batch_invariant: per_sample_grads needs backward=True")
     tol = _tolerance(rtol, atol, tolerance)
+    out_dim = check_out_dim(out_dim)
     flat = flatten(fn, inputs, dim) if not per_sample_grads else None
     names = None
     if flat is not None:  # a container of tensors: each tensor is an input of its own

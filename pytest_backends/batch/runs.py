@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_backends import _tree
+from pytest_backends.batch.dims import axis, unbatched_output
 from pytest_backends.batch.layout import check_layout, copy_into, same_layout
 from pytest_backends.batch.rows import row_index, span
 
@@ -267,8 +268,9 @@ def prepare(
 def _signature(leaf: torch.Tensor, out_dim: int, n: int) -> tuple[object, tuple[int, ...]]:
     """``(dtype, shape)`` of an output leaf, its batch dimension (``n`` rows) shown as -1."""
     shape = leaf.shape
-    if len(shape) > out_dim and shape[out_dim] == n:
-        return (leaf.dtype, (*shape[:out_dim], -1, *shape[out_dim + 1 :]))
+    d = axis(len(shape), out_dim)
+    if d is not None and shape[d] == n:
+        return (leaf.dtype, (*shape[:d], -1, *shape[d + 1 :]))
     return (leaf.dtype, tuple(shape))
 
 
@@ -301,18 +303,15 @@ def outputs_of(
                 "must return tensors (or containers of them) batched along out_dim"
             )
         check_layout(leaf, f"output `{path}`")
-        batched = leaf.dim() > out_dim and leaf.shape[out_dim] == n
+        d = axis(leaf.dim(), out_dim)
+        batched = d is not None and leaf.shape[d] == n
         if structure is not None:
             structure[path] = _signature(leaf, out_dim, n)
             if batched:
                 found.append((path, leaf))
             continue
         if not batched:
-            raise ValueError(
-                f"assert_batch_invariant: {path} has shape {list(leaf.shape)}, which has no "
-                f"batch dimension {out_dim} of size {n}; return per-row results (a loss "
-                "reduced over the batch cannot be compared row by row)"
-            )
+            raise ValueError(unbatched_output(path, leaf.shape, out_dim, n))
         found.append((path, leaf))
     if not found and structure is None:
         raise ValueError("assert_batch_invariant: fn returned no tensor")
@@ -489,7 +488,7 @@ def _parts(
             t = t.detach().clone()
         elif t.requires_grad:
             t = t.detach()
-        parts.append((label, t, out_dim))
+        parts.append((label, t, out_dim if out_dim >= 0 else out_dim + t.dim()))
     return parts
 
 
@@ -578,10 +577,11 @@ def _finish(kept: list[tuple[Case, torch.Tensor | Run]], out_dim: int) -> list[t
     made = []
     for case, got in kept:
         if isinstance(got, torch.Tensor):
-            if got.dim() > out_dim and got.shape[out_dim] == len(case.rows):
+            d = axis(got.dim(), out_dim)
+            if d is not None and got.shape[d] == len(case.rows):
                 if got.requires_grad:
                     got = got.detach()
-                got = Run([("output", got, out_dim)], single=True)
+                got = Run([("output", got, d)], single=True)
             else:
                 structure: dict[str, object] = {}
                 outs = _single_output(got, out_dim, len(case.rows), False, structure)

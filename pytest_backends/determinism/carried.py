@@ -2,33 +2,51 @@
 
 Before each run the harness resets the global RNGs and the ``torch.Generator``
 objects it finds in the test's fixture values, module globals, class and
-instance (:class:`~pytest_backends.determinism.runs.GeneratorStates`). Some
-state outlives the runs all the same: a ``DataLoader`` with persistent workers
-keeps its worker processes (and their RNG states) and its iterator from one
-run to the next; a generator held in an object's attributes
-(``loader.generator``, ``loader.sampler.generator``) is never reset, nor is a
-``numpy.random.Generator``, ``RandomState`` or ``random.Random`` instance (only
-NumPy's and :mod:`random`'s global RNGs are). When a
-test is not checked because its inputs differ between runs, :func:`carried_state`
-names such state among the places the harness searches, as the likely cause.
+instance, and in their containers and attributes (``holder.gen``,
+``loader.generator``: :class:`~pytest_backends.determinism.runs.GeneratorStates`,
+which walks them with :func:`attributes`). Some state outlives the runs all
+the same: a ``DataLoader`` with persistent workers keeps its worker processes
+(and their RNG states) and its iterator from one run to the next; an iterator
+(``iter(loader)``, a generator, ``itertools.cycle``) that is a fixture value
+or an instance attribute gives each run the items after those the previous
+run took; a ``numpy.random.Generator``,
+``RandomState`` or ``random.Random`` instance is never reset (only NumPy's and
+:mod:`random`'s global RNGs are); a module global the runs rebind (``global
+seed; seed += 1``) and a container that grows (a fixture list each run appends
+to) start each run from what the previous one left. When a test is not
+checked because its inputs differ between runs, :func:`carried_state` names
+such state among the places the harness searches, as the likely cause. What
+the places held when the call phase began is noted (:func:`note_start`, ids
+and sizes only) so that a rebinding or a growth is named only when it
+happened; an RNG object in a module global or class attribute is named only
+when the test's code (or a module function it calls) names it.
 
 Importing this module does not import torch.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["carried_state", "places_of"]
+__all__ = ["attributes", "carried_state", "note_start", "places_of"]
 
 # How deep attributes are followed, and how many items of each object are looked at.
 _DEPTH = 3
 _WIDTH = 200
 _SKIP = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+# Containers whose size is noted when the call phase begins, and values shown as they are.
+_SIZED = (list, dict, set, bytearray, collections.deque)
+_SHOWN = (int, float, str, bool, type(None))
+_SHARED = ("module global", "class attribute")
+
+# What the places of the test whose call phase began last held then:
+# (id of the item, {place: (id of its value, the value if shown, its size if sized)}).
+_start: tuple[int, dict[str, tuple[int, object, int | None]]] | None = None
 
 
 def places_of(item: Any) -> list[tuple[str, object]]:
@@ -49,17 +67,30 @@ def places_of(item: Any) -> list[tuple[str, object]]:
     return places
 
 
-def _attributes(value: object) -> Iterator[tuple[str, object]]:
+def attributes(value: object, width: int = _WIDTH) -> Iterator[tuple[str, object]]:
+    """``(".name" or "[key]", inner)`` for the items or attributes of ``value`` (at most ``width``).
+
+    Modules, classes, functions and tensors are not looked into; an object's
+    attributes are read from its ``__dict__`` without running its code.
+    """
+    torch = sys.modules.get("torch")
+    if isinstance(value, _SKIP) or (torch is not None and isinstance(value, torch.Tensor)):
+        return
     if isinstance(value, dict):
         pairs: Any = ((f"[{k!r}]", v) for k, v in value.items())
     elif isinstance(value, (list, tuple)):
         pairs = ((f"[{i}]", v) for i, v in enumerate(value))
+    elif isinstance(value, (set, frozenset)):
+        pairs = (("[...]", v) for v in value)
     else:
-        namespace = getattr(value, "__dict__", None)
+        try:
+            namespace = object.__getattribute__(value, "__dict__")
+        except Exception:
+            return
         if not isinstance(namespace, dict):
             return
         pairs = ((f".{k}", v) for k, v in namespace.items() if not k.startswith("__"))
-    yield from itertools.islice(pairs, _WIDTH)
+    yield from itertools.islice(pairs, width)
 
 
 def _rng_kind(torch: Any, value: object) -> str | None:
@@ -88,10 +119,10 @@ def _held_rngs(
     if kind is not None:
         yield id(value), path, kind
         return
-    if depth <= 0 or isinstance(value, (*_SKIP, torch.Tensor)):
+    if depth <= 0:
         return
     seen.add(id(value))
-    for name, inner in _attributes(value):
+    for name, inner in attributes(value):
         yield from _held_rngs(torch, f"{path}{name}", inner, depth - 1, seen)
 
 
@@ -106,26 +137,114 @@ def _persistent_loader(torch: Any, value: object) -> bool:
     )
 
 
-def carried_state(item: Any) -> list[str]:
-    """What ``item`` keeps between runs that the harness cannot reset (phrases), if any."""
+def _iterator(value: object) -> str | None:
+    """What iterator ``value`` is (``"a generator"``, ``"an itertools.cycle"``), if it is one."""
+    if not isinstance(value, collections.abc.Iterator) or isinstance(value, _SKIP):
+        return None
+    if isinstance(value, types.GeneratorType):
+        return "a generator"
+    kind = type(value)
+    module = "" if kind.__module__ == "builtins" else f"{kind.__module__}."
+    return f"an iterator ({module}{kind.__qualname__})"
+
+
+def _names_in(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for inner in code.co_consts:
+        if isinstance(inner, types.CodeType):
+            names |= _names_in(inner)
+    return names
+
+
+def _named_by_test(item: Any) -> set[str] | None:
+    """The names the test's code uses (and those of the module functions it calls), if known."""
+    obj = getattr(item, "obj", None)
+    code = getattr(getattr(obj, "__func__", obj), "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return None
+    names = _names_in(code)
+    module = getattr(getattr(item, "module", None), "__dict__", None)
+    if not isinstance(module, dict):
+        return names
+    for name in list(names):
+        helper = module.get(name)
+        if isinstance(helper, types.FunctionType) and helper.__code__ is not code:
+            names |= _names_in(helper.__code__)
+    return names
+
+
+def _noted(value: object) -> tuple[int, object, int | None]:
+    size = len(value) if isinstance(value, _SIZED) else None
+    return id(value), value if isinstance(value, _SHOWN) else None, size
+
+
+def note_start(item: Any) -> None:
+    """Note what ``item``'s places hold now, when its call phase begins (ids and sizes)."""
+    global _start
+    _start = None  # another test's: no longer of use
+    places = places_of(item)
+    _start = (id(item), {what: _noted(v) for what, v in places if "'__" not in what})
+
+
+def _changed(item: Any, what: str, value: object) -> str | None:
+    """How the runs changed the place ``what`` (rebound it, resized it), if they did."""
+    if _start is None or _start[0] != id(item) or what not in _start[1]:
+        return None
+    ident, shown, size = _start[1][what]
+    now = _noted(value)
+    if ident != now[0] and what.startswith((*_SHARED, "attribute")):
+        if isinstance(value, _SHOWN) and type(shown) is type(value) and shown == value:
+            return None  # an equal number or string again: no state kept
+        was = f" ({shown!r} when the call began, {value!r} after the runs)"
+        if not isinstance(value, _SHOWN) or not isinstance(shown, _SHOWN):
+            was = ""
+        return f"rebound during the runs{was}: each run starts from what the previous one left"
+    if ident == now[0] and size is not None and now[2] is not None and now[2] != size:
+        return (
+            f"a {type(value).__name__} whose size changed during the runs ({size} items when "
+            f"the call began, {now[2]} after the runs): each run sees what the earlier ones left"
+        )
+    return None
+
+
+def carried_state(item: Any, restored: Iterable[object] = ()) -> list[str]:
+    """What ``item`` keeps between runs that the harness cannot reset (phrases), if any.
+
+    ``restored``: the generators the runs restore (``runs.reached_generators``).
+    """
     torch = sys.modules.get("torch")
     if torch is None:
         return []
-    from pytest_backends.determinism.runs import reached_generators
-
     found: list[str] = []
     # The generators the runs restore (and the default one) are not carried state.
-    seen = {id(torch.default_generator), *map(id, reached_generators(item))}
+    seen = {id(torch.default_generator), *map(id, restored)}
+    named = _named_by_test(item)
     for what, value in places_of(item):
-        if isinstance(value, _SKIP) or id(value) in seen:
-            continue
         parts: list[str] = []
+        changed = _changed(item, what, value)
+        if changed is not None:
+            parts.append(changed)
+        short = what[what.index("'") + 1 : what.rindex("'")]
+        shared = what.startswith(_SHARED)
+        if (
+            isinstance(value, _SKIP)
+            or id(value) in seen
+            or (shared and named is not None and short not in named)
+        ):
+            if parts:
+                found.append(f"{what}: {', '.join(parts)}")
+            continue
         if _persistent_loader(torch, value):
             parts.append(
                 "a DataLoader with persistent workers (its worker processes, with their RNG "
                 "states, and its iterator carry over from one run to the next)"
             )
-        short = what.split(" ", 1)[1].strip("'")
+        iterator = None if shared else _iterator(value)  # a fixture's or the instance's
+        if iterator is not None:
+            parts.append(
+                f"{iterator} that each run advances (a run that takes items from it gets "
+                "those after the ones the previous run took)"
+            )
         paths: dict[int, tuple[str, str]] = {}
         for rng, path, kind in _held_rngs(torch, short, value, _DEPTH, set(seen)):
             if rng not in paths or len(path) < len(paths[rng][0]):

@@ -20,8 +20,9 @@ calls skip, so its op sequence legitimately differs. It keeps its outcome
 (it is the test's real run), but the runs compared are the later ones.
 
 Explicit ``torch.Generator`` objects that a test reuses across runs (from a
-fixture, a module global, its class or its instance) are captured when the
-call phase begins and restored before each later run, so
+fixture, a module global, its class or its instance, or held in their
+containers and attributes, ``holder.gen``) are captured when the call phase
+begins and restored before each later run, so
 ``torch.randn(8, generator=gen)`` draws the same numbers in every run. This is
 for coverage only, not for the verdict: both recorders key a generator
 argument by its state at call time, so a generator the harness does not reach
@@ -50,7 +51,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import sys
 import threading
 import weakref
@@ -195,9 +195,9 @@ class SubtestCounter:
         self._forget(nodeid)
 
 
-# How deep containers in fixture values and globals are searched, and how many items
-# of each (a long list of numbers in a module global must not cost every test).
-_DEPTH = 2
+# How deep containers and attributes in fixture values and globals are searched (the
+# roots are dicts of them: as deep as carried.py names RNGs), how many items of each.
+_DEPTH = 4
 _WIDTH = 1000
 
 
@@ -209,17 +209,11 @@ def _generators(value: object, depth: int, seen: set[int]) -> Iterator[Any]:
     if isinstance(value, torch.Generator):
         yield value
         return
-    if depth <= 0:
-        return
-    items: Iterable[object]
-    if isinstance(value, dict):
-        items = value.values()
-    elif isinstance(value, (list, tuple, set, frozenset)):
-        items = value
-    else:
-        return
-    for item in itertools.islice(items, _WIDTH):
-        yield from _generators(item, depth - 1, seen)
+    if depth > 0:
+        from pytest_backends.determinism.carried import attributes
+
+        for _, item in attributes(value, _WIDTH):
+            yield from _generators(item, depth - 1, seen)
 
 
 class GeneratorStates:
@@ -457,7 +451,9 @@ class Start:
     def capture(cls, item: pytest.Item) -> Start:
         """What ``item``'s runs start from, captured now (when its call phase begins)."""
         from pytest_backends.determinism.api import RngState
+        from pytest_backends.determinism.carried import note_start
 
+        note_start(item)  # what the places held, to name what the runs change
         return cls(RngState.capture(), GeneratorStates.capture(roots_of(item)), cls.capture_flags())
 
     @staticmethod

@@ -1,6 +1,7 @@
-"""The torch-function mode stack's row, and how a change of it is named in a report.
+"""How a change of the torch-function mode stack's row is named in a report.
 
-The row is compared, written back and shown as the stack's depth. Its raw value
+The row (read in :mod:`.switches`, which the guard imports when idle) is
+compared, written back and shown as the stack's depth. Its raw value
 keeps the modes themselves, bottom first, each with whether it is the context
 ``torch.set_default_device`` recorded; its plain value is the depth as a
 :class:`ModeStack`, an int that carries them. A report then names what the test
@@ -12,60 +13,13 @@ its class.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+
+from pytest_backends.flags.switches import DEVICE_ROW, ModeStack, function_stack_reader
+from pytest_backends.flags.switches import STACK_ROW as ROW
+from pytest_backends.flags.switches import ModeEntry as Entry
 
 __all__ = ["DEVICE_ROW", "ROW", "ModeStack", "function_stack_reader", "stack_lines"]
-
-#: The row of the torch-function mode stack, and the row of the recorded default device.
-ROW = "modes.torch_function_stack"
-DEVICE_ROW = "default_device"
-
-#: One mode of the stack: ``(id, mode, recorded by set_default_device)``; the id first,
-#: so that comparing two stacks never calls a mode's own ``__eq__``.
-Entry = tuple[int, object, bool]
-
-
-class ModeStack(int):
-    """The stack's depth (what is compared, written back and shown), with its modes."""
-
-    modes: tuple[Entry, ...]
-
-    def __new__(cls, entries: tuple[Entry, ...]) -> ModeStack:
-        stack = super().__new__(cls, len(entries))
-        stack.modes = entries
-        return stack
-
-    def __reduce__(self) -> tuple[type[int], tuple[int]]:
-        return int, (int(self),)  # copied or pickled, it is the depth alone
-
-
-def function_stack_reader(
-    torch: Any,
-) -> tuple[Callable[[], object], Callable[[Any], object]] | None:
-    """The row's raw reader (the modes, ``()`` when none) and plain form; None without
-    a way to read the modes in this torch."""
-    C = torch._C
-    length = getattr(C, "_len_torch_function_stack", None)
-    at = getattr(C, "_get_function_stack_at", None)
-    if not callable(length) or not callable(at):
-        return None
-    holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
-
-    def read() -> object:
-        depth = length()
-        if not depth:
-            return ()
-        # the calling thread's dict of the thread-local, as set_default_device writes it
-        record = None if holder is None else holder.__dict__.get("device_context")
-        return tuple((id(mode), mode, mode is record) for mode in map(at, range(depth)))
-
-    return read, plain
-
-
-def plain(raw: object) -> object:
-    """The plain value: the depth, as a :class:`ModeStack` where the modes were read."""
-    return ModeStack(raw) if isinstance(raw, tuple) else raw
 
 
 def _is_device(mode: object) -> bool:

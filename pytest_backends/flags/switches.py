@@ -16,8 +16,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from pytest_backends.flags.mode_stack import ROW as STACK_ROW
-from pytest_backends.flags.mode_stack import function_stack_reader
 from pytest_backends.flags.row import (
     Invalid,
     check_bool,
@@ -394,6 +392,58 @@ def _profiler_write(profiler: Any, value: bool) -> None:
         raise RuntimeError("a profiler can only be stopped, not started again")
     if profiler._profiler_enabled():
         profiler._disable_profiler()
+
+
+#: The row of the torch-function mode stack, and the row of the recorded default device
+#: (the stack's value keeps its modes, for the report: see .mode_stack).
+STACK_ROW = "modes.torch_function_stack"
+DEVICE_ROW = "default_device"
+
+#: One mode of the stack: ``(id, mode, recorded by set_default_device)``; the id first,
+#: so that comparing two stacks never calls a mode's own ``__eq__``.
+ModeEntry = tuple[int, object, bool]
+
+
+class ModeStack(int):
+    """The stack's depth (what is compared, written back and shown), with its modes."""
+
+    modes: tuple[ModeEntry, ...]
+
+    def __new__(cls, entries: tuple[ModeEntry, ...]) -> ModeStack:
+        stack = super().__new__(cls, len(entries))
+        stack.modes = entries
+        return stack
+
+    def __reduce__(self) -> tuple[type[int], tuple[int]]:
+        return int, (int(self),)  # copied or pickled, it is the depth alone
+
+
+def function_stack_reader(
+    torch: Any,
+) -> tuple[Callable[[], object], Callable[[Any], object]] | None:
+    """The row's raw reader (the modes, ``()`` when none) and plain form; None without
+    a way to read the modes in this torch."""
+    C = torch._C
+    length = getattr(C, "_len_torch_function_stack", None)
+    at = getattr(C, "_get_function_stack_at", None)
+    if not callable(length) or not callable(at):
+        return None
+    holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+
+    def read() -> object:
+        depth = length()
+        if not depth:
+            return ()
+        # the calling thread's dict of the thread-local, as set_default_device writes it
+        record = None if holder is None else holder.__dict__.get("device_context")
+        return tuple((id(mode), mode, mode is record) for mode in map(at, range(depth)))
+
+    return read, _stack_plain
+
+
+def _stack_plain(raw: object) -> object:
+    """The plain value: the depth, as a :class:`ModeStack` where the modes were read."""
+    return ModeStack(raw) if isinstance(raw, tuple) else raw
 
 
 def _stack_rows(torch: Any, add: Add) -> None:

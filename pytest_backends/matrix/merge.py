@@ -36,6 +36,7 @@ from pytest_backends.matrix.coverage import (
     missing_note,
     parse_coverage,
 )
+from pytest_backends.matrix.merge_copies import drop_copies
 from pytest_backends.matrix.report import (
     OUTCOMES,
     REPORT_FORMAT,
@@ -461,7 +462,7 @@ def merge_reports(paths: Sequence[Path]) -> MergedReport:
 
 
 def _merge_reports(paths: Sequence[Path]) -> MergedReport:
-    inputs = [read_report(Path(p)) for p in paths]
+    inputs, copies = drop_copies([read_report(Path(p)) for p in paths])
     taken: set[str] = set()
     sources: list[dict[str, Any]] = []
     by_nodeid: dict[str, list[tuple[str, Result]]] = {}
@@ -530,7 +531,7 @@ def _merge_reports(paths: Sequence[Path]) -> MergedReport:
     note = missing_note({str(item.path): item.coverage is not None for item in inputs})
     if coverage is None:
         note = "no input lists its collected tests: coverage is not checked"
-    warnings = [w for w in [version_warning(sources, "reports"), note] if w]
+    warnings = [*copies, *(w for w in [version_warning(sources, "reports"), note] if w)]
     summaries = [
         (str(src["label"]), item.session)
         for item, src in zip(inputs, (first_label[item.path] for item in inputs))

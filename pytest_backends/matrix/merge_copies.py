@@ -1,0 +1,68 @@
+"""Copies among the inputs of ``pytest-backends merge``: one run given twice.
+
+A CI artifact downloaded into two folders, or a report copied next to the
+original, holds the same run as another input. Merged as two sources, its
+counts would be added twice (``10 passed`` for a job that ran 5 tests) and it
+would appear as a second job under an invented label. An input whose
+sources, configurations, results, coverage and session all equal an earlier
+input's (only the file name differs) is that run again: it is merged once,
+and a warning names both files. Two real runs never compare equal, since
+each result carries its measured duration.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
+
+__all__ = ["drop_copies"]
+
+
+class ReportInput(Protocol):
+    """What is compared of a merge input (``merge.ReportInput``)."""
+
+    sources: list[dict[str, Any]]
+    configs: Any
+    session: Any
+    coverage: Any
+    results: Any
+    path: Any
+
+
+_Input = TypeVar("_Input", bound=ReportInput)
+
+
+def _sources(item: ReportInput) -> list[dict[str, Any]]:
+    # A run's report names its own file as the source's file; a copy differs only there.
+    return [{k: v for k, v in src.items() if k != "file"} for src in item.sources]
+
+
+def _same_run(a: ReportInput, b: ReportInput) -> bool:
+    return (
+        len(a.results) == len(b.results)
+        and _sources(a) == _sources(b)
+        and a.configs == b.configs
+        and a.session == b.session
+        and a.coverage == b.coverage
+        and a.results == b.results
+    )
+
+
+def drop_copies(inputs: Sequence[_Input]) -> tuple[list[_Input], list[str]]:
+    """``inputs`` without those that repeat an earlier input's run, and a warning for each."""
+    kept: list[_Input] = []
+    warnings: list[str] = []
+    for item in inputs:
+        original = next((k for k in kept if _same_run(k, item)), None)
+        if original is None:
+            kept.append(item)
+            continue
+        labels = ", ".join(str(src.get("label")) for src in item.sources)
+        warnings.append(
+            f"{item.path} holds the same run as {original.path} ({labels}: the same "
+            "results, durations and pytest verdict); merged once, so its tests and "
+            "counts are not added twice"
+        )
+    return kept, warnings

@@ -1,0 +1,103 @@
+"""Probes of the matrix as users run it: real sessions, then their reports merged."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pytest_backends.__main__ import main
+
+SUITE = """
+import pytest
+
+@pytest.mark.backends("mkldnn")
+def test_conv(backend_config):
+    assert backend_config.axes["mkldnn"] == "on"
+
+def test_plain():
+    pass
+"""
+
+
+def test_the_same_run_given_twice_is_merged_once_with_a_warning(
+    pytester: pytest.Pytester,
+    run: Callable[..., pytest.RunResult],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    result = run("--backends-matrix", "--backends-label=cpu", "--backends-report=job.json")
+    result.assert_outcomes(passed=2, failed=1)
+    job = pytester.path / "job.json"
+    # The same artifact downloaded twice (two folders, or a copy beside the original).
+    (pytester.path / "again").mkdir()
+    shutil.copy(job, pytester.path / "again" / "job.json")
+    out = pytester.path / "merged.json"
+    capsys.readouterr()
+
+    assert main(["merge", "--report", str(out), str(job), str(pytester.path / "again")]) == 0
+
+    err = capsys.readouterr().err
+    assert "holds the same run as" in err and "merged once" in err
+    merged = json.loads(out.read_text())
+    assert [s["label"] for s in merged["sources"]] == ["cpu"]
+    # pytest's counts of the one run, not twice them.
+    assert merged["session"]["outcomes"] == {"passed": 2, "failed": 1}
+    assert merged["totals"] == {"passed": 2, "failed": 1}
+    assert any("holds the same run as" in w for w in merged["warnings"])
+
+
+def test_two_runs_of_one_job_are_both_merged(
+    pytester: pytest.Pytester,
+    run: Callable[..., pytest.RunResult],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    for name in ("first.json", "second.json"):
+        run("--backends-matrix", "--backends-label=cpu", f"--backends-report={name}")
+    out = pytester.path / "merged.json"
+    capsys.readouterr()
+
+    paths = [str(pytester.path / n) for n in ("first.json", "second.json")]
+    assert main(["merge", "--report", str(out), *paths]) == 0
+
+    assert "holds the same run as" not in capsys.readouterr().err
+    merged = json.loads(out.read_text())
+    assert len(merged["sources"]) == 2
+    assert merged["session"]["outcomes"] == {"passed": 4, "failed": 2}
+
+
+def test_a_copy_of_a_merged_report_is_merged_once(
+    tmp_path: Path,
+    pytester: pytest.Pytester,
+    run: Callable[..., pytest.RunResult],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    run("--backends-matrix", "--backends-label=a", "--backends-report=a.json")
+    run("--backends-matrix", "--backends-label=b", "--backends-report=b.json")
+    stage = tmp_path / "stage.json"
+    assert (
+        main(
+            [
+                "merge",
+                "--report",
+                str(stage),
+                *(str(pytester.path / n) for n in ("a.json", "b.json")),
+            ]
+        )
+        == 0
+    )
+    shutil.copy(stage, tmp_path / "copy.json")
+    out = tmp_path / "out.json"
+    capsys.readouterr()
+
+    assert main(["merge", "--report", str(out), str(stage), str(tmp_path / "copy.json")]) == 0
+
+    assert "copy.json holds the same run as" in capsys.readouterr().err
+    merged = json.loads(out.read_text())
+    assert [s["label"] for s in merged["sources"]] == ["a", "b"]
+    assert merged["session"]["outcomes"] == {"passed": 4, "failed": 2}
