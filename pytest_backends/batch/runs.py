@@ -488,7 +488,8 @@ def _parts(
             t = t.detach().clone()
         elif t.requires_grad:
             t = t.detach()
-        parts.append((label, t, out_dim if out_dim >= 0 else out_dim + t.dim()))
+        d = axis(t.dim(), out_dim)
+        parts.append((label, t, out_dim if d is None else d))
     return parts
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from pytest_backends.flags.row import (
     Invalid,
     check_bool,
+    default_device_reader,
     missing_flag,
     non_negative_int,
     one_of,
@@ -428,14 +429,13 @@ def function_stack_reader(
     at = getattr(C, "_get_function_stack_at", None)
     if not callable(length) or not callable(at):
         return None
-    holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    recorded, _ = default_device_reader(torch)  # the context set_default_device recorded
 
     def read() -> object:
         depth = length()
         if not depth:
             return ()
-        # the calling thread's dict of the thread-local, as set_default_device writes it
-        record = None if holder is None else holder.__dict__.get("device_context")
+        record = recorded()
         return tuple((id(mode), mode, mode is record) for mode in map(at, range(depth)))
 
     return read, _stack_plain

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import textwrap
 
 import pytest
 
@@ -37,6 +38,12 @@ def assert_restored():
 """
 
 
+def _session(pytester: pytest.Pytester, header: str, tests: str) -> pytest.RunResult:
+    """A test module (``header``, the restore check, ``tests``) run in a subprocess."""
+    pytester.makepyfile(header + RESTORED + textwrap.dedent(tests))
+    return pytester.runpytest_subprocess("-p", "no:randomly")
+
+
 def _leak_report(result: pytest.RunResult, test: str) -> str:
     """The teardown error of ``test``."""
     out = result.stdout.str()
@@ -47,18 +54,17 @@ def _leak_report(result: pytest.RunResult, test: str) -> str:
 def test_set_default_device_cpu_is_named_as_the_default_device(
     pytester: pytest.Pytester,
 ) -> None:
-    pytester.makepyfile(
-        "import torch\n"
-        + RESTORED
-        + """
+    result = _session(
+        pytester,
+        "import torch\n",
+        """
         def test_a():
             torch.set_default_device("cpu")
 
         def test_b():
             assert_restored()
-        """.replace("\n        ", "\n")
+        """,
     )
-    result = pytester.runpytest_subprocess("-p", "no:randomly")
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(
         [
@@ -73,18 +79,17 @@ def test_set_default_device_cpu_is_named_as_the_default_device(
 
 
 def test_set_default_device_meta_is_one_line_with_the_call(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(
-        "import torch\n"
-        + RESTORED
-        + """
+    result = _session(
+        pytester,
+        "import torch\n",
+        """
         def test_a():
             torch.set_default_device("meta")
 
         def test_b():
             assert_restored()
-        """.replace("\n        ", "\n")
+        """,
     )
-    result = pytester.runpytest_subprocess("-p", "no:randomly")
     result.assert_outcomes(passed=2, errors=1)
     report = _leak_report(result, "test_a")
     assert "test_a left torch backend flags changed:" in report
@@ -141,10 +146,10 @@ def test_a_module_fixture_that_sets_the_default_device_is_named(
 def test_a_torch_device_context_left_open_by_a_fixture_is_named(
     pytester: pytest.Pytester,
 ) -> None:
-    pytester.makepyfile(
-        "import pytest\nimport torch\n"
-        + RESTORED
-        + """
+    result = _session(
+        pytester,
+        "import pytest\nimport torch\n",
+        """
         KEEP = []
 
         def _on(device):
@@ -163,9 +168,8 @@ def test_a_torch_device_context_left_open_by_a_fixture_is_named(
 
         def test_b():
             assert_restored()
-        """.replace("\n        ", "\n")
+        """,
     )
-    result = pytester.runpytest_subprocess("-p", "no:randomly")
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(
         [
@@ -183,10 +187,10 @@ def test_a_torch_device_context_left_open_by_a_fixture_is_named(
 def test_other_function_modes_keep_the_stack_row_and_name_their_class(
     pytester: pytest.Pytester,
 ) -> None:
-    pytester.makepyfile(
-        "import torch\nfrom torch.overrides import TorchFunctionMode\n"
-        + RESTORED
-        + """
+    result = _session(
+        pytester,
+        "import torch\nfrom torch.overrides import TorchFunctionMode\n",
+        """
         class Passthrough(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 return func(*args, **(kwargs or {}))
@@ -200,9 +204,8 @@ def test_other_function_modes_keep_the_stack_row_and_name_their_class(
 
         def test_after():
             assert_restored()
-        """.replace("\n        ", "\n")
+        """,
     )
-    result = pytester.runpytest_subprocess("-p", "no:randomly")
     result.assert_outcomes(passed=3, errors=2)
     mode = _leak_report(result, "test_mode")
     assert "  modes.torch_function_stack: 0 -> 1 (entered and not exited: Passthrough)" in mode
