@@ -20,7 +20,7 @@ INSTALL ?= editable
 all: test
 
 $(STAMP): pyproject.toml setup.py
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(PY) || PYTHON=$(PYTHON) scripts/torch-venv.sh $(VENV) "$(TORCH)"
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,lint,docs]" "$(TORCH)"
 	touch $(STAMP)

@@ -11,12 +11,22 @@ which loading the native extension imports: dropped and imported again, it left
 a torch builtin's method table freed, and a later call of it (the leak guard's
 ``torch.is_inference_mode_enabled()``) crashed the process (a test loading the
 extension inside pytester, then an in-process recorder test).
+
+Torch's own modules are never dropped: many register a ``TORCH_LIBRARY`` block
+when imported (``torch._inductor.test_operators``,
+``torch.distributed._functional_collectives``), and a second import raises
+"Only a single TORCH_LIBRARY can be used to register the namespace ...". An
+in-process run that imported one made every later test in that worker that
+imports it fail, depending on which tests xdist happened to give the worker.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
+
+from _pytest.pytester import SysModulesSnapshot
 
 from pytest_backends import _native
 
@@ -26,3 +36,16 @@ with contextlib.suppress(ImportError):
     import torch.utils.cpp_extension  # noqa: F401
 
 os.environ.setdefault("PYTEST_BACKENDS_CACHE_DIR", str(_native._cache_root()))
+
+
+_restore = SysModulesSnapshot.restore
+
+
+def _restore_keeping_torch(self: SysModulesSnapshot) -> None:
+    kept = {name: m for name, m in sys.modules.items() if name.split(".", 1)[0] == "torch"}
+    _restore(self)
+    for name, module in kept.items():
+        sys.modules.setdefault(name, module)
+
+
+SysModulesSnapshot.restore = _restore_keeping_torch  # type: ignore[method-assign]

@@ -2,11 +2,12 @@
 
 Every matrix report (``--backends-report``) lists, under ``coverage``, each
 item its run collected (deselected ones included) with its config id, the
-items that ran and the items that were skipped with the reason.
+items it deselected, the items that ran and the items that were skipped with
+the reason.
 ``pytest-backends merge`` joins the lists of all jobs and names every test,
 configuration and item that ran nowhere; with ``--strict`` those that no job
-even ran (deselected everywhere), and configurations that every job skipped,
-fail the merge.
+even ran (deselected everywhere, or selected and never reached because a job
+stopped early), and configurations that every job skipped, fail the merge.
 
 Nothing here imports torch.
 """
@@ -19,21 +20,28 @@ from typing import Any
 
 import pytest
 
+from pytest_backends import _xdist
 from pytest_backends.matrix.configs import base_test_id
 
 __all__ = [
     "COLLECTED_CHANNEL",
+    "DESELECTED_CHANNEL",
     "Coverage",
     "CoverageGaps",
     "collected",
+    "deselected",
     "find_gaps",
     "missing_note",
     "parse_coverage",
+    "send_to_controller",
 ]
 
 _COLLECTED_KEY: pytest.StashKey[dict[str, str]] = pytest.StashKey()
 #: What a pytest-xdist worker leaves for the controller: its :func:`collected` items.
 COLLECTED_CHANNEL = "collected"
+_DESELECTED_KEY: pytest.StashKey[set[str]] = pytest.StashKey()
+#: What a pytest-xdist worker leaves for the controller: its :func:`deselected` items.
+DESELECTED_CHANNEL = "deselected"
 
 
 def collected(config: pytest.Config) -> dict[str, str]:
@@ -45,6 +53,17 @@ def collected(config: pytest.Config) -> dict[str, str]:
     return config.stash.setdefault(_COLLECTED_KEY, {})
 
 
+def deselected(config: pytest.Config) -> set[str]:
+    """The node ids of the items this process collected and deselected (``-k``, ``-m``, ...)."""
+    return config.stash.setdefault(_DESELECTED_KEY, set())
+
+
+def send_to_controller(config: pytest.Config, items: dict[str, str]) -> None:
+    """On a pytest-xdist worker: leave the collected ``items`` and :func:`deselected` ones."""
+    _xdist.put(config, COLLECTED_CHANNEL, dict(items))
+    _xdist.put(config, DESELECTED_CHANNEL, sorted(deselected(config)))
+
+
 @dataclass
 class Coverage:
     """One job's (or a merge's) collected items and what became of them."""
@@ -54,6 +73,10 @@ class Coverage:
     ran: set[str] = field(default_factory=set)
     #: node id -> skip reason (items that never ran).
     skipped: dict[str, str] = field(default_factory=dict)
+    #: Items some job selected (collected and did not deselect), from the jobs whose
+    #: report lists what they deselected (``lists_selection``); older reports do not.
+    selected: set[str] = field(default_factory=set)
+    lists_selection: bool = False
 
     def update(self, other: Coverage) -> None:
         """Join ``other`` into this coverage."""
@@ -61,14 +84,17 @@ class Coverage:
         self.ran |= other.ran
         for nodeid, reason in other.skipped.items():
             self.skipped.setdefault(nodeid, reason)
+        self.selected |= other.selected
+        self.lists_selection |= other.lists_selection
 
     def to_plain(self) -> dict[str, Any]:
         """The JSON form written under ``coverage``."""
-        return {
-            "collected": dict(sorted(self.collected.items())),
-            "ran": sorted(self.ran),
-            "skipped": {k: v for k, v in sorted(self.skipped.items()) if k not in self.ran},
-        }
+        plain: dict[str, Any] = {"collected": dict(sorted(self.collected.items()))}
+        if self.lists_selection:
+            plain["deselected"] = sorted(n for n in self.collected if n not in self.selected)
+        plain["ran"] = sorted(self.ran)
+        plain["skipped"] = {k: v for k, v in sorted(self.skipped.items()) if k not in self.ran}
+        return plain
 
 
 def parse_coverage(value: object) -> Coverage | str:
@@ -88,7 +114,13 @@ def parse_coverage(value: object) -> Coverage | str:
         isinstance(k, str) and isinstance(v, str) for k, v in skipped.items()
     ):
         return "'coverage.skipped' must map node ids to skip reasons (strings)"
-    return Coverage(dict(collected), set(ran), dict(skipped))
+    if "deselected" not in value:  # written by an older pytest-backends
+        return Coverage(dict(collected), set(ran), dict(skipped))
+    dropped = value["deselected"]
+    if not isinstance(dropped, list) or not all(isinstance(n, str) for n in dropped):
+        return "'coverage.deselected' must be a list of node ids"
+    selected = set(collected).difference(dropped)
+    return Coverage(dict(collected), set(ran), dict(skipped), selected, lists_selection=True)
 
 
 @dataclass
@@ -101,6 +133,8 @@ class CoverageGaps:
     configs: dict[str, str] = field(default_factory=dict)
     #: node ids of items whose test and config ran elsewhere, but not together.
     items: list[str] = field(default_factory=list)
+    #: The subset of ``items`` that a job selected and never reached (it stopped early).
+    unreached: list[str] = field(default_factory=list)
     #: The subset that fails a strict merge (never reported, or a config every job skipped).
     strict: list[str] = field(default_factory=list)
 
@@ -116,13 +150,24 @@ class CoverageGaps:
         if self.configs:
             out.append(f"{len(self.configs)} configuration(s) ran in no job:")
             out += [f"  {config} ({why})" for config, why in sorted(self.configs.items())]
-        if self.items:
+        dropped = [n for n in self.items if n not in self.unreached]
+        if dropped:
             out.append(
-                f"{len(self.items)} item(s) were deselected in every job (their test and "
+                f"{len(dropped)} item(s) were deselected in every job (their test and "
                 "configuration ran elsewhere, not together):"
             )
-            out += [f"  {nodeid}" for nodeid in self.items]
+            out += [f"  {nodeid}" for nodeid in dropped]
+        if self.unreached:
+            out.append(f"{len(self.unreached)} item(s) ran in no job: {UNREACHED}:")
+            out += [f"  {nodeid}" for nodeid in self.unreached]
         return out
+
+
+#: Why a selected item that was neither run nor skipped ran nowhere.
+UNREACHED = (
+    "selected, but never reached (the job stopped before it: -x, --maxfail, a crash or an "
+    "interruption)"
+)
 
 
 def _base(nodeid: str, config: str) -> str:
@@ -133,6 +178,8 @@ def _why(nodeids: Iterable[str], coverage: Coverage) -> tuple[str, bool]:
     """Why none of ``nodeids`` ran, and whether no job even reported them."""
     reasons = [coverage.skipped[n] for n in nodeids if n in coverage.skipped]
     if not reasons:
+        if any(n in coverage.selected for n in nodeids):
+            return UNREACHED, True
         return "deselected in every job", True
     first = reasons[0]
     return f"skipped in every job that ran it: {first}" if first else "skipped", False
@@ -165,6 +212,8 @@ def find_gaps(coverage: Coverage) -> CoverageGaps:
         if nodeid not in coverage.skipped:  # a skip of its own is listed in the grid
             gaps.items.append(nodeid)
             gaps.strict.append(nodeid)
+            if nodeid in coverage.selected:
+                gaps.unreached.append(nodeid)
     return gaps
 
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_backends import _selected, _shared, _xdist
+from pytest_backends import _selected, _shared
 from pytest_backends.matrix import availability, coverage, markers, testcase
 from pytest_backends.matrix.configs import (
     DEFAULT_CONFIG,
@@ -521,6 +521,7 @@ class MatrixPlugin:
     def pytest_deselected(self, items: Sequence[pytest.Item]) -> None:
         for item in items:
             self.collected[item.nodeid] = self._config_id(item)
+        coverage.deselected(self.config).update(item.nodeid for item in items)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         for item in session.items:
@@ -591,7 +592,7 @@ class MatrixPlugin:
             )
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        _xdist.put(self.config, coverage.COLLECTED_CHANNEL, dict(self.collected))
+        coverage.send_to_controller(self.config, self.collected)
         # ``--collect-only`` runs no setup, where invalid markers fail their tests: the
         # session fails as for a collection error instead.
         if (

@@ -67,6 +67,8 @@ class ReportPlugin:
         self.workers = ControllerEnvironment()
         #: Items collected by xdist workers (node id -> config id), deselected ones included.
         self.collected: dict[str, str] = {}
+        #: Items the xdist workers deselected.
+        self.deselected: set[str] = set()
         #: Items that ran (an outcome other than a skip), whether or not they have a config.
         self.ran: set[str] = set()
         #: Items that were skipped, with the reason.
@@ -120,11 +122,18 @@ class ReportPlugin:
         collected = _xdist.collected(node, coverage.COLLECTED_CHANNEL)
         if isinstance(collected, dict):
             self.collected.update((str(k), str(v)) for k, v in collected.items())
+        dropped = _xdist.collected(node, coverage.DESELECTED_CHANNEL)
+        if isinstance(dropped, list):
+            self.deselected.update(map(str, dropped))
 
     def coverage(self) -> coverage.Coverage:
         """What this run collected and what of it ran, for ``pytest-backends merge``."""
         collected = {**coverage.collected(self.config), **self.collected}
-        return coverage.Coverage(collected, set(self.ran), dict(self.skipped))
+        dropped = coverage.deselected(self.config) | self.deselected
+        selected = {n for n in collected if n not in dropped}
+        return coverage.Coverage(
+            collected, set(self.ran), dict(self.skipped), selected, lists_selection=True
+        )
 
     @pytest.hookimpl(optionalhook=True, trylast=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:

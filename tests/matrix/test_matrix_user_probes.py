@@ -101,3 +101,63 @@ def test_a_copy_of_a_merged_report_is_merged_once(
     merged = json.loads(out.read_text())
     assert [s["label"] for s in merged["sources"]] == ["a", "b"]
     assert merged["session"]["outcomes"] == {"passed": 4, "failed": 2}
+
+
+STOPS = """
+import pytest
+
+def test_first():
+    assert False
+
+@pytest.mark.backends("mkldnn")
+def test_after(backend_config):
+    pass
+
+def test_dropped():
+    pass
+"""
+
+
+def test_a_test_of_a_stopped_job_never_reached_is_not_called_deselected(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``-x`` stops the job before ``test_after``: merge says so, and ``-k`` drops are named."""
+    pytester.makepyfile(test_suite=STOPS)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "--backends-matrix", "-x", "-k", "not dropped",
+        "--backends-report=job.json",
+    )  # fmt: skip
+    result.assert_outcomes(failed=1, deselected=1)
+    report = json.loads((pytester.path / "job.json").read_text())
+    assert report["coverage"]["deselected"] == ["test_suite.py::test_dropped"]
+    capsys.readouterr()
+
+    assert main(["merge", "--report", str(pytester.path / "m.json"), "job.json"]) == 0
+
+    err = capsys.readouterr().err
+    assert "test_suite.py::test_after (selected, but never reached (the job stopped" in err
+    assert "test_suite.py::test_dropped (deselected in every job)" in err
+    assert "test_after (deselected" not in err
+    strict = main(["merge", "--strict", "--report", str(pytester.path / "s.json"), "job.json"])
+    assert strict == 1
+
+
+def test_items_deselected_on_xdist_workers_are_still_called_deselected(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The workers, which deselect, tell the controller which items they dropped."""
+    pytester.makepyfile(test_suite=STOPS.replace("assert False", "pass"))
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "-n", "2", "--backends-matrix", "-k", "not dropped",
+        "--backends-report=job.json",
+    )  # fmt: skip
+    result.assert_outcomes(passed=3)
+    report = json.loads((pytester.path / "job.json").read_text())
+    assert report["coverage"]["deselected"] == ["test_suite.py::test_dropped"]
+    capsys.readouterr()
+
+    assert main(["merge", "--report", str(pytester.path / "m.json"), "job.json"]) == 0
+
+    err = capsys.readouterr().err
+    assert "test_suite.py::test_dropped (deselected in every job)" in err
+    assert "never reached" not in err
