@@ -6,7 +6,9 @@ controller hands a worker plain data when the node starts
 (:func:`received`), the worker leaves plain data for the controller at the
 end of its session (:func:`put`), and the controller collects it per node
 (:func:`collected`, from ``pytest_testnodedown``).  Names are prefixed with
-``backends_`` so that they never meet another plugin's.  Verdicts about one
+``backends_`` so that they never meet another plugin's, and each is claimed by
+one module (:func:`channel`), so that two of the plugin's features never
+write one name.  Verdicts about one
 test do not travel here: they are report properties (:mod:`pytest_backends._shared`).
 This module imports neither torch nor xdist.
 """
@@ -18,6 +20,7 @@ from typing import Any
 import pytest
 
 __all__ = [
+    "channel",
     "collected",
     "is_controller",
     "is_worker",
@@ -29,6 +32,26 @@ __all__ = [
 ]
 
 _PREFIX = "backends_"
+# channel name -> the module that claimed it
+_CLAIMED: dict[str, str] = {}
+
+
+def channel(name: str) -> str:
+    """Claim ``name`` for the calling module's data; returns it.
+
+    A second module claiming the same name is an error when it is imported: two
+    features writing one name would read each other's data (a count where a list
+    is expected).
+    """
+    import sys
+
+    owner = str(sys._getframe(1).f_globals.get("__name__", "?"))
+    claimed = _CLAIMED.setdefault(name, owner)
+    if claimed != owner:
+        raise RuntimeError(
+            f"pytest-backends: the xdist channel {name!r} is claimed by both {claimed} and {owner}"
+        )
+    return name
 
 
 def is_worker(config: pytest.Config) -> bool:

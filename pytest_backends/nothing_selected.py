@@ -24,7 +24,7 @@ from pytest_backends._selected import Selection
 
 __all__ = ["SETTINGS_KEY", "SelectionPlugin", "Settings", "plugins"]
 
-_CHANNEL = "selection"
+_CHANNEL = _xdist.channel("selection")
 
 
 @dataclass(frozen=True)

@@ -31,13 +31,13 @@ __all__ = [
 ]
 
 #: Channel names: what the controller hands a level's worker.
-INPUT_LEVEL = "cpu_level"
-INPUT_LEVELS = "cpu_levels"
-INPUT_ASKED = "cpu_asked"
-INPUT_NOTES = "cpu_notes"
-INPUT_WARN = "cpu_warn"
+INPUT_LEVEL = _xdist.channel("cpu_level")
+INPUT_LEVELS = _xdist.channel("cpu_levels")
+INPUT_ASKED = _xdist.channel("cpu_asked")
+INPUT_NOTES = _xdist.channel("cpu_notes")
+INPUT_WARN = _xdist.channel("cpu_warn")
 #: Channel name: how many items a worker deselected.
-OUTPUT_DESELECTED = "deselected"
+OUTPUT_DESELECTED = _xdist.channel("cpu_deselected_count")
 
 _INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 

@@ -1,17 +1,17 @@
 """State a test keeps between its runs that the harness cannot reset, in words.
 
-Before each run the harness resets the global RNGs and the ``torch.Generator``
-objects it finds in the test's fixture values, module globals, class and
-instance, and in their containers and attributes (``holder.gen``,
-``loader.generator``: :class:`~pytest_backends.determinism.runs.GeneratorStates`,
+Before each run the harness resets the global RNGs and the RNG objects
+(``torch.Generator``, ``numpy.random.Generator`` and ``RandomState``,
+``random.Random``) it finds in the test's fixture values, module globals,
+class and instance, and in their containers and attributes (``holder.gen``,
+``loader.generator``: :class:`~pytest_backends.determinism.rng_objects.RngObjects`,
 which walks them with :func:`attributes`). Some state outlives the runs all
 the same: a ``DataLoader`` with persistent workers keeps its worker processes
 (and their RNG states) and its iterator from one run to the next; an iterator
 (``iter(loader)``, a generator, ``itertools.cycle``) that is a fixture value
 or an instance attribute gives each run the items after those the previous
-run took; a ``numpy.random.Generator``,
-``RandomState`` or ``random.Random`` instance is never reset (only NumPy's and
-:mod:`random`'s global RNGs are); a module global the runs rebind (``global
+run took; an RNG object out of the harness's reach (deeper inside another
+object) is never reset; a module global the runs rebind (``global
 seed; seed += 1``) and a container that grows (a fixture list each run appends
 to) start each run from what the previous one left. When a test is not
 checked because its inputs differ between runs, :func:`carried_state` names

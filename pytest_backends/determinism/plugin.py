@@ -183,7 +183,8 @@ class DeterminismPlugin:
         """
         from pytest_backends.determinism.carried import carried_state
         from pytest_backends.determinism.check import Recorded, check
-        from pytest_backends.determinism.runs import failed_first_run, reached_generators
+        from pytest_backends.determinism.rng_objects import reached
+        from pytest_backends.determinism.runs import failed_first_run
 
         recorded = Recorded(
             runs.records,
@@ -191,7 +192,7 @@ class DeterminismPlugin:
             runs.described,
             runs.native(),
             subtest_failed=failed_first_run(item),
-            carried=lambda: carried_state(item, reached_generators(item)),
+            carried=lambda: carried_state(item, reached(item)),
             **stopped,
         )
         found = check(recorded, self.settings, self.baseline)

@@ -2,8 +2,9 @@
 
 The hook layer (:mod:`~pytest_backends.determinism.plugin`) runs a test's
 call phase N times; this module holds the mechanics it needs for that:
-:class:`Start` puts the global RNGs, the test's own generators
-(:class:`GeneratorStates`) and the backend flags back before each run;
+:class:`Start` puts the global RNGs, the test's own RNG objects
+(:class:`~pytest_backends.determinism.rng_objects.RngObjects`) and the backend
+flags back before each run;
 :class:`Runs` chooses the recorder once (native where the extension is built,
 else :class:`~pytest_backends.determinism.record_python.PythonRecorder`),
 starts and stops one per run and keeps each run's
@@ -19,15 +20,12 @@ runs code once (first-call analysis, lazy backward compilation) that later
 calls skip, so its op sequence legitimately differs. It keeps its outcome
 (it is the test's real run), but the runs compared are the later ones.
 
-Explicit ``torch.Generator`` objects that a test reuses across runs (from a
-fixture, a module global, its class or its instance, or held in their
-containers and attributes, ``holder.gen``) are captured when the call phase
-begins and restored before each later run, so
-``torch.randn(8, generator=gen)`` draws the same numbers in every run. This is
-for coverage only, not for the verdict: both recorders key a generator
-argument by its state at call time, so a generator the harness does not reach
-(one kept deeper inside an object) simply gives differing inputs in later
-runs, and the test is "not checked" with that reason, never blamed.
+RNG objects that a test reuses across runs (``torch.Generator``, NumPy's
+``Generator`` and ``RandomState``, ``random.Random``, from a fixture, a module
+global, its class or its instance, or held in their containers and
+attributes, ``holder.gen``) are captured when the call phase begins and
+restored before each later run (:mod:`.rng_objects`), so
+``torch.randn(8, generator=gen)`` draws the same numbers in every run.
 
 Subtests are counted once: each run executes the test body again, so every
 subtest (pytest's ``subtests`` fixture, or ``unittest.TestCase.subTest``)
@@ -54,7 +52,7 @@ import functools
 import sys
 import threading
 import weakref
-from collections.abc import Generator, Iterable, Iterator, Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,6 +61,7 @@ import pytest
 
 from pytest_backends import _shared
 from pytest_backends.determinism.record import RunLog, RunRecord, failure_text
+from pytest_backends.determinism.rng_objects import RngObjects, roots_of
 
 if TYPE_CHECKING:
     from pytest_backends.determinism.record import RunLogRecorder
@@ -71,13 +70,11 @@ __all__ = [
     "RUN_KEY",
     "RUN_PROPERTY",
     "CompileWatch",
-    "GeneratorStates",
     "Runs",
     "Start",
     "SubtestCounter",
     "failed_first_run",
     "repeat",
-    "roots_of",
     "run_again",
     "run_of",
     "stored_outcome",
@@ -193,84 +190,6 @@ class SubtestCounter:
 
     def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
         self._forget(nodeid)
-
-
-# How deep containers and attributes in fixture values and globals are searched (the
-# roots are dicts of them: as deep as carried.py names RNGs), how many items of each.
-_DEPTH = 4
-_WIDTH = 1000
-
-
-def _generators(value: object, depth: int, seen: set[int]) -> Iterator[Any]:
-    torch = sys.modules.get("torch")
-    if torch is None or id(value) in seen:
-        return
-    seen.add(id(value))
-    if isinstance(value, torch.Generator):
-        yield value
-        return
-    if depth > 0:
-        from pytest_backends.determinism.carried import attributes
-
-        for _, item in attributes(value, _WIDTH):
-            yield from _generators(item, depth - 1, seen)
-
-
-class GeneratorStates:
-    """The states of the explicit generators a test can reach, to restore between runs."""
-
-    def __init__(self, states: list[tuple[Any, Any]]) -> None:
-        self._states = states
-
-    @classmethod
-    def capture(cls, roots: Iterable[object]) -> GeneratorStates:
-        """Capture every ``torch.Generator`` in ``roots`` (and in containers there)."""
-        torch = sys.modules.get("torch")
-        states: list[tuple[Any, Any]] = []
-        if torch is None:
-            return cls(states)
-        seen: set[int] = set()
-        defaults = {id(torch.default_generator)}
-        for root in roots:
-            for gen in _generators(root, _DEPTH, seen):
-                if id(gen) in defaults:
-                    continue  # the global RNG: RngState restores it
-                try:
-                    states.append((gen, gen.get_state()))
-                except (RuntimeError, TypeError):
-                    continue
-        return cls(states)
-
-    def restore(self) -> None:
-        """Put every captured generator back to its captured state."""
-        for gen, state in self._states:
-            gen.set_state(state)
-
-    def __len__(self) -> int:
-        return len(self._states)
-
-
-def roots_of(item: Any) -> list[object]:
-    """Where a test's reused generators live: fixture values, its module, class and instance."""
-    roots: list[object] = []
-    funcargs = getattr(item, "funcargs", None)
-    if isinstance(funcargs, dict):
-        roots.append(dict(funcargs))
-    for owner in (getattr(item, "module", None), getattr(item, "cls", None)):
-        namespace = getattr(owner, "__dict__", None)
-        if namespace is not None:
-            roots.append(dict(namespace))
-    instance = getattr(item, "instance", None)
-    namespace = getattr(instance, "__dict__", None)
-    if isinstance(namespace, dict):
-        roots.append(dict(namespace))
-    return roots
-
-
-def reached_generators(item: Any) -> list[Any]:
-    """The explicit generators :class:`GeneratorStates` restores for ``item``'s runs."""
-    seen: set[int] = set()
-    return [gen for root in roots_of(item) for gen in _generators(root, _DEPTH, seen)]
 
 
 class Runs:
@@ -454,7 +373,7 @@ class Start:
         from pytest_backends.determinism.carried import note_start
 
         note_start(item)  # what the places held, to name what the runs change
-        return cls(RngState.capture(), GeneratorStates.capture(roots_of(item)), cls.capture_flags())
+        return cls(RngState.capture(), RngObjects.capture(roots_of(item)), cls.capture_flags())
 
     @staticmethod
     def capture_flags() -> tuple[object, ...] | None:

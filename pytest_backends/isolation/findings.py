@@ -20,7 +20,7 @@ from pytest_backends import _xdist
 __all__ = ["BackendsLeakWarning", "Findings", "warn_leak"]
 
 #: The name of the findings a worker leaves for the controller.
-_CHANNEL = "isolation"
+_CHANNEL = _xdist.channel("isolation")
 
 
 class BackendsLeakWarning(pytest.PytestWarning):

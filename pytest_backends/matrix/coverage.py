@@ -38,10 +38,10 @@ __all__ = [
 
 _COLLECTED_KEY: pytest.StashKey[dict[str, str]] = pytest.StashKey()
 #: What a pytest-xdist worker leaves for the controller: its :func:`collected` items.
-COLLECTED_CHANNEL = "collected"
+COLLECTED_CHANNEL = _xdist.channel("collected")
 _DESELECTED_KEY: pytest.StashKey[set[str]] = pytest.StashKey()
 #: What a pytest-xdist worker leaves for the controller: its :func:`deselected` items.
-DESELECTED_CHANNEL = "deselected"
+DESELECTED_CHANNEL = _xdist.channel("deselected")
 
 
 def collected(config: pytest.Config) -> dict[str, str]:

@@ -21,7 +21,7 @@ from pytest_backends import _xdist
 __all__ = ["CHANNEL", "ControllerEnvironment", "WorkerEnvironment", "combine", "lines"]
 
 #: What a worker leaves for the controller: its environment lines.
-CHANNEL = "environment"
+CHANNEL = _xdist.channel("environment")
 
 
 def lines() -> list[str]:

@@ -42,7 +42,7 @@ _OFF = (*_options.OFF_WORDS, "")
 _AXIS_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 _TOKEN = re.compile(r"[a-z][a-z0-9_]*-[a-z0-9][a-z0-9_.]*\Z")
 #: What the xdist controller sends each worker: the sampling seed it resolved.
-SEED_CHANNEL = "seed"
+SEED_CHANNEL = _xdist.channel("seed")
 
 
 def _path_hint(value: str) -> str:

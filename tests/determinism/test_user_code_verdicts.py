@@ -192,37 +192,56 @@ def test_persistent_dataloader_names_the_state_it_keeps(
 
 
 @pytest.mark.parametrize("recorder", RECORDERS)
-def test_rng_objects_kept_between_runs_are_named(
+def test_rng_objects_kept_between_runs_are_restored(
     planted_conftest: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A NumPy or ``random.Random`` RNG object kept between runs is named as the cause."""
+    """NumPy and ``random.Random`` RNG objects a test reuses (module globals, a fixture's
+    attribute, a class attribute) start every run where they were: the tests are checked,
+    and a nondeterministic op fed from one is caught, not "not checked"."""
     planted_conftest.makepyfile(
         test_rngs="""
         import random
         import numpy as np
+        import pytest
         import torch
 
         NP_RNG = np.random.default_rng(0)
         PY_RNG = random.Random(0)
 
+        class Holder:
+            def __init__(self):
+                self.rng = np.random.RandomState(0)
+
+        @pytest.fixture(scope="module")
+        def holder():
+            return Holder()
+
         def test_numpy_generator():
             assert torch.from_numpy(NP_RNG.standard_normal(4)).mul(2).shape == (4,)
 
         def test_python_random():
-            assert torch.full((2,), PY_RNG.random()).shape == (2,)
+            assert torch.full((2,), PY_RNG.random()).mul(2).shape == (2,)
 
-        def test_local_numpy_generator():
-            rng = np.random.default_rng(0)
-            assert torch.from_numpy(rng.standard_normal(4)).mul(2).shape == (4,)
+        def test_held_random_state(holder):
+            assert torch.from_numpy(holder.rng.standard_normal(4)).mul(2).shape == (4,)
+
+        class TestOnClass:
+            RNG = random.Random(1)
+
+            def test_class_attribute(self):
+                assert torch.full((2,), self.RNG.random()).mul(2).shape == (2,)
+
+        def test_planted_fed_from_numpy_rng():
+            x = torch.from_numpy(NP_RNG.standard_normal(4)).float()
+            assert torch.ops.pbtest.noisy(x).shape == (4,)
         """
     )
     result, out, reasons = unchecked(planted_conftest, recorder, monkeypatch)
     _assert_recorder(result, recorder)
-    result.assert_outcomes(passed=3)
-    assert set(reasons) == {"test_numpy_generator", "test_python_random"}, out
-    assert "module global 'NP_RNG'" in reasons["test_numpy_generator"], out
-    assert "numpy.random.Generator" in reasons["test_numpy_generator"], out
-    assert "module global 'PY_RNG'" in reasons["test_python_random"], out
+    assert reasons == {}, out
+    result.assert_outcomes(passed=4, failed=1)
+    result.stdout.fnmatch_lines(["*nondeterministic op pbtest::noisy*"])
+    assert re.search(r"FAILED \S+::test_planted_fed_from_numpy_rng", out), out
 
 
 @pytest.mark.parametrize("recorder", RECORDERS)

@@ -41,6 +41,7 @@ RANK = {
     # the hook layer: the runs of one test, the hooks, the feature, the command-line tools
     "runs": 7,
     "carried": 7,
+    "rng_objects": 7,
     "plugin": 8,
     "feature": 9,
     "census_merge": 9,
