@@ -33,7 +33,7 @@ import types
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["attributes", "carried_state", "note_start", "places_of"]
+__all__ = ["attributes", "carried_state", "note_start", "places_of", "rng_kind"]
 
 # How deep attributes are followed, and how many items of each object are looked at.
 _DEPTH = 3
@@ -93,7 +93,7 @@ def attributes(value: object, width: int = _WIDTH) -> Iterator[tuple[str, object
     yield from itertools.islice(pairs, width)
 
 
-def _rng_kind(torch: Any, value: object) -> str | None:
+def rng_kind(torch: Any, value: object) -> str | None:
     """``"torch.Generator"``, ``"numpy.random.Generator"``, ...: the RNG ``value`` is, if any."""
     if isinstance(value, torch.Generator):
         return "torch.Generator"
@@ -115,7 +115,7 @@ def _held_rngs(
     """``(id, path, kind)`` of the RNGs in ``value`` not in ``seen`` (restored ones are)."""
     if id(value) in seen:
         return
-    kind = _rng_kind(torch, value)
+    kind = rng_kind(torch, value)
     if kind is not None:
         yield id(value), path, kind
         return

@@ -34,52 +34,33 @@ _DEPTH = 4
 _WIDTH = 1000
 
 
-def _state_of(value: object) -> tuple[Any, Any] | None:
-    """``(state, set_state)`` of an RNG object the runs restore, or None for anything else."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Generator):
+def _state_of(torch: Any, value: object) -> tuple[Any, Any] | None:
+    """``(set_state, state)`` of an RNG object the runs restore (None: a global RNG)."""
+    if isinstance(value, torch.Generator):
         if value is torch.default_generator:
             return None  # the global RNG: RngState restores it
-        return value.get_state(), value.set_state
+        return value.set_state, value.get_state()
     if isinstance(value, random.Random):
-        if value is getattr(random, "_inst", None):
-            return None
-        return value.getstate(), value.setstate
-    nprandom: Any = getattr(sys.modules.get("numpy"), "random", None)
-    if nprandom is None:
-        return None
-    if isinstance(value, nprandom.RandomState):
-        if value is getattr(nprandom.mtrand, "_rand", None):
-            return None
-        return value.get_state(), value.set_state
-    if isinstance(value, nprandom.Generator):
-        bits = value.bit_generator
-        return bits.state, lambda state: setattr(bits, "state", state)
-    return None
+        return value.setstate, value.getstate()
+    bits = getattr(value, "bit_generator", None)
+    if bits is not None:  # numpy.random.Generator
+        return lambda state: setattr(bits, "state", state), bits.state
+    return value.set_state, value.get_state()  # type: ignore[attr-defined]
 
 
-def _is_rng(value: object) -> bool:
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Generator):
-        return True
-    if isinstance(value, random.Random):
-        return True
-    nprandom: Any = getattr(sys.modules.get("numpy"), "random", None)
-    return nprandom is not None and isinstance(value, (nprandom.Generator, nprandom.RandomState))
+def _rngs(torch: Any, value: object, depth: int, seen: set[int]) -> Iterator[Any]:
+    """The RNG objects in ``value`` (``carried``'s kinds; the Python and NumPy globals not)."""
+    from pytest_backends.determinism.carried import attributes, rng_kind
 
-
-def _rngs(value: object, depth: int, seen: set[int]) -> Iterator[Any]:
     if id(value) in seen:
         return
     seen.add(id(value))
-    if _is_rng(value):
+    if rng_kind(torch, value) is not None:
         yield value
         return
     if depth > 0:
-        from pytest_backends.determinism.carried import attributes
-
         for _, item in attributes(value, _WIDTH):
-            yield from _rngs(item, depth - 1, seen)
+            yield from _rngs(torch, item, depth - 1, seen)
 
 
 class RngObjects:
@@ -92,15 +73,18 @@ class RngObjects:
     def capture(cls, roots: Iterable[object]) -> RngObjects:
         """Capture every RNG object in ``roots`` (and in their containers and attributes)."""
         states: list[tuple[Any, Any]] = []
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return cls(states)
         seen: set[int] = set()
         for root in roots:
-            for rng in _rngs(root, _DEPTH, seen):
+            for rng in _rngs(torch, root, _DEPTH, seen):
                 try:
-                    captured = _state_of(rng)
+                    captured = _state_of(torch, rng)
                 except (RuntimeError, TypeError, ValueError):
                     continue  # a generator whose state cannot be read (another device's)
                 if captured is not None:
-                    states.append((captured[1], captured[0]))
+                    states.append(captured)
         return cls(states)
 
     def restore(self) -> None:
@@ -131,5 +115,8 @@ def roots_of(item: Any) -> list[object]:
 
 def reached(item: Any) -> list[Any]:
     """The RNG objects :class:`RngObjects` restores for ``item``'s runs."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return []
     seen: set[int] = set()
-    return [rng for root in roots_of(item) for rng in _rngs(root, _DEPTH, seen)]
+    return [rng for root in roots_of(item) for rng in _rngs(torch, root, _DEPTH, seen)]

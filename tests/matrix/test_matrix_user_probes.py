@@ -118,23 +118,31 @@ def test_dropped():
 """
 
 
+def _job_then_merge(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str], *args: str
+) -> tuple[pytest.RunResult, str]:
+    """Run the matrix job (``-k "not dropped"``), check its deselected list, merge it alone.
+
+    Returns the job's result and the merge's stderr.
+    """
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "--backends-matrix", *args, "-k", "not dropped",
+        "--backends-report=job.json",
+    )  # fmt: skip
+    report = json.loads((pytester.path / "job.json").read_text())
+    assert report["coverage"]["deselected"] == ["test_suite.py::test_dropped"]
+    capsys.readouterr()
+    assert main(["merge", "--report", str(pytester.path / "m.json"), "job.json"]) == 0
+    return result, capsys.readouterr().err
+
+
 def test_a_test_of_a_stopped_job_never_reached_is_not_called_deselected(
     pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``-x`` stops the job before ``test_after``: merge says so, and ``-k`` drops are named."""
     pytester.makepyfile(test_suite=STOPS)
-    result = pytester.runpytest_subprocess(
-        "-p", "no:randomly", "--backends-matrix", "-x", "-k", "not dropped",
-        "--backends-report=job.json",
-    )  # fmt: skip
+    result, err = _job_then_merge(pytester, capsys, "-x")
     result.assert_outcomes(failed=1, deselected=1)
-    report = json.loads((pytester.path / "job.json").read_text())
-    assert report["coverage"]["deselected"] == ["test_suite.py::test_dropped"]
-    capsys.readouterr()
-
-    assert main(["merge", "--report", str(pytester.path / "m.json"), "job.json"]) == 0
-
-    err = capsys.readouterr().err
     assert "test_suite.py::test_after (selected, but never reached (the job stopped" in err
     assert "test_suite.py::test_dropped (deselected in every job)" in err
     assert "test_after (deselected" not in err
@@ -147,17 +155,7 @@ def test_items_deselected_on_xdist_workers_are_still_called_deselected(
 ) -> None:
     """The workers, which deselect, tell the controller which items they dropped."""
     pytester.makepyfile(test_suite=STOPS.replace("assert False", "pass"))
-    result = pytester.runpytest_subprocess(
-        "-p", "no:randomly", "-n", "2", "--backends-matrix", "-k", "not dropped",
-        "--backends-report=job.json",
-    )  # fmt: skip
+    result, err = _job_then_merge(pytester, capsys, "-n", "2")
     result.assert_outcomes(passed=3)
-    report = json.loads((pytester.path / "job.json").read_text())
-    assert report["coverage"]["deselected"] == ["test_suite.py::test_dropped"]
-    capsys.readouterr()
-
-    assert main(["merge", "--report", str(pytester.path / "m.json"), "job.json"]) == 0
-
-    err = capsys.readouterr().err
     assert "test_suite.py::test_dropped (deselected in every job)" in err
     assert "never reached" not in err
