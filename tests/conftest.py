@@ -18,6 +18,10 @@ when imported (``torch._inductor.test_operators``,
 "Only a single TORCH_LIBRARY can be used to register the namespace ...". An
 in-process run that imported one made every later test in that worker that
 imports it fail, depending on which tests xdist happened to give the worker.
+
+pytester's inner ``python -m pytest`` sessions are forks of a process that has
+imported torch once (``tests/zygote.py``), where nothing about the session needs a
+fresh interpreter.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from typing import Any
 
-from _pytest.pytester import SysModulesSnapshot
+import zygote
+from _pytest.pytester import Pytester, SysModulesSnapshot
 
 from pytest_backends import _native
 
@@ -49,3 +55,13 @@ def _restore_keeping_torch(self: SysModulesSnapshot) -> None:
 
 
 SysModulesSnapshot.restore = _restore_keeping_torch  # type: ignore[method-assign]
+
+
+_popen = Pytester.popen
+
+
+def _popen_or_fork(self: Pytester, cmdargs: Any, **kw: Any) -> Any:
+    return zygote.popen_or_fork(_popen, self, cmdargs, **kw)
+
+
+Pytester.popen = _popen_or_fork  # type: ignore[method-assign]

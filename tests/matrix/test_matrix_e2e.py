@@ -36,6 +36,7 @@ def _ids(result: pytest.RunResult, *, ordered: bool = False) -> list[str]:
     return ids if ordered else sorted(ids)
 
 
+@pytest.mark.fresh_interpreter
 def test_mkldnn_axis_runs_once_per_value_with_the_flag_set(
     pytester: pytest.Pytester, run: Run
 ) -> None:
@@ -201,6 +202,7 @@ def test_plugin_axes_from_conftest_set_their_flags(pytester: pytest.Pytester, ru
     ]
 
 
+@pytest.mark.fresh_interpreter
 def test_header_hint_without_torch_and_without_the_matrix(
     pytester: pytest.Pytester, run: Run
 ) -> None:

@@ -329,6 +329,7 @@ def test_thread_changing_flags_after_the_test_is_reported(pytester: pytest.Pytes
     )
 
 
+@pytest.mark.fresh_interpreter
 def test_unused_plugin_does_not_import_torch(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """

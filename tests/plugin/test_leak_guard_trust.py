@@ -96,6 +96,7 @@ def test_m_good():
 """
 
 
+@pytest.mark.fresh_interpreter
 @pytest.mark.parametrize("xdist", [False, True], ids=["serial", "xdist"])
 def test_torch_imported_by_a_test_or_fixture_and_bad_markers(
     pytester: pytest.Pytester, xdist: bool

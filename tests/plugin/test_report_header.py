@@ -180,6 +180,7 @@ def test_marked(backend_config):
 """
 
 
+@pytest.mark.fresh_interpreter
 def test_header_is_deferred_until_a_marked_test_is_collected(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(NO_TORCH_CONFTEST)
     pytester.makepyfile(test_lazy=LAZY_TESTS)
