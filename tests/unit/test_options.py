@@ -107,6 +107,10 @@ def test_is_off_and_is_on_ignore_case_and_spaces() -> None:
         (("--backends-cpu-capability=avx9",), "unknown CPU capability level 'avx9'"),
         (("--backends-determinism=1",), "needs at least 2 runs"),
         (("--backends-sample=0",), "--backends-sample: expected a positive integer"),
+        (("--backends-matrix=",), "--backends-matrix= was given an empty value"),
+        (("--backends-matrix= ",), "--backends-matrix= was given an empty value"),
+        (("--backends-config=",), "--backends-config= was given an empty value"),
+        (("--backends-leaks=",), "--backends-leaks= was given an empty value"),
     ],
 )
 def test_bad_values_are_usage_errors_naming_the_option(
