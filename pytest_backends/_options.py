@@ -326,8 +326,8 @@ def lookup(config: pytest.Config, name: str) -> Raw:
     option = _index(OPTIONS)[name]
     cli = config.getoption(option.name, None)
     if cli is not None and (option.kind != "flag" or cli):
-        values = cli if isinstance(cli, (list, tuple)) else [cli]
-        if any(isinstance(v, str) and not v.strip() for v in values):
+        given = cli if isinstance(cli, (list, tuple)) else [cli]
+        if any(isinstance(v, str) and not v.strip() for v in given):
             # Most often a shell variable that was not set: it must not turn a feature off.
             raise pytest.UsageError(
                 f"{option.flag}= was given an empty value (an unset shell variable?); "

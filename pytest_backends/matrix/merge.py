@@ -36,7 +36,7 @@ from pytest_backends.matrix.coverage import (
     missing_note,
     parse_coverage,
 )
-from pytest_backends.matrix.merge_copies import drop_copies
+from pytest_backends.matrix.merge_copies import drop_contained, drop_copies
 from pytest_backends.matrix.report import (
     OUTCOMES,
     REPORT_FORMAT,
@@ -149,7 +149,7 @@ def _check_source_fields(path: Path, where: str, data: Mapping[str, Any]) -> Non
     label = data.get("label")
     if label is not None and not isinstance(label, str):
         raise _fail(path, f"{where}'label' must be a string, got {label!r}")
-    for name in ("torch", "cuda", "file"):
+    for name in ("torch", "cuda", "file", "run"):
         value = data.get(name)
         if value is not None and not isinstance(value, str):
             raise _fail(path, f"{where}{name!r} must be a string or null, got {value!r}")
@@ -192,6 +192,7 @@ def _source(path: Path, data: Mapping[str, Any], tests: int) -> dict[str, Any]:
     return {
         "file": str(path),
         "label": label if isinstance(label, str) and label else Path(path).stem,
+        "run": data.get("run"),
         "torch": data.get("torch"),
         "cuda": data.get("cuda"),
         "environment": list(data.get("environment") or []),
@@ -462,7 +463,9 @@ def merge_reports(paths: Sequence[Path]) -> MergedReport:
 
 
 def _merge_reports(paths: Sequence[Path]) -> MergedReport:
-    inputs, copies = drop_copies([read_report(Path(p)) for p in paths])
+    inputs, contained = drop_contained([read_report(Path(p)) for p in paths])
+    inputs, copies = drop_copies(inputs)
+    copies = [*contained, *copies]
     taken: set[str] = set()
     sources: list[dict[str, Any]] = []
     by_nodeid: dict[str, list[tuple[str, Result]]] = {}

@@ -12,6 +12,7 @@ and, under pytest-xdist, from each worker through
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
@@ -61,6 +62,8 @@ class ReportPlugin:
     def __init__(self, config: pytest.Config, settings: MatrixSettings) -> None:
         self.config = config
         self.settings = settings
+        #: This run's identity in its report: merge takes a run once, however often given.
+        self.run_id = uuid.uuid4().hex
         self.results: dict[str, Result] = {}
         self.written: list[str] = []
         self.write_errors: list[str] = []
@@ -220,6 +223,7 @@ class ReportPlugin:
         avail = probe()
         return {
             "label": run_label(self.config),
+            "run": self.run_id,
             "torch": avail.torch_version,
             "cuda": avail.cuda_built,
         }

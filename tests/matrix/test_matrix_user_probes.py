@@ -159,3 +159,47 @@ def test_items_deselected_on_xdist_workers_are_still_called_deselected(
     result.assert_outcomes(passed=3)
     assert "test_suite.py::test_dropped (deselected in every job)" in err
     assert "never reached" not in err
+
+
+def test_a_run_given_alone_and_inside_a_merged_report_is_merged_once(
+    tmp_path: Path,
+    pytester: pytest.Pytester,
+    run: Callable[..., pytest.RunResult],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    run("--backends-matrix", "--backends-label=a", "--backends-report=a.json")
+    run("--backends-matrix", "--backends-label=b", "--backends-report=b.json")
+    a, b = (str(pytester.path / n) for n in ("a.json", "b.json"))
+    stage = tmp_path / "stage.json"
+    assert main(["merge", "--report", str(stage), a, b]) == 0
+    capsys.readouterr()
+    for order in ([str(stage), a], [a, str(stage)]):
+        out = tmp_path / "out.json"
+        assert main(["merge", "--report", str(out), *order]) == 0
+        err = capsys.readouterr().err
+        assert "holds the same run as" in err, err
+        merged = json.loads(out.read_text())
+        assert sorted(s["label"] for s in merged["sources"]) == ["a", "b"]
+        assert merged["session"]["outcomes"] == {"passed": 4, "failed": 2}
+
+
+def test_merged_reports_sharing_some_runs_are_refused_naming_both(
+    tmp_path: Path,
+    pytester: pytest.Pytester,
+    run: Callable[..., pytest.RunResult],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    for label in "abc":
+        run("--backends-matrix", f"--backends-label={label}", f"--backends-report={label}.json")
+    a, b, c = (str(pytester.path / f"{n}.json") for n in "abc")
+    ab, bc = tmp_path / "ab.json", tmp_path / "bc.json"
+    assert main(["merge", "--report", str(ab), a, b]) == 0
+    assert main(["merge", "--report", str(bc), b, c]) == 0
+    capsys.readouterr()
+    out = tmp_path / "out.json"
+    assert main(["merge", "--report", str(out), str(ab), str(bc)]) != 0
+    err = capsys.readouterr().err
+    assert "ab.json and " in err and "bc.json both hold the run(s) b" in err, err
+    assert not out.exists()

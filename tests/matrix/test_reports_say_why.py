@@ -62,7 +62,7 @@ def test_whole_failure_text_and_crash_signal_in_html_and_json(pytester: pytest.P
     assert '<span class="crash">crashed SIGSEGV<br>mkldnn-off</span>' in page
 
     # The merged page puts the grid and the failures before what was merged.
-    other = dict(report, label="other")
+    other = dict(report, label="other", run="another run")
     (pytester.path / "r2.json").write_text(json.dumps(other))
     assert (
         main(

@@ -151,6 +151,7 @@ def test_reports_count_and_list_every_problem_and_merge_keeps_them(
             {
                 **report,
                 "label": "other",
+                "run": "another run",
                 "session": {
                     "exitstatus": 0,
                     "interrupted": False,
