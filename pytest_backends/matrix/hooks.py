@@ -300,14 +300,7 @@ class MatrixPlugin:
                     # Fewer markers than at expansion (a plugin added one to the
                     # definition only): nothing was added after the matrix ran.
                     continue
-                self._late_warning(
-                    item,
-                    (
-                        "its markers changed after the matrix expanded it, so the added ones "
-                        "are ignored. Put every backends marker on the test (decorator, class "
-                        "or module pytestmark), or add them all in the same hook"
-                    ),
-                )
+                self._late_warning(item, markers.added_after_expansion(item))
                 continue
             if not isinstance(item, pytest.Function) or not isinstance(
                 item.parent, (pytest.Module, pytest.Class)

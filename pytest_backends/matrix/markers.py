@@ -22,6 +22,7 @@ __all__ = [
     "BackendsMarkerWarning",
     "MarkerError",
     "MarkerSpec",
+    "added_after_expansion",
     "backends",
     "marker_line",
     "resolve",
@@ -171,3 +172,19 @@ def resolve(
 
 class BackendsMarkerWarning(pytest.PytestWarning):
     """A ``@pytest.mark.backends`` marker that the matrix could not honour, and why."""
+
+
+def added_after_expansion(item: pytest.Item) -> str:
+    """Why markers added to an expanded test are ignored, naming ``pytest.param`` when so."""
+    callspec = getattr(item, "callspec", None)
+    if any(m.name == "backends" for m in getattr(callspec, "marks", ())):
+        return (
+            "a backends marker given to pytest.param(..., marks=...) is not combined with "
+            "the test's own: the matrix expands a test's markers once, for all its "
+            "parameters. Put the axes on the test, or make that parameter a test of its own"
+        )
+    return (
+        "its markers changed after the matrix expanded it, so the added ones "
+        "are ignored. Put every backends marker on the test (decorator, class "
+        "or module pytestmark), or add them all in the same hook"
+    )

@@ -131,3 +131,35 @@ def test_config_keeps_an_unmarked_param_beside_a_marked_one(
     result.assert_outcomes(passed=3, deselected=1)
     result.stdout.fnmatch_lines([f"*test_param*{config}* PASSED*"])
     result.stdout.fnmatch_lines(["*test_param*unmarked* PASSED*"])
+
+
+PARAM_AND_TEST_MARKED = """
+import pytest
+
+@pytest.mark.backends("mkldnn")
+@pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.backends("deterministic"))])
+def test_x(n, backend_config):
+    pass
+"""
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["warn", "strict"])
+def test_a_param_marker_beside_the_tests_own_is_named_as_such(
+    pytester: pytest.Pytester, strict: bool
+) -> None:
+    """The warning names pytest.param and the fix the docs give, not a late hook."""
+    pytester.makepyfile(test_p=PARAM_AND_TEST_MARKED)
+    args = ["-p", "no:randomly", "--backends-matrix", *(["--backends-strict"] if strict else [])]
+    result = pytester.runpytest_subprocess(*args)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_x[[]mkldnn-*-2[]] is not expanded: a backends marker given to "
+            "pytest.param(..., marks=...) is not combined with the test's own*"
+        ]
+    )
+    assert "add them all in the same hook" not in result.stdout.str()
+    if strict:
+        result.assert_outcomes(errors=4)
+    else:
+        assert result.ret == pytest.ExitCode.OK
+        assert result.parseoutcomes()["passed"] == 4
