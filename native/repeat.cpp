@@ -11,6 +11,7 @@
 
 #include "digest_op.h"
 #include "recorder.h"
+#include "rows.h"
 
 #if __has_include(<torch/headeronly/version.h>)
 #include <torch/headeronly/version.h>
@@ -143,4 +144,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Use the best CPU digest path at or below `wanted` (auto, avx512, avx2, scalar) "
         "that this CPU supports; returns the path taken.");
   pytest_backends::register_recorder(m);
+  pytest_backends::register_rows(m);
 }

@@ -47,10 +47,12 @@ __all__ = [
     "NativeBuildError",
     "build",
     "build_listener",
+    "built",
     "cache_dir",
     "disabled",
     "library_path",
     "load",
+    "loaded",
     "needs_build",
     "prepare",
     "set_build_listener",
@@ -560,6 +562,21 @@ def load() -> ModuleType | None:
         _state.tried = True
         _state.module = _decide()
     return _state.module
+
+
+def loaded() -> bool:
+    """Whether :func:`load` has run in this process (so calling it again costs nothing)."""
+    return _state.tried
+
+
+def built() -> bool:
+    """Whether an ahead-of-time build or a cached library exists (it may still be stale)."""
+    try:
+        import importlib.util
+
+        return importlib.util.find_spec(_AOT_MODULE) is not None or library_path().is_file()
+    except Exception:
+        return False
 
 
 def unavailable_reason() -> str | None:

@@ -92,6 +92,33 @@ def _memcmp() -> Any:
     return _MEMCMP[0]
 
 
+_NATIVE_ROWS: list[Any] = []  # the native extension's compare_rows, or None (found once)
+
+
+def _native_rows() -> Any:
+    """The native extension's ``compare_rows`` where it is built already, or None.
+
+    Never builds: a check must not compile the extension in the middle of a
+    test. It is used where ``--backends-determinism`` or ``pytest-backends
+    build-native`` built it, and loaded on first use from the build cache.
+    """
+    if not _NATIVE_ROWS:
+        _NATIVE_ROWS.append(_find_native_rows())
+    return _NATIVE_ROWS[0]
+
+
+def _find_native_rows() -> Any:
+    from pytest_backends import _native
+
+    try:
+        if not _native.loaded() and (_native.needs_build() or not _native.built()):
+            return None
+        module = _native.load()
+    except Exception:  # a broken extension leaves the NumPy comparison, as if never built
+        return None
+    return getattr(module, "compare_rows", None)
+
+
 def _dense_cpu(t: torch.Tensor, tensor_type: type) -> bool:
     """Whether ``t``'s elements are its ``nbytes`` bytes at ``data_ptr()`` in CPU memory."""
     return (
@@ -244,15 +271,20 @@ def compare_rows(
     None when every row is bitwise identical; otherwise, per row, whether it
     differs and its :func:`row_differences` figures (0.0 for an identical
     row; only the differing rows are measured). Dense CPU rows along
-    dimension 0 of a dtype NumPy reads are compared in NumPy, with one
-    density check and one ``memcmp`` first: on a few rows, a NumPy op costs a
-    fraction of a torch op's dispatch, with the same IEEE results.
+    dimension 0 of a dtype NumPy reads are compared in one call of the native
+    extension where it is built (``compare_rows`` in ``native/rows.cpp``), else
+    in NumPy, with one density check and one ``memcmp`` first: on a few rows,
+    a NumPy op costs a fraction of a torch op's dispatch, with the same IEEE
+    results, and the native call the same results again.
     """
     import torch
 
     if not _NUMPY_FLOATS:
         _NUMPY_FLOATS.update({torch.float16, torch.float32, torch.float64})
     np = _numpy_rows(full_rows, sub, d) if full_rows.dtype in _NUMPY_FLOATS else None
+    native = _native_rows() if np is not None else None
+    if native is not None:
+        return native(full_rows, sub)  # type: ignore[no-any-return]
     memcmp = _memcmp()
     if np is None or memcmp is None:
         return _compare_rows(full_rows, sub, d)
