@@ -240,7 +240,7 @@ def test_a_switch_keeps_accepting_pytests_own_bool_spellings(
         ("cli", "--backends-determinism=many", "Write --backends-determinism=N: a bare"),
         ("ini", "backends_determinism_all = maybe", "ini option backends_determinism_all: exp"),
         ("cli", "--backends-baseline-update", "name the file to write with --backends-baseline"),
-        ("cli", "--backends-label= ", "--backends-label: expected a name for this job"),
+        ("cli", "--backends-label= ", "--backends-label= was given an empty value"),
         ("ini", "backends_strict = maybe", "ini option backends_strict: expected on or off"),
         (
             "ini",
