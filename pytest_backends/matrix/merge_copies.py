@@ -69,13 +69,17 @@ def drop_copies(inputs: Sequence[_Input]) -> tuple[list[_Input], list[str]]:
         if original is None:
             kept.append(item)
             continue
-        labels = ", ".join(str(src.get("label")) for src in item.sources)
-        warnings.append(
-            f"{item.path} holds the same run as {original.path} ({labels}: the same "
-            "results, durations and pytest verdict); merged once, so its tests and "
-            "counts are not added twice"
-        )
+        why = ": the same results, durations and pytest verdict"
+        warnings.append(_merged_once(item, original, why))
     return kept, warnings
+
+
+def _merged_once(item: ReportInput, holder: ReportInput, why: str) -> str:
+    labels = ", ".join(str(src.get("label")) for src in item.sources)
+    return (
+        f"{item.path} holds the same run as {holder.path} ({labels}{why}); merged once, "
+        "so its tests and counts are not added twice"
+    )
 
 
 def _runs(item: ReportInput) -> frozenset[str] | None:
@@ -118,10 +122,5 @@ def drop_contained(inputs: Sequence[_Input]) -> tuple[list[_Input], list[str]]:
         if holder is None:
             kept.append(item)
             continue
-        labels = ", ".join(str(src.get("label")) for src in item.sources)
-        warnings.append(
-            f"{item.path} holds the same run as {holder.path} ({labels}, which "
-            f"{holder.path} holds already); merged once, so its tests and counts are "
-            "not added twice"
-        )
+        warnings.append(_merged_once(item, holder, f", which {holder.path} holds already"))
     return kept, warnings

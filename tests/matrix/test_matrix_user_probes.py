@@ -76,21 +76,8 @@ def test_a_copy_of_a_merged_report_is_merged_once(
     run: Callable[..., pytest.RunResult],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    pytester.makepyfile(test_suite=SUITE)
-    run("--backends-matrix", "--backends-label=a", "--backends-report=a.json")
-    run("--backends-matrix", "--backends-label=b", "--backends-report=b.json")
     stage = tmp_path / "stage.json"
-    assert (
-        main(
-            [
-                "merge",
-                "--report",
-                str(stage),
-                *(str(pytester.path / n) for n in ("a.json", "b.json")),
-            ]
-        )
-        == 0
-    )
+    assert main(["merge", "--report", str(stage), *_jobs(pytester, run, "ab")]) == 0
     shutil.copy(stage, tmp_path / "copy.json")
     out = tmp_path / "out.json"
     capsys.readouterr()
@@ -98,8 +85,23 @@ def test_a_copy_of_a_merged_report_is_merged_once(
     assert main(["merge", "--report", str(out), str(stage), str(tmp_path / "copy.json")]) == 0
 
     assert "copy.json holds the same run as" in capsys.readouterr().err
+    _assert_jobs_a_and_b_once(out)
+
+
+def _jobs(
+    pytester: pytest.Pytester, run: Callable[..., pytest.RunResult], labels: str
+) -> list[str]:
+    """One matrix job of ``SUITE`` per label (one letter each); their reports' paths."""
+    pytester.makepyfile(test_suite=SUITE)
+    for label in labels:
+        run("--backends-matrix", f"--backends-label={label}", f"--backends-report={label}.json")
+    return [str(pytester.path / f"{label}.json") for label in labels]
+
+
+def _assert_jobs_a_and_b_once(out: Path) -> None:
+    """The merged report ``out`` holds jobs a and b, each counted once."""
     merged = json.loads(out.read_text())
-    assert [s["label"] for s in merged["sources"]] == ["a", "b"]
+    assert sorted(s["label"] for s in merged["sources"]) == ["a", "b"]
     assert merged["session"]["outcomes"] == {"passed": 4, "failed": 2}
 
 
@@ -167,10 +169,7 @@ def test_a_run_given_alone_and_inside_a_merged_report_is_merged_once(
     run: Callable[..., pytest.RunResult],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    pytester.makepyfile(test_suite=SUITE)
-    run("--backends-matrix", "--backends-label=a", "--backends-report=a.json")
-    run("--backends-matrix", "--backends-label=b", "--backends-report=b.json")
-    a, b = (str(pytester.path / n) for n in ("a.json", "b.json"))
+    a, b = _jobs(pytester, run, "ab")
     stage = tmp_path / "stage.json"
     assert main(["merge", "--report", str(stage), a, b]) == 0
     capsys.readouterr()
@@ -179,9 +178,7 @@ def test_a_run_given_alone_and_inside_a_merged_report_is_merged_once(
         assert main(["merge", "--report", str(out), *order]) == 0
         err = capsys.readouterr().err
         assert "holds the same run as" in err, err
-        merged = json.loads(out.read_text())
-        assert sorted(s["label"] for s in merged["sources"]) == ["a", "b"]
-        assert merged["session"]["outcomes"] == {"passed": 4, "failed": 2}
+        _assert_jobs_a_and_b_once(out)
 
 
 def test_merged_reports_sharing_some_runs_are_refused_naming_both(
@@ -190,10 +187,7 @@ def test_merged_reports_sharing_some_runs_are_refused_naming_both(
     run: Callable[..., pytest.RunResult],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    pytester.makepyfile(test_suite=SUITE)
-    for label in "abc":
-        run("--backends-matrix", f"--backends-label={label}", f"--backends-report={label}.json")
-    a, b, c = (str(pytester.path / f"{n}.json") for n in "abc")
+    a, b, c = _jobs(pytester, run, "abc")
     ab, bc = tmp_path / "ab.json", tmp_path / "bc.json"
     assert main(["merge", "--report", str(ab), a, b]) == 0
     assert main(["merge", "--report", str(bc), b, c]) == 0
