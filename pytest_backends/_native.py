@@ -229,12 +229,18 @@ def _toolchain() -> str:
 
 
 def _build_key(files: list[Path]) -> str:
-    """Identifies a build: the sources, the flags, the variant and the compiler."""
+    """Identifies a build: the sources and their headers, the flags, the variant and the compiler.
+
+    The headers beside the sources are hashed too: a change to a header alone
+    changes what the sources compile to.
+    """
     h = hashlib.sha256()
     h.update(_variant().encode())
     h.update(repr(_compile_flags()).encode())
     h.update(_compiler().encode())
-    for f in files:
+    folders = sorted({f.parent for f in files})
+    headers = [x for d in folders for pattern in ("*.h", "*.cuh") for x in sorted(d.glob(pattern))]
+    for f in [*files, *headers]:
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()

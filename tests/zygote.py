@@ -17,6 +17,9 @@ A fork is not used, and a real process is started instead, when:
   imported, or about torch not being imported at all);
 * ``PYTEST_BACKENDS_TESTS_FORK=0`` is set.
 
+``PYTEST_BACKENDS_TESTS_FORK_LOG=FILE`` appends, per inner session, the test's node
+id and why it was not forked (``None``: it was).
+
 ``tests/unit/test_zygote.py`` checks that a forked session and a real one agree.
 """
 
@@ -163,13 +166,6 @@ class Forked:
             self.returncode = int(line)
             self._zygote.busy = False
         return self.returncode
-
-    def poll(self) -> int | None:
-        """The exit code, or ``None`` while the session runs."""
-        try:
-            return self.wait(0)
-        except subprocess.TimeoutExpired:
-            return None
 
     def kill(self) -> None:
         """Kill the session (``SIGKILL``)."""

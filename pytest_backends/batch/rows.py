@@ -92,7 +92,8 @@ def _memcmp() -> Any:
     return _MEMCMP[0]
 
 
-_NATIVE_ROWS: list[Any] = []  # the native extension's compare_rows, or None (found once)
+# [compare_rows or None, whether the extension had been loaded when that was decided]
+_NATIVE_ROWS: list[Any] = []
 
 
 def _native_rows() -> Any:
@@ -101,22 +102,30 @@ def _native_rows() -> Any:
     Never builds: a check must not compile the extension in the middle of a
     test. It is used where ``--backends-determinism`` or ``pytest-backends
     build-native`` built it, and loaded on first use from the build cache.
+    Decided once, and once more if the extension is loaded later in the
+    process (by the determinism harness, say).
     """
     if not _NATIVE_ROWS:
-        _NATIVE_ROWS.append(_find_native_rows())
+        _NATIVE_ROWS[:] = _find_native_rows()
+    elif _NATIVE_ROWS[0] is None and not _NATIVE_ROWS[1]:
+        from pytest_backends import _native
+
+        if _native.loaded():
+            _NATIVE_ROWS[:] = _find_native_rows()
     return _NATIVE_ROWS[0]
 
 
-def _find_native_rows() -> Any:
+def _find_native_rows() -> tuple[Any, bool]:
     from pytest_backends import _native
 
+    was_loaded = _native.loaded()
     try:
-        if not _native.loaded() and (_native.needs_build() or not _native.built()):
-            return None
+        if not was_loaded and (_native.needs_build() or not _native.built()):
+            return None, False
         module = _native.load()
     except Exception:  # a broken extension leaves the NumPy comparison, as if never built
-        return None
-    return getattr(module, "compare_rows", None)
+        return None, True
+    return getattr(module, "compare_rows", None), True
 
 
 def _dense_cpu(t: torch.Tensor, tensor_type: type) -> bool:

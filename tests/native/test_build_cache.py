@@ -158,6 +158,20 @@ def test_build_records_the_library_size_and_hash(copied_cache: Path) -> None:
     assert "older version" in str(_native._record_mismatch(copied_cache / "build-ok", key, library))
 
 
+def test_a_header_is_part_of_the_build_key(tmp_path: Path) -> None:
+    """A change to a header alone (``rows.h``, say) rebuilds the extension."""
+    copied = tmp_path / "native"
+    shutil.copytree(_native.source_dir(), copied)
+    files = sorted(copied.glob("*.cpp"))
+    headers = sorted(copied.glob("*.h"))
+    assert files and headers
+    before = _native._build_key(files)
+    headers[0].write_text(headers[0].read_text() + "\n// changed\n")
+    assert _native._build_key(files) != before
+    headers[0].write_text(headers[0].read_text().removesuffix("\n// changed\n"))
+    assert _native._build_key(files) == before
+
+
 def test_compiler_is_part_of_the_build_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     files = _native.sources(with_cuda=False)
     monkeypatch.setenv("CXX", "c++")

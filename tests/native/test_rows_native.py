@@ -22,7 +22,7 @@ SPECIAL = [0.0, -0.0, 1.0, -1.5, 1e-30, 3e38, math.inf, -math.inf, math.nan]
 def _numpy(ref: torch.Tensor, got: torch.Tensor) -> object:
     """The pure NumPy path of ``compare_rows`` (the native one switched off)."""
     saved = list(rows_mod._NATIVE_ROWS)
-    rows_mod._NATIVE_ROWS[:] = [None]
+    rows_mod._NATIVE_ROWS[:] = [None, True]
     try:
         return rows_mod.compare_rows(ref, got, 0)
     finally:
@@ -84,11 +84,19 @@ def test_the_check_compares_through_the_loaded_extension(
     monkeypatch.setattr(rows_mod, "_NATIVE_ROWS", [])
     assert rows_mod._native_rows() is native_module.compare_rows
     calls: list[int] = []
-    monkeypatch.setattr(rows_mod, "_NATIVE_ROWS", [lambda a, b: calls.append(1) or None])
+    monkeypatch.setattr(rows_mod, "_NATIVE_ROWS", [lambda a, b: calls.append(1) or None, True])
     from pytest_backends import assert_batch_invariant
 
     assert_batch_invariant(torch.nn.LayerNorm(8).eval(), torch.randn(8, 8), backward=False)
     assert calls, "assert_batch_invariant did not compare through the native function"
+
+
+def test_a_decision_made_before_the_extension_was_loaded_is_made_again(
+    native_module: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check before the harness loaded the extension does not keep NumPy for the process."""
+    monkeypatch.setattr(rows_mod, "_NATIVE_ROWS", [None, False])  # decided: not built yet
+    assert rows_mod._native_rows() is native_module.compare_rows
 
 
 def test_equal_rows_are_none_and_one_differing_row_is_named(native_module: ModuleType) -> None:
