@@ -187,7 +187,6 @@ class _Joined:
         for case in cases:
             self.spans.append((case, at, at + len(case.rows)))
             at += len(case.rows)
-        self.indices: dict[object, torch.Tensor] = {}
         # The results of identical parts, per (part, within): immutable, so made once.
         self.same: dict[tuple[str, bool | None], list[CaseResult]] = {}
 
@@ -203,7 +202,8 @@ class _Joined:
 
 
 # Joined rows per list of sub-batches (by the ids of its cases): a check of one shape joins the
-# same ones every time.
+# same ones every time. Plain Python only: a tensor made once here would be an op of the first
+# check's run alone, where ``--backends-determinism`` runs a test again.
 _JOINED: dict[tuple[int, ...], _Joined] = {}
 
 
@@ -245,10 +245,7 @@ def compare_part(
             raise _Reshaped from None
     first = joined_rows.first
     if first is None:
-        index = joined_rows.indices.get(ref.device)
-        if index is None:
-            index = joined_rows.indices[ref.device] = row_index(rows, ref.device)
-        ref_rows = ref.index_select(d, index)
+        ref_rows = ref.index_select(d, row_index(rows, ref.device))
     else:
         ref_rows = ref.narrow(d, first, len(rows))
     if joined.shape != ref_rows.shape:

@@ -16,13 +16,18 @@ __all__ = ["check_layout", "copy_into", "same_layout"]
 
 
 def _blank_like(x: torch.Tensor) -> torch.Tensor:
-    """A new tensor with ``x``'s sizes, strides and storage offset (so its alignment too)."""
+    """A new tensor with ``x``'s sizes, strides and storage offset (so its alignment too).
+
+    Its storage is zeroed, not left uninitialised: the bytes before the offset and
+    between strided elements are never written, and a check inside a test that
+    ``--backends-determinism`` runs again must hand every run the same bytes.
+    """
     import torch
 
     if x.numel() == 0:
         return torch.empty_like(x)
     extent = 1 + sum((s - 1) * st for s, st in zip(x.shape, x.stride()))
-    buf = torch.empty(x.storage_offset() + extent, dtype=x.dtype, device=x.device)
+    buf = torch.zeros(x.storage_offset() + extent, dtype=x.dtype, device=x.device)
     return buf.as_strided(x.shape, x.stride(), x.storage_offset())
 
 

@@ -33,22 +33,16 @@ def span(rows: Sequence[int]) -> int | None:
     return None
 
 
-# Index tensors of the row selections made so far, per (rows, device): a check selects the
-# same rows in every run and comparison.
-_INDEX: dict[tuple[tuple[int, ...], object], torch.Tensor] = {}
-
-
 def row_index(rows: Sequence[int], device: object) -> torch.Tensor:
-    """``rows`` as a long tensor on ``device`` (cached; do not write to it)."""
+    """``rows`` as a long tensor on ``device``.
+
+    Made anew on every call, never cached for the process: a check inside a
+    test that ``--backends-determinism`` runs again must make the same ops
+    (here ``torch.tensor``'s) in every run, the first included.
+    """
     import torch
 
-    key = (tuple(rows), device)
-    index = _INDEX.get(key)
-    if index is None:
-        if len(_INDEX) > 1024:
-            _INDEX.clear()
-        index = _INDEX[key] = torch.tensor(key[0], dtype=torch.long, device=device)  # type: ignore[arg-type]
-    return index
+    return torch.tensor(tuple(rows), dtype=torch.long, device=device)  # type: ignore[arg-type]
 
 
 _INTS: dict[int, torch.dtype] = {}  # element size -> the integer dtype of that size
