@@ -342,7 +342,12 @@ class IsolationPlugin:
         state.teardown.watch(fixturedef, label)
         with self._unchecked_on_error(label):  # never break the fixture
             if fixturedef.scope != "function":
-                self.wider.watch(fixturedef, state.applied)
+                reg = registry() if before_fp is not None else None
+                self.wider.watch(
+                    fixturedef,
+                    state.applied,
+                    (lambda: reg.to_plain(before_fp)) if reg is not None else dict,
+                )
             self._own(fixturedef, state, before_fp)
         return result
 
@@ -395,7 +400,8 @@ class IsolationPlugin:
         if not self.watch.ready():
             return
         reg = registry()
-        restore, by_setup, by_teardown = settle(reg, owned, followed, self._torch_own)
+        running = self._current.applied if self._current is not None else None
+        restore, by_setup, by_teardown = settle(reg, owned, followed, self._torch_own, running)
         if restore:
             self._restore(reg, restore)
         mode = owned.mode if owned is not None else self.settings.mode

@@ -297,6 +297,8 @@ class Followed:
 
     #: flags the plugin applied for the test that set the fixture up (not the fixture's)
     under: dict[str, object]
+    #: every flag as the fixture found it (right before its setup), where read
+    found: dict[str, object] = field(default_factory=dict)
     #: the fingerprint taken right before its teardown code runs
     checkpoint: Any = None
 
@@ -309,14 +311,22 @@ class WiderFixtures:
         self._fingerprint = fingerprint
         self._followed: dict[Any, Followed] = {}
 
-    def watch(self, fixturedef: Any, under: Mapping[str, object]) -> None:
-        """Follow ``fixturedef`` (just set up) if it is wider than a test and has teardown code."""
+    def watch(
+        self,
+        fixturedef: Any,
+        under: Mapping[str, object],
+        found: Callable[[], Mapping[str, object]] = dict,
+    ) -> None:
+        """Follow ``fixturedef`` (just set up) if it is wider than a test and has teardown code.
+
+        ``found`` gives the flags as they were right before its setup (called only here).
+        """
         if fixturedef.scope == "function" or not has_teardown(fixturedef):
             return
         add = getattr(fixturedef, "addfinalizer", None)
         if add is None:
             return
-        followed = Followed(dict(under))
+        followed = Followed(dict(under), dict(found()))
         self._followed[fixturedef] = followed
         # added after the fixture's own teardown: pytest runs it before that teardown
         add(functools.partial(self._checkpoint, followed))
@@ -337,14 +347,18 @@ def settle(
     owned: Owned | None,
     followed: Followed | None,
     torch_own: Callable[..., dict[str, tuple[object, object]]],
+    running: Mapping[str, object] | None = None,
 ) -> tuple[dict[str, object], dict[str, tuple[object, object]], dict[str, tuple[object, object]]]:
     """What a finalized wider fixture left: ``(to put back, setup leaks, teardown leaks)``.
 
     ``owned`` is what it changed in its setup, ``followed`` its teardown's
-    follow-up (its checkpoint and the flags the plugin had applied for the
-    test that set it up), ``torch_own(delta, reference)`` drops torch's own
-    first-use settings from a change.
+    follow-up (its checkpoint, the flags the plugin had applied for the
+    test that set it up, and the flags as it found them), ``running`` the
+    flags the plugin applied for the test whose teardown finalizes it, and
+    ``torch_own(delta, reference)`` drops torch's own first-use settings
+    from a change.
     """
+    running = running or {}
     fp = reg.fingerprint()
     current = reg.to_plain(fp)
     teardown: dict[str, tuple[object, object]] = {}
@@ -352,14 +366,19 @@ def settle(
         start = reg.to_plain(followed.checkpoint)
         teardown = torch_own(reg.diff(start, current), start)
     under = followed.under if followed is not None else {}
+    found = followed.found if followed is not None else {}
     restore: dict[str, object] = {}
     by_teardown: dict[str, tuple[object, object]] = {}
     for name, (before, after) in teardown.items():
         restore[name] = before
-        if name not in under or after != under[name]:
-            by_teardown[name] = (before, after)
-        # else: the fixture put back a flag the plugin had applied for a test, as
-        # part of its own state; the running test's value is put back silently
+        if name in under and after == under[name]:
+            continue  # it put back a flag the plugin had applied for the test that set it up
+        if name in running and before == running[name] and name in found and after == found[name]:
+            # it put back a flag as it found it, over the value the plugin applied for
+            # the test that finalizes it (a later matrix configuration)
+            continue
+        by_teardown[name] = (before, after)
+        # the running test's value is put back either way
     by_setup: dict[str, tuple[object, object]] = {}
     for name, before in (owned.before if owned is not None else {}).items():
         restore.pop(name, None)

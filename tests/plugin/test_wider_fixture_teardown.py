@@ -354,3 +354,44 @@ def test_xunit_labels_name_what_the_module_defines_on_every_pytest(
     assert fixture_label(fixturedef) == (
         f"{expected} of test_m.py (module scope, pytest's '_xunit_setup_module_fixture_test_m')"
     )
+
+
+@pytest.mark.parametrize("scope", ["class", "module"])
+@pytest.mark.parametrize("restore", ["override_flags", "saved and put back"])
+def test_a_wider_fixture_closing_in_a_later_matrix_configuration_restores_its_own_state(
+    pytester: pytest.Pytester, scope: str, restore: str
+) -> None:
+    """Set up under torch's default (``mkldnn-on``), finalised under ``mkldnn-off``.
+
+    Its teardown puts back the flags it found, ``mkldnn.enabled`` among them: that
+    is the fixture restoring its own state, not a leak, whichever configuration
+    ran first (a value it never found is reported: the tests above).
+    """
+    if restore == "override_flags":
+        body = ['with override_flags({"cudnn.benchmark": True}):', "    yield"]
+    else:
+        body = [
+            "old = torch.backends.mkldnn.enabled",
+            "yield",
+            "torch.backends.mkldnn.enabled = old",
+        ]
+    test = ["@pytest.mark.backends('mkldnn')", "def test_held(held):", "    pass"]
+    if scope == "class":
+        test = ["class TestHeld:"] + [
+            "    " + line.replace("(held)", "(self, held)") for line in test
+        ]
+    source = [
+        "import pytest, torch",
+        "from pytest_backends import override_flags",
+        f"@pytest.fixture(scope={scope!r})",
+        "def held():",
+        *("    " + line for line in body),
+        *test,
+    ]
+    pytester.makepyfile(test_held="\n".join(source) + "\n")
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "--backends-matrix")
+    out = result.stdout.str()
+    assert "leaked by fixtures" not in out, out
+    assert "left torch backend flags changed" not in out, out
+    result.assert_outcomes(passed=2)
+    assert result.ret == 0
