@@ -341,13 +341,7 @@ class IsolationPlugin:
         label = fixture_label(fixturedef)
         state.teardown.watch(fixturedef, label)
         with self._unchecked_on_error(label):  # never break the fixture
-            if fixturedef.scope != "function":
-                reg = registry() if before_fp is not None else None
-                self.wider.watch(
-                    fixturedef,
-                    state.applied,
-                    (lambda: reg.to_plain(before_fp)) if reg is not None else dict,
-                )
+            self.wider.watch(fixturedef, state.applied, before_fp)  # if wider than the test
             self._own(fixturedef, state, before_fp)
         return result
 
@@ -400,7 +394,7 @@ class IsolationPlugin:
         if not self.watch.ready():
             return
         reg = registry()
-        running = self._current.applied if self._current is not None else None
+        running = self._current and self._current.applied  # the finalizing test's config
         restore, by_setup, by_teardown = settle(reg, owned, followed, self._torch_own, running)
         if restore:
             self._restore(reg, restore)

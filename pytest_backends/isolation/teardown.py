@@ -297,8 +297,8 @@ class Followed:
 
     #: flags the plugin applied for the test that set the fixture up (not the fixture's)
     under: dict[str, object]
-    #: every flag as the fixture found it (right before its setup), where read
-    found: dict[str, object] = field(default_factory=dict)
+    #: the fingerprint taken right before its setup (every flag as it found them), if read
+    found: Any = None
     #: the fingerprint taken right before its teardown code runs
     checkpoint: Any = None
 
@@ -315,18 +315,18 @@ class WiderFixtures:
         self,
         fixturedef: Any,
         under: Mapping[str, object],
-        found: Callable[[], Mapping[str, object]] = dict,
+        found: Any = None,
     ) -> None:
         """Follow ``fixturedef`` (just set up) if it is wider than a test and has teardown code.
 
-        ``found`` gives the flags as they were right before its setup (called only here).
+        ``found`` is the fingerprint taken right before its setup (None: not read).
         """
         if fixturedef.scope == "function" or not has_teardown(fixturedef):
             return
         add = getattr(fixturedef, "addfinalizer", None)
         if add is None:
             return
-        followed = Followed(dict(under), dict(found()))
+        followed = Followed(dict(under), found)
         self._followed[fixturedef] = followed
         # added after the fixture's own teardown: pytest runs it before that teardown
         add(functools.partial(self._checkpoint, followed))
@@ -366,7 +366,7 @@ def settle(
         start = reg.to_plain(followed.checkpoint)
         teardown = torch_own(reg.diff(start, current), start)
     under = followed.under if followed is not None else {}
-    found = followed.found if followed is not None else {}
+    found = reg.to_plain(followed.found) if followed and followed.found is not None else {}
     restore: dict[str, object] = {}
     by_teardown: dict[str, tuple[object, object]] = {}
     for name, (before, after) in teardown.items():

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_backends import _selected, _shared
+from pytest_backends import _selected, _shared, _xdist
 from pytest_backends.matrix import availability, coverage, markers, testcase
 from pytest_backends.matrix.configs import (
     DEFAULT_CONFIG,
@@ -383,6 +383,11 @@ class MatrixPlugin:
         from pytest_backends.matrix.report import config_in_nodeid
 
         plain = set(args)
+        named = [a for a in args if "[" in a and config_in_nodeid(a, self.registry().parse_id)]
+        if named and not self.settings.enabled and not _xdist.is_worker(session.config):
+            from pytest_backends.matrix.named_ids import off_message
+
+            raise pytest.UsageError(off_message(named))
         for i, arg in enumerate(args):
             head, sep, tail = arg.partition("::")
             start = tail.find("[", tail.rfind("::") + 1) if sep else -1
@@ -398,17 +403,14 @@ class MatrixPlugin:
             self._wanted.setdefault((path, tail[:start]), set()).add(tail)
 
     def _narrow_to_node_ids(self, items: list[pytest.Item]) -> None:
-        """Keep, of the tests named with a config id, only the items named."""
+        """Keep, of the tests named with a config id, only the items named (see named_ids)."""
         if not self._wanted:
             return
-        kept: list[pytest.Item] = []
-        dropped: list[pytest.Item] = []
-        for item in items:
-            tail = item.nodeid.partition("::")[2]
-            start = tail.find("[", tail.rfind("::") + 1)
-            base = tail[:start] if start >= 0 else tail
-            wanted = self._wanted.get((Path(item.path).resolve(), base))
-            (dropped if wanted is not None and tail not in wanted else kept).append(item)
+        from pytest_backends.matrix import named_ids
+
+        kept, dropped, missing = named_ids.narrow(items, self._wanted)
+        if missing and not _xdist.is_worker(self.config):  # a worker's error would crash it
+            raise pytest.UsageError(named_ids.missing_message(self._wanted, missing))
         if dropped:
             self.config.hook.pytest_deselected(items=dropped)
             items[:] = kept

@@ -337,3 +337,32 @@ def test_a_node_id_after_a_bare_matrix_option_gets_the_fix(pytester: pytest.Pyte
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     # As for a file path: say that the option took the node id as its value, and the fix.
     assert "--backends-matrix=VALUE" in result.stderr.str(), result.stderr.str()
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]])
+def test_a_config_node_id_the_run_does_not_have_is_a_usage_error(
+    pytester: pytest.Pytester, workers: list[str]
+) -> None:
+    """A FAILED line pasted without ``--backends-matrix``: exit 4 and the fix, never "deselected".
+
+    Also with pytest-xdist (the controller says it; a worker's error would crash it).
+    """
+    pytester.makepyfile(test_suite=SUITE)
+    node = "test_suite.py::test_conv[mkldnn-off-8]"
+    result = pytester.runpytest_subprocess("-p", "no:randomly", *workers, node)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    err = result.stderr.str()
+    assert f"{node}: not in this run" in err, err
+    assert "Add --backends-matrix" in err, err
+    assert "INTERNALERROR" not in result.stdout.str() + err
+    # A configuration the chosen axes do not make.
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", node, "--backends-matrix=deterministic"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stderr.fnmatch_lines(
+        ["*test_suite.py::test_conv[[]mkldnn-off-8[]]: not in this run (its items: *"]
+    )
+    # The node id of an item the run has still selects it (that item fails by design).
+    result = pytester.runpytest_subprocess("-p", "no:randomly", *workers, node, "--backends-matrix")
+    result.assert_outcomes(failed=1)
