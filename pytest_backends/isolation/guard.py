@@ -394,7 +394,7 @@ class IsolationPlugin:
         if not self.watch.ready():
             return
         reg = registry()
-        running = self._current and self._current.applied  # the finalizing test's config
+        running = self._current.applied if self._current is not None else None
         restore, by_setup, by_teardown = settle(reg, owned, followed, self._torch_own, running)
         if restore:
             self._restore(reg, restore)
