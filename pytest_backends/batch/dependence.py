@@ -182,17 +182,23 @@ def reads_other_rows(
     return False if told else None
 
 
-def _generators(tensors: Sequence[torch.Tensor]) -> Any:
-    """The states of the generators an op on ``tensors`` may draw from, and how to put them back."""
+def _generators(tensors: Sequence[torch.Tensor], arguments: Sequence[object] = ()) -> Any:
+    """The states of the generators an op on ``tensors`` may draw from, and how to put them back.
+
+    The global ones, and every ``torch.Generator`` among ``arguments``.
+    """
     states: list[Any] = [torch.get_rng_state()]
     cuda = any(t.device.type == "cuda" for t in tensors) and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
     if cuda:
         states.append(torch.cuda.get_rng_state_all())
+    given = [(g, g.get_state()) for g in arguments if isinstance(g, torch.Generator)]
 
     def put_back() -> None:
         torch.set_rng_state(states[0])
         if cuda:
             torch.cuda.set_rng_state_all(states[1])
+        for generator, state in given:
+            generator.set_state(state)
 
     return put_back
 
@@ -200,33 +206,45 @@ def _generators(tensors: Sequence[torch.Tensor]) -> Any:
 def draws(
     call: tuple[Any, object, dict[str, Any]] | None,
     inputs: Sequence[tuple[torch.Tensor, How]],
-) -> bool:
-    """Whether two runs of the op on copies of the same recorded inputs give different outputs.
+) -> str | None:
+    """How runs of the op on copies of the same recorded inputs differ, or None if they do not.
 
-    Run one after the other, the generators moving on between them (and put back
-    after): an op that draws random numbers (dropout, ``randn_like``,
-    ``bernoulli``) gives other values, a kernel that computes each output from
-    its inputs gives the same. False where the op cannot be run again.
+    Run one after the other, the generators moving on between them, then once
+    more from the first run's generator states (and put back after): an op
+    that draws random numbers (dropout, ``randn_like``, ``bernoulli``) gives
+    other values, but the first run's again from its generator states:
+    ``"random"``. An op that gives other values from the same states too is
+    ``"nondeterministic"``: its kernel, or state outside the generators (a
+    clock, a counter), changes its result from call to call. A kernel that
+    computes each output from its inputs gives the same: None. None too where
+    the op cannot be run again.
     """
     if call is None:
-        return False
+        return None
     func, args, kwargs = call
     if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
-        return False
+        return None
     from torch.utils._python_dispatch import _disable_current_modes
 
-    put_back = _generators([x for x, _ in inputs])
+    flat = [*(args if isinstance(args, (list, tuple)) else ()), *kwargs.values()]
+    put_back = _generators([x for x, _ in inputs], flat)
     outs: list[list[torch.Tensor]] = []
     try:
         with _disable_current_modes(), torch.no_grad():
-            for _ in range(2):
+            for k in range(3):
+                if k == 2:
+                    put_back()  # the first run's generator states
                 # One copy per distinct tensor, fresh for each run (an in-place op writes it).
                 copies: dict[int, torch.Tensor] = {}
                 tensors = [copies.setdefault(id(x), x.clone()) for x, _ in inputs]
                 outs.append(_outputs(func(*_arguments(args, tensors), **kwargs)))
     except Exception:  # the op cannot be run again: nothing is concluded
-        return False
+        return None
     finally:
         put_back()
-    first, second = outs
-    return len(first) == len(second) and any(not _same(a, b) for a, b in zip(first, second))
+    first, second, again = outs
+    if len(first) != len(second) or all(_same(a, b) for a, b in zip(first, second)):
+        return None
+    if len(first) == len(again) and all(_same(a, b) for a, b in zip(first, again)):
+        return "random"
+    return "nondeterministic"

@@ -26,6 +26,8 @@ class Finding:
     on the others: the function's design, not a kernel), ``"random"`` (``op``
     draws random numbers: two runs on the same inputs give different values,
     so a row's values depend on where it sits among the batch's draws),
+    ``"nondeterministic"`` (``op`` gives other values from the same inputs and
+    generator states: its result changes from call to call whatever the batch),
     ``"scalar"``
     (``op``'s tensor inputs were equal but a non-tensor argument, a value
     computed from the batch size, was not), ``"sequence"`` (the runs called
@@ -91,6 +93,15 @@ class Finding:
                 f"batch and {self.case} by the function's design (every run starts from the "
                 "same generator state); no kernel is blamed. Check in eval mode, or draw per "
                 "sample from a generator seeded by the row"
+            )
+        if self.kind == "nondeterministic":
+            return (
+                f"{self.op}{where}{at} gives different values from identical inputs from call "
+                f"to call, with every generator in the same state (op #{self.op_index} of the "
+                "run): it is nondeterministic (its kernel, or state outside the generators "
+                f"such as a clock or a counter), so its rows differ between the full batch and "
+                f"{self.case} whatever the batch; no batch-variant kernel is blamed. Check it "
+                "with assert_reproducible or --backends-determinism"
             )
         if self.kind == "scalar":
             return (

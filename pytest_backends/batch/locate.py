@@ -338,8 +338,8 @@ def _drawn_rows_differ(
     outputs: list[tuple[torch.Tensor, torch.Tensor, tuple[str, int, int]]],
     rows: Sequence[int],
     n: int,
-) -> bool:
-    """Whether a seeded random op gave differing batched rows by drawing them.
+) -> str | None:
+    """How a seeded random op gave differing batched rows (:func:`draws`), or None.
 
     For ops whose inputs are not proven equal (an ``empty`` tensor that
     ``bernoulli_`` fills) or hold no batch rows (``torch.rand(n, 1)``): only
@@ -347,11 +347,11 @@ def _drawn_rows_differ(
     """
     seeded = getattr(torch.Tag, "nondeterministic_seeded", None)
     if op.call is None or seeded is None or seeded not in getattr(op.call[0], "tags", ()):
-        return False
+        return None
     differ = any(
         how[0] == "batched" and _same(x, y, how, rows, n) is False for x, y, how in outputs
     )
-    return differ and len(ins) == len(op.inputs) and draws(op.call, ins)
+    return draws(op.call, ins) if differ and len(ins) == len(op.inputs) else None
 
 
 def compare_ops(
@@ -422,8 +422,8 @@ def compare_ops(
         if not batched_input:
             # No batch rows in: nothing to blame, no verdict. A draw whose rows differ
             # (``torch.rand(n, 1)``) is still the cause the message names.
-            if i < limit and _drawn_rows_differ(a, ins, outputs, rows, n):
-                causes.append(Finding("random", case, a.name, a.device, a.dtype, i))
+            if i < limit and (drawn := _drawn_rows_differ(a, ins, outputs, rows, n)):
+                causes.append(Finding(drawn, case, a.name, a.device, a.dtype, i))
             continue
         scalars_equal = len(a.scalars) == len(b.scalars) and all(
             na == nb and _equal_scalars(va, vb) for (na, va), (nb, vb) in zip(a.scalars, b.scalars)
@@ -452,8 +452,8 @@ def compare_ops(
             continue
         if not inputs_equal:
             merge_verdict(verdicts, key, "inconclusive", VERDICTS)
-            if i < limit and _drawn_rows_differ(a, ins, outputs, rows, n):
-                causes.append(Finding("random", case, a.name, a.device, a.dtype, i))
+            if i < limit and (drawn := _drawn_rows_differ(a, ins, outputs, rows, n)):
+                causes.append(Finding(drawn, case, a.name, a.device, a.dtype, i))
             continue
         compared = differs = False
         for x, y, how in outputs:
@@ -476,11 +476,12 @@ def compare_ops(
                 causes.append(Finding("scalar", case, a.name, a.device, a.dtype, i, reason=shown))
             continue
         reads = _reads(a, ins, outputs, rows, n) if differs else False
-        if differs and reads is None and draws(a.call, ins):
-            # Random draws: a row's values depend on where it sits among the batch's draws.
+        if differs and reads is None and (drawn := draws(a.call, ins)):
+            # Random draws (a row's values depend on where it sits among the batch's draws),
+            # or values that change from call to call whatever the batch.
             merge_verdict(verdicts, key, "inconclusive", VERDICTS)
             if i < limit:
-                causes.append(Finding("random", case, a.name, a.device, a.dtype, i))
+                causes.append(Finding(drawn, case, a.name, a.device, a.dtype, i))
             continue
         if differs and reads:
             # Output rows that change with the other rows' values: the op mixes rows (a
@@ -511,7 +512,12 @@ def compare_ops(
     causes.extend(f for j, (i, f) in enumerate(mixing) if j in relevant and i < limit)
     causes = _reaching(sub, causes, part)
     finding = next(
-        (f for kind in ("mixed", "random", "op", "scalar") for f in causes if f.kind == kind),
+        (
+            f
+            for kind in ("mixed", "random", "nondeterministic", "op", "scalar")
+            for f in causes
+            if f.kind == kind
+        ),
         sequence,
     )
     if sequence is not None:

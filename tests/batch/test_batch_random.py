@@ -7,6 +7,7 @@ depend on where the row sits in the batch.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 
@@ -60,19 +61,51 @@ def test_a_random_draw_is_named_as_one_not_blamed_as_a_kernel(
     assert "no kernel is blamed" in str(info.value)
 
 
+@pytest.mark.parametrize("backward", [False, True])
+def test_an_op_that_changes_from_call_to_call_is_named_nondeterministic(backward: bool) -> None:
+    """Not "draws random numbers" (it draws nothing), nor a batch-variant kernel."""
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(0), requires_grad=backward)
+    with pytest.raises(BatchInvarianceError) as info:
+        assert_batch_invariant(lambda t: counter(t.tanh()), x, backward=backward)
+    finding = info.value.finding
+    assert finding is not None and finding.kind == "nondeterministic", str(info.value)
+    assert finding.op == "pbbatchtest::counter" and finding.key() is None
+    text = str(info.value)
+    assert "draws random numbers" not in text and "eval mode" not in text, text
+    assert "gives different values from identical inputs" in text, text
+
+
 def test_the_same_function_in_eval_mode_passes() -> None:
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
     assert_batch_invariant(lambda t: F.dropout(t * 2, 0.3, training=False), x)
 
 
-def test_draws_tells_a_kernel_from_a_draw() -> None:
+_CALLS = itertools.count()
+
+
+@torch.library.custom_op("pbbatchtest::counter", mutates_args=())
+def counter(x: torch.Tensor) -> torch.Tensor:
+    """``x`` plus an amount that changes on every call: nondeterministic, drawing nothing."""
+    return x + next(_CALLS) * 1e-3
+
+
+@counter.register_fake
+def _counter_fake(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+counter.register_autograd(lambda ctx, grad: grad)
+
+
+def test_draws_tells_a_kernel_from_a_draw_from_a_nondeterministic_op() -> None:
     x = torch.randn(8, 16)
-    for fn, expected in ((torch.randn_like, True), (torch.tanh, False)):
+    cases = ((torch.randn_like, "random"), (torch.tanh, None), (counter, "nondeterministic"))
+    for fn, expected in cases:
         recorder = RowRecorder()
         with torch.no_grad(), recorder:
             fn(x)
         (op,) = recorder.ops
-        assert draws(op.call, [(t, ("batched", 0, 1)) for t in op.inputs]) is expected  # type: ignore[misc]
+        assert draws(op.call, [(t, ("batched", 0, 1)) for t in op.inputs]) == expected, fn  # type: ignore[misc]
     # The generator is left where it was.
     state = torch.get_rng_state()
     draws(op.call, [(t, ("batched", 0, 1)) for t in op.inputs])  # type: ignore[misc]
