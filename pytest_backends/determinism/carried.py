@@ -256,4 +256,23 @@ def carried_state(item: Any, restored: Iterable[object] = ()) -> list[str]:
             parts.append(f"RNG state the runs do not reset ({shown})")
         if parts:
             found.append(f"{what}: {', '.join(parts)}")
+    drawn = _hypothesis_examples(item)
+    if drawn:
+        found.append(drawn)
     return found
+
+
+def _hypothesis_examples(item: Any) -> str | None:
+    """hypothesis's example generator, where an ``@given`` test draws other examples each run."""
+    fn = getattr(item, "obj", None)
+    if not getattr(fn, "is_hypothesis_test", False):
+        return None
+    settings = getattr(fn, "_hypothesis_internal_use_settings", None)
+    if getattr(settings, "derandomize", False) or getattr(
+        fn, "_hypothesis_internal_use_seed", None
+    ):
+        return None  # the same examples in every run
+    return (
+        "hypothesis's example generator (an @given test draws other examples in each run; "
+        "give it @settings(derandomize=True) or @seed(...) to have it checked)"
+    )

@@ -597,3 +597,36 @@ def test_skip_and_xfail_inside_the_body_say_so(
         ],
         consecutive=False,
     )
+
+
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_a_hypothesis_test_that_draws_other_examples_names_hypothesis(
+    planted_conftest: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reason names hypothesis's generator and the fix; a derandomized test is checked."""
+    planted_conftest.makepyfile(
+        test_given="""
+        import torch
+        from hypothesis import given, settings, strategies as st
+        from conftest import noisy
+
+        @settings(max_examples=10, deadline=None, database=None)
+        @given(st.integers(1, 6))
+        def test_random_examples(n):
+            assert torch.randn(n).isfinite().all()
+
+        @settings(max_examples=10, deadline=None, database=None, derandomize=True)
+        @given(st.integers(1, 6))
+        def test_derandomized(n):
+            assert noisy(torch.ones(n)).isfinite().all()
+        """
+    )
+    result = _session(planted_conftest, recorder, monkeypatch)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*nondeterministic op pbtest::noisy*in test_derandomized*",
+            "not checked: test_given.py::test_random_examples: *hypothesis's example generator"
+            "*@settings(derandomize=True)*",
+        ]
+    )
