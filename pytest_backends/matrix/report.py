@@ -196,11 +196,20 @@ def _short(text: str, limit: int = 300) -> str:
 
 
 def failure_message(report: pytest.TestReport) -> str:
+    """One line: the exception's message, or the report's first line.
+
+    A report given as text with a traceback (a module that fails to import:
+    ``python.py:528: in importtestmodule``, or "ImportError while importing test
+    module ...") is summed up by its last ``E`` line instead: the exception
+    (``SyntaxError: invalid syntax``, ``ModuleNotFoundError: No module named 'x'``).
+    """
     crash = getattr(report.longrepr, "reprcrash", None)
     message = getattr(crash, "message", None)
     if isinstance(message, str):
         return _short(message)
-    return _short(str(report.longrepr or ""))
+    text = str(report.longrepr or "")
+    raised = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
+    return _short(raised[-1] if raised and raised[-1] else text)
 
 
 def failure_detail(report: pytest.TestReport) -> str:

@@ -397,3 +397,23 @@ def test_reruns_are_counted_as_pytest_counts_them(pytester: pytest.Pytester) -> 
     assert report["session"]["outcomes"] == counts
     assert report["totals"] == counts
     assert "2 passed, 2 rerun" in _page(pytester.path / "r.html").run
+
+
+def test_a_module_that_fails_to_import_is_summed_up_by_its_exception(
+    pytester: pytest.Pytester,
+) -> None:
+    """``SyntaxError: invalid syntax``, not the first traceback entry (pytest's own frame)."""
+    pytester.makepyfile(test_bad="def test_x(:\n    pass\n", test_missing="import no_such_mod\n")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "--backends-report=r.json", "--backends-html=r.html"
+    )
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    problems = json.loads((pytester.path / "r.json").read_text(encoding="utf-8"))["session"][
+        "problems"
+    ]
+    messages = {p["nodeid"]: p["message"] for p in problems}
+    assert messages["test_bad.py"].startswith("SyntaxError"), messages
+    assert "no_such_mod" in messages["test_missing.py"], messages
+    assert not any(": in " in m for m in messages.values()), messages
+    page = _page(pytester.path / "r.html")
+    assert any("SyntaxError" in " ".join(row) for row in page.failures), page.failures
