@@ -115,13 +115,13 @@ class RunSummary:
         return _EXIT_NAMES.get(self.exitstatus, f"exit status {self.exitstatus}")
 
     def closing_line(self) -> str:
-        """pytest's closing line: ``1 failed, 2 passed, 1 error``."""
+        """pytest's closing line: ``1 failed, 2 passed, 1 error`` (``2 errors``, as pytest says)."""
         first = ("failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "error")
         order = sorted(
             self.outcomes.items(),
             key=lambda kv: (first.index(kv[0]) if kv[0] in first else len(first), kv[0]),
         )
-        parts = [f"{n} {k}" for k, n in order if n]
+        parts = [f"{n} {k}{'s' if k == 'error' and n != 1 else ''}" for k, n in order if n]
         return ", ".join(parts) or "no tests ran"
 
     def to_plain(self) -> dict[str, Any]:

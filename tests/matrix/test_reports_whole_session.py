@@ -417,3 +417,5 @@ def test_a_module_that_fails_to_import_is_summed_up_by_its_exception(
     assert not any(": in " in m for m in messages.values()), messages
     page = _page(pytester.path / "r.html")
     assert any("SyntaxError" in " ".join(row) for row in page.failures), page.failures
+    # pytest's own closing line, word for word: "2 errors", never "2 error".
+    assert "2 errors" in result.stdout.lines[-1] and "2 errors" in page.run, page.run
