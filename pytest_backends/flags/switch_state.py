@@ -309,7 +309,7 @@ def unrestorable_write(hint: str, _value: object) -> None:
 INTEROP_HINT = (
     "torch can set the inter-op thread count only once per process: call "
     "torch.set_num_interop_threads() in conftest.py before any test, or run this test "
-    "in its own process (pytest-xdist --forked or a subprocess)"
+    "in its own process (pytest-forked's --forked, or a subprocess)"
 )
 #: The inductor options that decide compiled numerics: each is a row.
 INDUCTOR_NUMERICS = (

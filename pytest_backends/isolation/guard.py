@@ -499,7 +499,7 @@ class IsolationPlugin:
         if leaked:
             found[state.mode].append(
                 f"{item.nodeid} left torch backend flags changed:\n{diff_lines(leaked)}\n"
-                "They were restored for the next test (but any that cannot be). Restore them "
+                "They were restored for the next test (but those marked as not). Restore them "
                 "in the test (try/finally), or set them with the backend_flags fixture or "
                 "pytest_backends.override_flags(), which always restore."
                 + thread_hint(state.threads)
