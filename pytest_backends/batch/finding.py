@@ -79,10 +79,12 @@ class Finding:
                     "row's result depends on the other rows by the function's design; no "
                     "kernel is blamed"
                 )
+            # Named only for a batch-norm op: a mean over dim 0 in a lambda is no BatchNorm.
+            norm = "; the batch statistics of BatchNorm" if "batch_norm" in str(self.op) else ""
             return (
                 f"rows are mixed by a reduction over the batch{module}: {self.op}{where}{at} "
                 f"computes a value over all the rows it is given (op #{self.op_index} of the "
-                "run; in BatchNorm, the batch statistics of train mode), so a row's result "
+                f"run{norm}), so a row's result "
                 "depends on the other rows by the function's design; no kernel is blamed"
             )
         if self.kind == "random":

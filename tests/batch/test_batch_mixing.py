@@ -143,3 +143,16 @@ def test_a_baseline_update_never_accepts_an_op_that_mixes_rows(pytester: pytest.
     again.assert_outcomes(failed=2)
     again.stdout.fnmatch_lines(["*rows are mixed across the batch*aten::_softmax*"])
     assert "accepted by the baseline" not in again.stdout.str()
+
+
+def test_only_a_batch_norm_op_is_said_to_mix_by_batchnorm_statistics() -> None:
+    """A mean over the batch in a lambda is named a reduction, without BatchNorm in the text."""
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(BatchInvarianceError) as centred:
+        assert_batch_invariant(lambda t: t - t.mean(0), x, backward=False)
+    with pytest.raises(BatchInvarianceError) as normed:
+        assert_batch_invariant(torch.nn.BatchNorm1d(4).train(), x, sizes=[4], backward=False)
+    for info, says in ((centred, False), (normed, True)):
+        finding = info.value.finding
+        assert finding is not None and finding.kind == "mixed", str(info.value)
+        assert ("batch statistics of BatchNorm" in str(info.value)) is says, str(info.value)
