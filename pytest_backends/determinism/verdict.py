@@ -338,14 +338,17 @@ def _explain(comparison: Comparison, runs: Sequence[RunRecord], carried: bool) -
             f"{INPUTS_DIFFER}: the generator {d.op}{at} (op #{d.op_index}) draws from was in a "
             f"different state at call time in run {d.run} than in run 0, and other threads "
             f"were running ({names}): another thread drawing from the same generator "
-            "advances it between this thread's draws"
+            "advances it between this thread's draws, or the test reseeds it from a value "
+            "that changes between runs (a clock, a counter)"
         )
     if generators:
         return (
-            f"{INPUTS_DIFFER}: a torch.Generator passed to {d.op}{at} is in a different state "
-            f"in run {d.run} than in run 0 (the harness restores the global RNGs and the "
-            "generators it finds in fixture values, module globals and the test's class "
-            "before each run; this one it did not reach)"
+            f"{INPUTS_DIFFER}: the generator {d.op}{at} draws from (the global one, or one "
+            f"passed to it) is in a different state in run {d.run} than in run 0: the harness "
+            "restores the global RNGs and the generators it finds in fixture values, module "
+            "globals and the test's class before each run, so the test reseeds it from a value "
+            "that changes between runs (a clock, a counter), or it is a generator out of the "
+            "harness's reach"
         )
     values = [(x, y) for x, y in pairs if not (_is_tensor_key(x) or _is_tensor_key(y))]
     if values or not pairs:

@@ -630,3 +630,30 @@ def test_a_hypothesis_test_that_draws_other_examples_names_hypothesis(
             "*@settings(derandomize=True)*",
         ]
     )
+
+
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_a_test_that_reseeds_from_a_clock_is_not_checked_and_told_why(
+    planted_conftest: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The global generator reseeded from a clock: not "a generator passed to", the cause."""
+    planted_conftest.makepyfile(
+        test_clock="""
+        import time
+        import torch
+
+        def test_seeded_from_the_clock():
+            torch.manual_seed(time.perf_counter_ns() % 100003)
+            assert torch.randn(3).isfinite().all()
+        """
+    )
+    result = _session(planted_conftest, recorder, monkeypatch)
+    result.assert_outcomes(passed=1)
+    _no_blame(result)
+    result.stdout.fnmatch_lines(
+        [
+            "not checked: test_clock.py::test_seeded_from_the_clock: *the generator aten::randn*"
+            "draws from*is in a different state*reseeds it from a value that changes between "
+            "runs*"
+        ]
+    )
