@@ -310,6 +310,14 @@ def _same(
     return False if k == 1 else None
 
 
+def _scalar_differs(a: _Op, b: _Op) -> str | None:
+    """How a non-tensor argument differs (``end`` of an ``arange``), or None."""
+    for (na, va), (_, vb) in zip(a.scalars, b.scalars):
+        if not _equal_scalars(va, vb):
+            return f"its argument `{na}` is {va!r} in the full batch and {vb!r} in the sub-batch"
+    return None
+
+
 def _equal_scalars(a: object, b: object) -> bool:
     try:
         if bool(a == b):
@@ -424,6 +432,15 @@ def compare_ops(
             # (``torch.rand(n, 1)``) is still the cause the message names.
             if i < limit and (drawn := _drawn_rows_differ(a, ins, outputs, rows, n)):
                 causes.append(Finding(drawn, case, a.name, a.device, a.dtype, i))
+            elif (
+                i < limit
+                and (shown := _scalar_differs(a, b))
+                and any(
+                    how[0] == "batched" and _same(x, y, how, rows, n) is False
+                    for x, y, how in outputs
+                )
+            ):  # a tensor made from the batch size (``torch.arange(t.shape[0])``)
+                causes.append(Finding("scalar", case, a.name, a.device, a.dtype, i, reason=shown))
             continue
         scalars_equal = len(a.scalars) == len(b.scalars) and all(
             na == nb and _equal_scalars(va, vb) for (na, va), (nb, vb) in zip(a.scalars, b.scalars)
@@ -467,12 +484,7 @@ def compare_ops(
                 differs = True
         if not scalars_equal:
             merge_verdict(verdicts, key, "inconclusive", VERDICTS)
-            if differs and i < limit:
-                shown = next(
-                    f"its argument `{na}` is {va!r} in the full batch and {vb!r} in the sub-batch"
-                    for (na, va), (_, vb) in zip(a.scalars, b.scalars)
-                    if not _equal_scalars(va, vb)
-                )
+            if differs and i < limit and (shown := _scalar_differs(a, b)):
                 causes.append(Finding("scalar", case, a.name, a.device, a.dtype, i, reason=shown))
             continue
         reads = _reads(a, ins, outputs, rows, n) if differs else False
@@ -511,15 +523,8 @@ def compare_ops(
             )
     causes.extend(f for j, (i, f) in enumerate(mixing) if j in relevant and i < limit)
     causes = _reaching(sub, causes, part)
-    finding = next(
-        (
-            f
-            for kind in ("mixed", "random", "nondeterministic", "op", "scalar")
-            for f in causes
-            if f.kind == kind
-        ),
-        sequence,
-    )
+    kinds = ("mixed", "random", "nondeterministic", "op", "scalar")
+    finding = next((f for kind in kinds for f in causes if f.kind == kind), sequence)
     if sequence is not None:
         causes.append(sequence)
     if finding is None:

@@ -311,6 +311,25 @@ def test_ops_without_batch_rows_are_never_blamed() -> None:
     assert "its argument `other` is 8 in the full batch and 1 in the sub-batch" in str(info.value)
 
 
+def test_a_tensor_made_from_the_batch_size_is_named_without_a_verdict() -> None:
+    """A row-position feature: ``arange``'s end is 8 in the full batch and 1 alone.
+
+    The truth by hand: row 3's output is ``x[3] + 3`` in the batch and ``x[3] + 0``
+    alone. The op has no batch rows in, so it gets no census verdict, but the
+    message names it and its argument, not a reduction the function does not have.
+    """
+    x = torch.randn(8, 4)
+    fn = lambda t: t + torch.arange(t.shape[0])[:, None]  # noqa: E731
+    assert not torch.equal(fn(x)[3], fn(x[3:4])[0])
+    with pytest.raises(BatchInvarianceError) as info:
+        assert_batch_invariant(fn, x)
+    finding = info.value.finding
+    assert finding is not None and finding.kind == "scalar", str(info.value)
+    assert finding.op == "aten::arange" and finding.key() is None
+    assert "its argument `end` is 8 in the full batch and 1 in the sub-batch" in str(info.value)
+    assert "reduction" not in str(info.value)
+
+
 def test_the_op_recording_is_bounded_and_shares_copies() -> None:
     from pytest_backends.batch.locate import RowRecorder, compare_ops, record
     from pytest_backends.batch.runs import Plan
