@@ -39,6 +39,7 @@ __all__ = [
     "copy_properties",
     "explicit_label",
     "read",
+    "reduces_onednn_precision",
     "strict",
 ]
 
@@ -189,3 +190,12 @@ def read(report: Any, name: str, *, text: bool = False, call: bool = False) -> A
         return json.loads(found)
     except ValueError:
         return None
+
+
+def reduces_onednn_precision(flags: Mapping[str, object]) -> bool:
+    """Whether ``flags`` let oneDNN compute fp32 ops in a reduced precision."""
+    return any(
+        (name == "fp32_precision" or (name.startswith("mkldnn.") and "fp32_precision" in name))
+        and value in ("bf16", "tf32")
+        for name, value in flags.items()
+    )

@@ -92,7 +92,6 @@ class IsolationPlugin:
         # threads): reported before the next test or at session end
         self._late: list[tuple[str, dict[str, tuple[object, object]]]] = []
         self.threads = ThreadOrigins(self.watch)
-        self.primitive_log = PrimitiveLogPlugin()
 
     # -- bookkeeping ------------------------------------------------------
 
@@ -211,13 +210,16 @@ class IsolationPlugin:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Register the primitive-log wrapper when a collected test needs it (else no call hook)."""
         needs = any(
-            _reduces_onednn_precision(item.stash.get(_shared.ITEM_FLAGS_KEY, {}))
+            _shared.reduces_onednn_precision(item.stash.get(_shared.ITEM_FLAGS_KEY, {}))
             for item in session.items
         )
         manager = session.config.pluginmanager
-        if needs and not manager.is_registered(self.primitive_log):
-            manager.register(self.primitive_log, "backends-isolation-primitive-log")
-            session.config.add_cleanup(lambda: manager.unregister(self.primitive_log))
+        name = "backends-isolation-primitive-log"
+        if needs and not manager.has_plugin(name):
+            from pytest_backends.isolation.primitive_log import PrimitiveLogPlugin
+
+            manager.register(PrimitiveLogPlugin(), name)
+            session.config.add_cleanup(lambda: manager.unregister(name=name))
 
     def _begin(
         self,
@@ -575,46 +577,3 @@ def _is_parameter(fixturedef: Any) -> bool:
     return getattr(func, "__name__", "") == "get_direct_param_fixture_func" and getattr(
         func, "__module__", ""
     ).startswith("_pytest")
-
-
-class PrimitiveLogPlugin:
-    """Captures oneDNN's primitive log during the call of a test under a reduced precision.
-
-    Registered by the guard after collection, and only when a collected test's
-    flags reduce oneDNN's fp32 precision: other sessions pay no call hook for it.
-    """
-
-    # trylast: inside pytest's capture wrapper, which points fd 1 at its own file
-    # when the call starts; the primitive log must redirect fd 1 after it.
-    @pytest.hookimpl(wrapper=True, trylast=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
-        """Under a reduced oneDNN precision, capture oneDNN's primitive log during the call.
-
-        The tolerance model then bounds each result by the precision of the
-        kernel that computed it (``pytest_backends.tolerance.kernel_precision``),
-        not by the flag's worst case.  About 0.3 ms a test; only for items whose
-        flags set ``fp32_precision`` to ``bf16`` or ``tf32``.
-        """
-        flags = item.stash.get(_shared.ITEM_FLAGS_KEY, None)
-        if not flags or not _reduces_onednn_precision(flags):
-            return (yield)
-        from pytest_backends import kernels
-
-        if kernels.active_log() is not None:  # --backends-verify or the test captures already
-            return (yield)
-        log = kernels.PrimitiveLog()
-        started = log.start()
-        try:
-            return (yield)
-        finally:
-            if started:
-                log.stop()
-
-
-def _reduces_onednn_precision(flags: Mapping[str, object]) -> bool:
-    """Whether ``flags`` let oneDNN compute fp32 ops in a reduced precision."""
-    return any(
-        (name == "fp32_precision" or (name.startswith("mkldnn.") and "fp32_precision" in name))
-        and value in ("bf16", "tf32")
-        for name, value in flags.items()
-    )
