@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from pytest_backends.paths.bounds import Bound, pair_bound, reduction_length, term_scale
+from pytest_backends.paths.branches import path_difference
 from pytest_backends.paths.record import OpRecord, PathRecorder, module_tracking
 from pytest_backends.paths.results import Identity, results_of, same_value
 
@@ -182,8 +183,10 @@ def _gap(a: torch.Tensor, b: torch.Tensor, bound: Bound) -> tuple[bool, float, f
     if a.numel() == 0:
         return True, 0.0, 0.0
     if not (a.is_floating_point() or a.is_complex()):
-        same = bool(torch.equal(a, b))
-        return same, 0.0 if same else float("inf"), 0.0 if same else float("inf")
+        if bool(torch.equal(a, b)):
+            return True, 0.0, 0.0
+        gap = (a.double() - b.double()).abs()  # bool as 0 and 1
+        return False, float(gap.max()), float((gap / b.double().abs().clamp_min(1.0)).max())
     if a.is_complex():
         a, b = torch.view_as_real(a), torch.view_as_real(b)
     x, y = a.detach().double(), b.detach().double()
@@ -223,6 +226,15 @@ def _op_bound(record: OpRecord, ref: ConfigRun, other: ConfigRun, tensor: torch.
     )
 
 
+#: An integer or bool output: no rounding, so any difference is the op's.
+EXACT = Bound(
+    0.0,
+    0.0,
+    "tolerance certificate: none, an integer or bool output is compared value for value:\n"
+    "  no rounding, so any difference is the op's",
+)
+
+
 def _compare_outputs(
     record: OpRecord,
     outputs: Sequence[torch.Tensor],
@@ -235,8 +247,9 @@ def _compare_outputs(
         return False, float("inf"), float("inf"), None
     for a, b in zip(outputs, ref_record.outputs, strict=True):
         if not (b.is_floating_point() or b.is_complex()):
-            if a.shape != b.shape or not torch.equal(a, b):
-                return False, float("inf"), float("inf"), worst[3]
+            within, err, rel = _gap(a, b, EXACT)
+            if not within:
+                return False, err, rel, EXACT
             continue
         bound = _op_bound(ref_record, ref, other, b)
         within, err, rel = _gap(a, b, bound)
@@ -253,7 +266,7 @@ def _replay(record: OpRecord, flags: Mapping[str, object]) -> list[torch.Tensor]
 
     Memory the op leaves unwritten reads NaN (:mod:`pytest_backends.paths.unwritten`).
     """
-    from pytest_backends.paths.record import copy_tree, tensors_of
+    from pytest_backends.paths.record import copy_tree, results_of_call
     from pytest_backends.paths.unwritten import filled_replay
 
     args, kwargs = copy_tree(record.args), copy_tree(record.kwargs)
@@ -263,7 +276,7 @@ def _replay(record: OpRecord, flags: Mapping[str, object]) -> list[torch.Tensor]
             out = record.func(*args, **kwargs)
     except Exception:
         return None
-    return [t.detach() for t in tensors_of(out)]
+    return [t.detach() for t in results_of_call(record.func, args, kwargs, out)]
 
 
 def _kernels_of(record: OpRecord, config_id: str, flags: Mapping[str, object]) -> str:
@@ -555,6 +568,8 @@ def assert_paths_agree(
         error_divergence = error_divergence or divergence
         if divergence is not None:
             head = divergence.describe()
+        elif (branch := path_difference(ref, other, _SKIPPED)) is not None:
+            head = branch
         elif numeric:
             head = "no single op parts beyond its bound: the difference built up across ops"
         else:

@@ -90,6 +90,40 @@ def tensors_of(tree: Any) -> list[torch.Tensor]:
     return [x for x in leaves if isinstance(x, torch.Tensor)]
 
 
+def _written(func: Any) -> tuple[list[int], list[str]]:
+    """Positions and names of the arguments ``func``'s schema says it writes (cached)."""
+    found = _WRITTEN.get(id(func))
+    if found is None or found[0] is not func:
+        arguments = getattr(getattr(func, "_schema", None), "arguments", ())
+        written = [
+            (i, arg.name)
+            for i, arg in enumerate(arguments)
+            if arg.alias_info is not None and arg.alias_info.is_write
+        ]
+        found = _WRITTEN[id(func)] = (func, [i for i, _ in written], [n for _, n in written])
+    return found[1], found[2]
+
+
+#: id(op) -> (the op, written positions, written names); the op is held, so its id stays its own
+_WRITTEN: dict[int, tuple[Any, list[int], list[str]]] = {}
+
+
+def results_of_call(func: Any, args: Any, kwargs: Any, out: Any) -> list[torch.Tensor]:
+    """The tensors an op call produced: its outputs, then the arguments it wrote in place.
+
+    An in-place op that returns nothing (a custom op with ``mutates_args``) still
+    produces its written arguments: comparing only what it returns would pass it by.
+    """
+    outputs = tensors_of(out)
+    positions, names = _written(func)
+    written = [args[i] for i in positions if i < len(args)]
+    written += [kwargs[n] for n in names if n in kwargs]
+    for t in tensors_of(written):
+        if not any(t is o for o in outputs):
+            outputs.append(t)
+    return outputs
+
+
 def copy_tree(tree: Any) -> Any:
     leaves, spec = tree_flatten(tree)
     copies = [_copy(x) if isinstance(x, torch.Tensor) else x for x in leaves]
@@ -154,7 +188,7 @@ class PathRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         else:
             args_copy, kwargs_copy = args, kwargs
         out = func(*args, **kwargs)
-        outputs = tensors_of(out)
+        outputs = results_of_call(func, args, kwargs, out)
         record = OpRecord(
             index=len(self.records),
             identity=(name, module, site, occurrence),

@@ -1,7 +1,8 @@
 """The leaves of ``fn``'s result that :func:`assert_paths_agree` compares, and how.
 
 Tensors are compared numerically (a Python float or complex as a float32 or
-complex64 tensor); other values (ints, bools, strings, None, dtypes, sizes,
+complex64 tensor, a NumPy array or scalar of a numeric or bool dtype as the
+tensor it converts to); other values (ints, bools, strings, None, dtypes, sizes,
 devices, the result's structure) by equality.  A leaf whose type has identity
 equality only (a ``torch.Generator``, a module, a plain ``object()``) is not a
 numeric result: each run returns a new object, so identity would always
@@ -12,6 +13,7 @@ only the type is compared and the leaf is listed as not compared.
 from __future__ import annotations
 
 import enum
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +67,8 @@ def results_of(out: Any) -> tuple[list[tuple[str, object]], list[torch.Tensor]]:
         elif isinstance(leaf, (float, complex)):  # a float32 loss's .item(), most often
             dtype = torch.complex64 if isinstance(leaf, complex) else torch.float32
             results.append((f"output {i}", torch.tensor(leaf, dtype=dtype)))
+        elif (array := _numpy_tensor(leaf)) is not None:  # ``.numpy()`` of a result
+            results.append((f"output {i}", array))
         elif _identity_only(leaf):
             kind = type(leaf)
             results.append((f"output {i}", Identity(f"{kind.__module__}.{kind.__qualname__}")))
@@ -73,9 +77,34 @@ def results_of(out: Any) -> tuple[list[tuple[str, object]], list[torch.Tensor]]:
     return results, diff
 
 
-def same_value(a: object, b: object) -> bool:
-    """Whether two results that are not tensors (nor Python floats) are equal."""
+def _numpy_tensor(leaf: object) -> torch.Tensor | None:
+    """A NumPy array or scalar of a numeric or bool dtype as a tensor (a copy), else None."""
+    np = sys.modules.get("numpy")
+    if (
+        np is None
+        or not isinstance(leaf, (np.ndarray, np.generic))
+        or leaf.dtype.kind not in "biufc"
+    ):
+        return None
     try:
-        return type(a) is type(b) and bool(a == b)
-    except Exception:  # no boolean equality (an array): compared by its text
-        return type(a) is type(b) and repr(a) == repr(b)
+        return torch.from_numpy(np.array(leaf, copy=True))
+    except (TypeError, ValueError, RuntimeError):  # a dtype torch has no tensor of
+        return None
+
+
+def same_value(a: object, b: object) -> bool:
+    """Whether two results that are not tensors (nor Python floats) are equal.
+
+    A value whose ``==`` gives no truth value (an array of a dtype no tensor
+    holds) is compared as an array, element for element, where NumPy reads it:
+    never by its text, which NumPy shortens for large arrays.
+    """
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:
+        np = sys.modules.get("numpy")
+        if np is not None and isinstance(a, np.ndarray):
+            return a.dtype == b.dtype and bool(np.array_equal(a, b))  # type: ignore[attr-defined]
+        return repr(a) == repr(b)

@@ -62,13 +62,13 @@ def _reproduces(record: OpRecord) -> bool:
     replay reads memory the op leaves unwritten as NaN, so leftover bytes that
     happen to match never make such an op stable.
     """
-    from pytest_backends.paths.record import copy_tree, tensors_of
+    from pytest_backends.paths.record import copy_tree, results_of_call
     from pytest_backends.paths.unwritten import filled_replay
 
     args, kwargs = copy_tree(record.args), copy_tree(record.kwargs)
     try:
         with torch.random.fork_rng(devices=[]), filled_replay({}):
-            again = tensors_of(record.func(*args, **kwargs))
+            again = results_of_call(record.func, args, kwargs, record.func(*args, **kwargs))
     except Exception:
         return False
     if len(again) != len(record.outputs):
@@ -204,11 +204,17 @@ def _sketch_gap(
         return True, 0.0, 0.0, ""
     if a["shape"] != b["shape"] or a["dtype"] != b["dtype"]:
         return False, math.inf, math.inf, ""
-    if not str(a["dtype"]).startswith(("float", "bfloat", "complex")):
-        return False, math.inf, math.inf, ""
     x, y = _values(a), _values(b)
     if x.numel() != y.numel():
         return False, math.inf, math.inf, ""
+    if not str(a["dtype"]).startswith(("float", "bfloat", "complex")):
+        # Its digest covers every element, so it differs; the samples give the figures.
+        n = _elements(b)
+        if x.numel() == 0:
+            return False, math.inf, math.inf, ""
+        gap = (x - y).abs()
+        basis = "" if x.numel() >= n else f"{x.numel()} of {n} values sampled"
+        return False, float(gap.max()), float((gap / y.abs().clamp_min(1.0)).max()), basis
     same_nonfinite = bool(torch.equal(torch.isfinite(x), torch.isfinite(y)))
     finite = torch.isfinite(x) & torch.isfinite(y)
     err = (x - y).abs().where(finite, torch.zeros_like(x))

@@ -96,5 +96,42 @@ def test_a_failure_without_ops_is_not_called_a_numeric_difference(
     result.assert_outcomes(passed=2, failed=2)
     out = result.stdout.str()
     assert "no torch op ran under mkldnn-on (passes) or mkldnn-off (fails)" in out, out
-    assert "agrees within its bound" in out and "the failure is not numeric" in out, out
+    # test_close_enough: ``or`` ran more ops on the failing path, a branch on the flag.
+    assert "ran under mkldnn-off only: the paths ran different ops" in out, out
     assert "the difference built up across ops\n" not in out
+
+
+INTEGER = """
+import pytest, torch
+
+@torch.library.custom_op("diverge_tests::shift", mutates_args=())
+def shift(x: torch.Tensor) -> torch.Tensor:
+    return x + 1 if torch.backends.mkldnn.enabled else x.clone()
+
+@pytest.mark.backends("mkldnn")
+def test_int():
+    x = (torch.arange(128) % 7).long()
+    assert int(shift(x).sum()) == int(x.sum())  # PLANTED
+"""
+
+
+def test_an_integer_op_that_parts_is_named_in_process_and_offline(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not "every op agrees": an integer output is compared exactly, with real figures."""
+    from pytest_backends.__main__ import main
+
+    pytester.makepyfile(test_int=INTEGER)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "--backends-matrix", "--backends-diverge", "--backends-trace=tr"
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "the paths part at diverge_tests::shift" in out, out
+    assert "agrees within its bound" not in out, out
+    traces = sorted((pytester.path / "tr").iterdir())
+    assert len(traces) == 2
+    assert main(["diverge", *(str(next(t.glob("*.jsonl"))) for t in traces)]) == 1
+    offline = capsys.readouterr().out
+    assert "the paths part at diverge_tests::shift" in offline, offline
+    assert "max abs >= 1 " in offline and "inf" not in offline.split("bound")[0], offline
