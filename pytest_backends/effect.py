@@ -210,6 +210,14 @@ def flag_effect(
     """
     from pytest_backends.flags import override_flags, registry
 
+    if not callable(fn):
+        raise TypeError(
+            f"flag_effect: fn must be a callable taking no arguments, got {type(fn).__name__}"
+        )
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(
+            f"flag_effect: values must be a list of the values to compare, got {values!r}"
+        )
     chosen = tuple(values)
     reg = registry()
     normalised = [reg.validate({flag: value})[flag] for value in chosen]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -159,6 +160,8 @@ def as_device_type(device: object) -> str:
 def check_k(k: object, op: str | None) -> int:
     if k is None:
         return 1
+    if not isinstance(k, (bool, int)) and hasattr(k, "__index__"):
+        k = operator.index(k)  # a NumPy integer, computed from shapes
     if isinstance(k, bool) or not isinstance(k, int):
         raise ValueError(
             f"k must be a positive int (the reduction length: the inner dimension of a "

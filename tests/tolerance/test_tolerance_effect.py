@@ -132,4 +132,9 @@ def test_flags_are_restored_and_bad_input_runs_nothing() -> None:
         flag_effect(fn, "mkldnn.matmul.fp32_precision", ["ieee"])
     with pytest.raises(ValueError, match="two distinct values"):
         flag_effect(fn, "cuda.matmul.allow_fp16_reduced_precision_reduction", [True, (True, True)])
+    # A string is one value, not a list of one-letter values; a tensor is not ``fn``.
+    with pytest.raises(TypeError, match="values must be a list of the values to compare"):
+        flag_effect(fn, "mkldnn.matmul.fp32_precision", "ieee")
+    with pytest.raises(TypeError, match="fn must be a callable taking no arguments, got Tensor"):
+        flag_effect(torch.zeros(3), "mkldnn.matmul.fp32_precision", ["ieee", "bf16"])  # type: ignore[arg-type]
     assert calls == []

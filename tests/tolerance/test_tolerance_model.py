@@ -221,3 +221,11 @@ def test_bad_dtype_and_device() -> None:
         tolerance_for("float33")
     with pytest.raises(ValueError, match="device"):
         tolerance_for(torch.float32, device="gpu0")
+
+
+def test_a_numpy_integer_k_is_an_int() -> None:
+    """``k`` computed from a NumPy shape (``np.int64``) is the same bound as the int."""
+    np = pytest.importorskip("numpy")
+    assert tolerance_for(torch.float32, k=np.int64(64)) == tolerance_for(torch.float32, k=64)
+    with pytest.raises(ValueError, match="k must be a positive int"):
+        tolerance_for(torch.float32, k=np.int64(0))
