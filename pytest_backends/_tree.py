@@ -96,3 +96,18 @@ def zip_leaves(a: object, b: object, path: str = "") -> Iterator[tuple[str, Any,
         raise StructureMismatch(f"lengths differ{where}: {len(left)} != {len(right)}")
     for (suffix, x), (_, y) in zip(left, right):
         yield from zip_leaves(x, y, path + suffix)
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """``value`` for an error message: its type, and its text where that is short.
+
+    A tensor or array passed by mistake prints as its type and shape, never as
+    its values.
+    """
+    shape = getattr(value, "shape", None)
+    if shape is not None and not isinstance(value, type):
+        return f"a {type(value).__name__} of shape {list(shape)}"
+    text = repr(value)
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(value).__name__} {text}"

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pytest_backends import _tree
 from pytest_backends.batch.compare import HELD_BYTES, CaseResult, compare, compare_all
 from pytest_backends.batch.dims import axis, check_out_dim
 from pytest_backends.batch.nested import flatten
@@ -283,7 +284,7 @@ def assert_batch_invariant(
             overrides["permute"],
         )
     if not callable(fn):
-        raise TypeError(f"assert_batch_invariant: fn must be callable, got {fn!r}")
+        raise TypeError(f"assert_batch_invariant: fn must be callable, got {_tree.shown(fn)}")
     if per_sample_grads and not backward:
         raise ValueError("assert_batch_invariant: per_sample_grads needs backward=True")
     tol = _tolerance(rtol, atol, tolerance)

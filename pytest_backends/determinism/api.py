@@ -582,6 +582,8 @@ def expect_nondeterministic_alert(fn: Callable[[], object], should_alert: bool =
     mode in which the expectation failed.
     """
     if not callable(fn):
-        raise TypeError(f"expect_nondeterministic_alert: fn must be callable, got {fn!r}")
+        raise TypeError(
+            f"expect_nondeterministic_alert: fn must be callable, got {_tree.shown(fn)}"
+        )
     _call_raising(fn, should_alert)
     _call_warning(fn, should_alert)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from pytest_backends import _tree
 from pytest_backends.paths.bounds import Bound, pair_bound, reduction_length, term_scale
 from pytest_backends.paths.branches import path_difference
 from pytest_backends.paths.record import OpRecord, PathRecorder, module_tracking
@@ -503,7 +504,7 @@ def assert_paths_agree(
     configuration it ran under.
     """
     if not callable(fn):
-        raise TypeError(f"assert_paths_agree: fn must be callable, got {type(fn).__name__} {fn!r}")
+        raise TypeError(f"assert_paths_agree: fn must be callable, got {_tree.shown(fn)}")
     configs = _configs(axes, reference)
     if len(configs) < 2:
         import pytest

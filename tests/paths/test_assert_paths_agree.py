@@ -336,6 +336,9 @@ def test_missing_axes_a_bad_fn_and_an_unrunnable_reference_say_so() -> None:
         assert_paths_agree(torch.sin, torch.randn(3), axes=None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="fn must be callable"):
         assert_paths_agree(3, torch.randn(3), axes=["mkldnn"])  # type: ignore[arg-type]
+    # A tensor passed as fn by mistake is named by its type and shape, not printed whole.
+    with pytest.raises(TypeError, match=r"got a Tensor of shape \[64, 64\]$"):
+        assert_paths_agree(torch.randn(64, 64), axes=["mkldnn"])  # type: ignore[arg-type]
     if not torch.cuda.is_available():
         with pytest.raises(pytest.skip.Exception, match="reference configuration 'cudnn-on"):
             assert_paths_agree(
