@@ -277,6 +277,8 @@ class IsolationPlugin:
             drift = self._torch_own(reg.diff(ambient, reg.to_plain(fp)))
             self._restore(reg, ambient)
             self._ambient_fp = reg.fingerprint()
+        elif not self._late:
+            self.threads.settled()
         text = self._late_text(drift)
         if self.settings.mode == "off" or not text:
             return
@@ -289,7 +291,7 @@ class IsolationPlugin:
             "one an earlier test started and did not join) or from a plugin hook. "
             "The flags were restored. Flags are process-global: join threads that "
             "change them before the test ends."
-            + thread_hint(self.threads.suspects(), "at that time")
+            + thread_hint(self.threads.suspects(), "at that time", self.threads.finished())
         )
 
     def _end(self, item: pytest.Item, state: _ItemState) -> None:
@@ -550,7 +552,8 @@ class IsolationPlugin:
             f"torch backend flags changed while no test was running:\n{text}\n"
             "They were restored at session end. A thread or a hook (pytest_runtest_logfinish, "
             "pytest_sessionfinish, ...) changed them; join threads that change flags and "
-            "restore what hooks change." + thread_hint(self.threads.suspects(), "at session end"),
+            "restore what hooks change."
+            + thread_hint(self.threads.suspects(), "at session end", self.threads.finished()),
             fails=self.settings.mode == "fail",
         )
 

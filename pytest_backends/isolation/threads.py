@@ -30,11 +30,27 @@ class ThreadOrigins:
         self._suite: weakref.WeakKeyDictionary[threading.Thread, str | None] = (
             weakref.WeakKeyDictionary()
         )
+        # Threads still running when the test that started them ended: (thread, name, origin).
+        self._strays: list[tuple[weakref.ref[threading.Thread], str, str]] = []
 
     def started_by(self, threads: Iterable[threading.Thread], nodeid: str) -> None:
-        """Remember that the test ``nodeid`` started ``threads``."""
+        """Remember that the test ``nodeid`` started ``threads``, still running at its end."""
         for thread in threads:
             self._by_test[thread] = f"by {nodeid}"
+            self._strays.append((weakref.ref(thread), thread.name, f"by {nodeid}"))
+
+    def finished(self) -> list[tuple[str, str]]:
+        """``(name, origin)`` of the threads that outlived their test and have finished since.
+
+        A thread that ends between two checks is named where the second one finds a
+        change, although it is no longer running.
+        """
+        return [(name, origin) for ref, name, origin in self._strays if _ended(ref)]
+
+    def settled(self) -> None:
+        """A check found no change: a thread finished since is no suspect of a later one."""
+        if self._strays:
+            self._strays = [s for s in self._strays if not _ended(s[0])]
 
     def suspects(self) -> list[tuple[str, str]]:
         """``(name, origin)`` of the live threads that may change flags."""
@@ -68,11 +84,24 @@ class ThreadOrigins:
             return False
 
 
-def hint(threads: list[tuple[str, str]], when: str = "during this test") -> str:
-    """The message's paragraph naming ``threads`` (empty when there are none)."""
-    if not threads:
-        return ""
+def _ended(ref: weakref.ref[threading.Thread]) -> bool:
+    thread = ref()
+    return thread is None or not thread.is_alive()
+
+
+def hint(
+    threads: list[tuple[str, str]],
+    when: str = "during this test",
+    finished: list[tuple[str, str]] | None = None,
+) -> str:
+    """The message's paragraph naming ``threads`` and ``finished`` ones (empty when none)."""
     lines = "".join(
         f"\n  thread {name!r}, started {origin}, was running {when}" for name, origin in threads
+    ) + "".join(
+        f"\n  thread {name!r}, started {origin}, was still running when that test ended "
+        "(it has finished since)"
+        for name, origin in finished or ()
     )
+    if not lines:
+        return ""
     return f"\nFlags are process-global, so another thread may have made this change:{lines}"

@@ -329,6 +329,63 @@ def test_thread_changing_flags_after_the_test_is_reported(pytester: pytest.Pytes
     )
 
 
+def test_a_thread_that_finished_before_its_change_was_found_is_still_named(
+    pytester: pytest.Pytester,
+) -> None:
+    """A thread that outlived its test, changed a flag and ended before the check is named.
+
+    A thread that ended before a check that found no change is no suspect of a later one.
+    """
+    pytester.makeconftest(
+        """
+        import threading, pytest
+
+        DONE = threading.Event()
+
+        @pytest.hookimpl(wrapper=True, tryfirst=True)
+        def pytest_runtest_protocol(item, nextitem):
+            if item.name == "test_last":  # 'quick' outlived its test and ends before this one
+                for thread in threading.enumerate():
+                    if thread.name == "quick":
+                        thread.join(5)
+            return (yield)
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_sessionfinish(session):
+            DONE.wait(5)  # the late thread changes the flag and ends before the final check
+        """
+    )
+    pytester.makepyfile(
+        """
+        import threading, time, torch
+        from conftest import DONE
+
+        def test_quick():
+            threading.Thread(target=lambda: time.sleep(0.3), name="quick").start()
+
+        def _later():
+            time.sleep(0.05)
+            torch.backends.mkldnn.enabled = False
+            DONE.set()
+
+        def test_last():
+            threading.Thread(target=_later, name="late", daemon=True).start()
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    result.assert_outcomes(passed=2)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*torch backend flags changed after the last test*",
+            "*mkldnn.enabled: True -> False",
+            "*thread 'late', started by test_*.py::test_last, was still running when that test "
+            "ended (it has finished since)",
+        ]
+    )
+    assert "'quick'" not in out, out
+
+
 @pytest.mark.fresh_interpreter
 def test_unused_plugin_does_not_import_torch(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
