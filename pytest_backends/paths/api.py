@@ -339,8 +339,8 @@ def _inputs_agree(record: OpRecord, ref_record: OpRecord, ref: ConfigRun, other:
     return True
 
 
-# Ops whose results are random or uninitialised memory: never compared.
-_SKIPPED = (
+#: Ops whose results are random or uninitialised memory: never compared, never blamed.
+SKIPPED = (
     "aten::native_dropout",
     "aten::bernoulli",
     "aten::rand",
@@ -358,7 +358,7 @@ def first_divergence(ref: ConfigRun, other: ConfigRun) -> Divergence | None:
     by_identity = {r.identity: r for r in ref.records}
     for record in other.records:
         ref_record = by_identity.get(record.identity)
-        if ref_record is None or record.name.startswith(_SKIPPED):
+        if ref_record is None or record.name.startswith(SKIPPED):
             continue
         within, _err, _rel, _bound = _compare_outputs(
             record, record.outputs, ref_record, ref, other
@@ -569,7 +569,7 @@ def assert_paths_agree(
         error_divergence = error_divergence or divergence
         if divergence is not None:
             head = divergence.describe()
-        elif (branch := path_difference(ref, other, _SKIPPED)) is not None:
+        elif (branch := path_difference(ref, other, SKIPPED)) is not None:
             head = branch
         elif numeric:
             head = "no single op parts beyond its bound: the difference built up across ops"

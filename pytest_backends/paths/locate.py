@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_backends.paths.api import _SKIPPED, SEED, ConfigRun, first_divergence
+from pytest_backends.paths.api import SEED, SKIPPED, ConfigRun, first_divergence
 from pytest_backends.paths.branches import path_difference
 from pytest_backends.paths.record import PathRecorder, module_tracking
 
@@ -58,7 +58,7 @@ def locate(item: pytest.Item, config: Any, siblings: Sequence[Any]) -> str:
         divergence = first_divergence(passing, failing)
         if divergence is not None:
             return divergence.describe()
-        branch = path_difference(passing, failing, _SKIPPED)
+        branch = path_difference(passing, failing, SKIPPED)
         if branch is not None:
             return branch
         if not passing.records and not failing.records:
