@@ -343,8 +343,9 @@ def _explain(comparison: Comparison, runs: Sequence[RunRecord], carried: bool) -
         )
     if generators:
         return (
-            f"{INPUTS_DIFFER}: the generator {d.op}{at} draws from (the global one, or one "
-            f"passed to it) is in a different state in run {d.run} than in run 0: the harness "
+            f"{INPUTS_DIFFER}: the generator {d.op}{at} draws from (the global one, or a "
+            f"torch.Generator passed to it) is in a different state in run {d.run} than in run "
+            "0: the harness "
             "restores the global RNGs and the generators it finds in fixture values, module "
             "globals and the test's class before each run, so the test reseeds it from a value "
             "that changes between runs (a clock, a counter), or it is a generator out of the "
