@@ -57,12 +57,24 @@ _installed = False
 
 
 def mark(t: torch.Tensor) -> None:
-    """Note ``t``'s storage as shared with something outside torch."""
+    """Note ``t``'s storage as shared with something outside torch, while ``t`` lives.
+
+    The entry goes when ``t`` dies (NumPy's array keeps the tensor it came from
+    alive, so nothing outside torch can write that memory any more): an op output
+    that torch later allocates at the same address, in the same run, is the op's,
+    never read as shared memory (its key would differ from run to run with the
+    allocator's addresses).
+    """
     ptr = storage_ptr(t)
     if not ptr:
         return
+
+    def dropped(ref: weakref.ref[torch.Tensor]) -> None:
+        if SHARED.get(ptr) is ref:
+            del SHARED[ptr]
+
     try:
-        SHARED[ptr] = weakref.ref(t)
+        SHARED[ptr] = weakref.ref(t, dropped)
     except TypeError:
         return
     for listener in list(_LISTENERS):

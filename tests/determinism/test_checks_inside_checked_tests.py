@@ -117,11 +117,10 @@ def test_corpus(case):
 """
 
 
+@pytest.mark.parametrize("recorder", RECORDERS)
 def test_the_batch_corpus_makes_the_same_ops_in_every_run(
-    planted_conftest: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    planted_conftest: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Under the native recorder (the Python one sometimes keys an input of these runs apart)."""
-    recorder = "native"
     monkeypatch.setenv("PYTHONPATH", str(BATCH_TESTS))
     planted_conftest.makepyfile(test_corpus=CORPUS.format(examples=12))
     result = session(

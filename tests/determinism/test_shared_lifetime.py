@@ -65,3 +65,23 @@ def test_memory_still_shared_is_read_again(kind: str) -> None:
         assert _outside_ops(kind, x) != []
     finally:
         outside.SHARED.pop(storage_ptr(x), None)
+
+
+def test_a_marked_tensor_that_dies_leaves_the_shared_set_at_once() -> None:
+    """Not at the next run: torch may allocate an op's output at that address meanwhile.
+
+    Read as shared, that output's key would be its bytes in one run and its op in another
+    (as the allocator's addresses fall): a false "inputs differ" (seen with the batch
+    check's NumPy comparison inside a checked test, under the Python recorder).
+    """
+    import gc
+
+    from pytest_backends.determinism.keys import storage_ptr
+
+    t = torch.randn(16)
+    outside.mark(t)
+    ptr = storage_ptr(t)
+    assert ptr in outside.SHARED
+    del t
+    gc.collect()
+    assert ptr not in outside.SHARED

@@ -603,14 +603,17 @@ def test_skip_and_xfail_inside_the_body_say_so(
 def test_a_hypothesis_test_that_draws_other_examples_names_hypothesis(
     planted_conftest: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The reason names hypothesis's generator and the fix; a derandomized test is checked."""
+    """The reason names hypothesis's generator and the fix; a derandomized test is checked.
+
+    ``derandomize=False`` is explicit: hypothesis's CI profile (the ``CI`` variable) derandomizes.
+    """
     planted_conftest.makepyfile(
         test_given="""
         import torch
         from hypothesis import given, settings, strategies as st
         from conftest import noisy
 
-        @settings(max_examples=10, deadline=None, database=None)
+        @settings(max_examples=10, deadline=None, database=None, derandomize=False)
         @given(st.integers(1, 6))
         def test_random_examples(n):
             assert torch.randn(n).isfinite().all()
