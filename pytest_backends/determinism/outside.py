@@ -57,24 +57,31 @@ _installed = False
 
 
 def mark(t: torch.Tensor) -> None:
-    """Note ``t``'s storage as shared with something outside torch, while ``t`` lives.
+    """Note ``t``'s storage as shared with something outside torch, while the storage lives.
 
-    The entry goes when ``t`` dies (NumPy's array keeps the tensor it came from
-    alive, so nothing outside torch can write that memory any more): an op output
-    that torch later allocates at the same address, in the same run, is the op's,
-    never read as shared memory (its key would differ from run to run with the
-    allocator's addresses).
+    The entry goes the moment the storage is freed (every tensor on it dead): an
+    op output torch later allocates at the same address, in the same run, is the
+    op's, never read as shared memory (its key would differ from run to run with
+    the allocator's addresses). It stays while any tensor on the storage lives
+    (a module's weight that NumPy wrote through a temporary view). Where torch
+    does not keep a storage's Python object for the storage's life (older
+    releases), the entry follows ``t`` and is dropped when a run starts.
     """
     ptr = storage_ptr(t)
     if not ptr:
         return
+    try:
+        storage: Any = t.untyped_storage()
+        follows = t.untyped_storage() is storage  # one Python object for the storage's life
+    except (RuntimeError, TypeError, NotImplementedError):
+        storage, follows = None, False
 
-    def dropped(ref: weakref.ref[torch.Tensor]) -> None:
+    def dropped(ref: weakref.ref[Any]) -> None:
         if SHARED.get(ptr) is ref:
             del SHARED[ptr]
 
     try:
-        SHARED[ptr] = weakref.ref(t, dropped)
+        SHARED[ptr] = weakref.ref(storage, dropped) if follows else weakref.ref(t)
     except TypeError:
         return
     for listener in list(_LISTENERS):

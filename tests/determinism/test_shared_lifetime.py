@@ -67,7 +67,7 @@ def test_memory_still_shared_is_read_again(kind: str) -> None:
         outside.SHARED.pop(storage_ptr(x), None)
 
 
-def test_a_marked_tensor_that_dies_leaves_the_shared_set_at_once() -> None:
+def test_a_marked_storage_that_is_freed_leaves_the_shared_set_at_once() -> None:
     """Not at the next run: torch may allocate an op's output at that address meanwhile.
 
     Read as shared, that output's key would be its bytes in one run and its op in another
@@ -83,5 +83,15 @@ def test_a_marked_tensor_that_dies_leaves_the_shared_set_at_once() -> None:
     ptr = storage_ptr(t)
     assert ptr in outside.SHARED
     del t
+    gc.collect()
+    assert ptr not in outside.SHARED
+    # A temporary view that NumPy wrote (``w.detach().numpy()[:] += 1``) dies at once, but
+    # the memory is the weight's: shared while the weight lives.
+    weight = torch.randn(16)
+    outside.mark(weight.detach())
+    gc.collect()
+    assert storage_ptr(weight) in outside.SHARED
+    ptr = storage_ptr(weight)
+    del weight
     gc.collect()
     assert ptr not in outside.SHARED
