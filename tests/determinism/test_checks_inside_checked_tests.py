@@ -19,6 +19,20 @@ from sessions import RECORDERS, session
 
 BATCH_TESTS = Path(__file__).resolve().parent.parent / "batch"
 
+
+def _repeatable(
+    pytester: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch
+) -> pytest.RunResult:
+    """Every test checked under ``recorder``, and failed where its runs differ at all."""
+    return session(
+        pytester,
+        recorder,
+        monkeypatch,
+        "--backends-determinism-all",
+        "--backends-determinism-repeatable",
+    )
+
+
 CHECKS = """
 import torch
 from pytest_backends import (
@@ -71,13 +85,7 @@ def test_the_checks_make_the_same_ops_in_every_run(
     planted_conftest: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     planted_conftest.makepyfile(test_checks=CHECKS)
-    result = session(
-        planted_conftest,
-        recorder,
-        monkeypatch,
-        "--backends-determinism-all",
-        "--backends-determinism-repeatable",
-    )
+    result = _repeatable(planted_conftest, recorder, monkeypatch)
     out = result.stdout.str()
     assert "not reproducible" not in out, out
     assert "different op sequence" not in out, out
@@ -123,13 +131,7 @@ def test_the_batch_corpus_makes_the_same_ops_in_every_run(
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", str(BATCH_TESTS))
     planted_conftest.makepyfile(test_corpus=CORPUS.format(examples=12))
-    result = session(
-        planted_conftest,
-        recorder,
-        monkeypatch,
-        "--backends-determinism-all",
-        "--backends-determinism-repeatable",
-    )
+    result = _repeatable(planted_conftest, recorder, monkeypatch)
     out = result.stdout.str()
     assert "different op sequence" not in out, out
     result.assert_outcomes(passed=1)
