@@ -12,6 +12,7 @@
 #include "digest_op.h"
 #include "recorder.h"
 #include "rows.h"
+#include "switches.h"
 
 #if __has_include(<torch/headeronly/version.h>)
 #include <torch/headeronly/version.h>
@@ -145,4 +146,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "that this CPU supports; returns the path taken.");
   pytest_backends::register_recorder(m);
   pytest_backends::register_rows(m);
+  pytest_backends::register_switches(m);
 }

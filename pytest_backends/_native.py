@@ -96,6 +96,9 @@ def source_dir() -> Path:
 
 def _cuda_wanted() -> bool:
     import torch
+
+    if not torch.version.cuda:  # a CPU build: no need for the build tooling's slow import
+        return False
     from torch.utils import cpp_extension
 
     return bool(

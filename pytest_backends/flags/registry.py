@@ -261,7 +261,13 @@ def faster_readers(torch: Any, rows: Sequence[Flag]) -> dict[str, Callable[[], o
 def grouped(torch: Any, rows: list[Flag]) -> list[Flag]:
     """``rows`` with the rows that are read together marked with their :class:`ReadGroup`."""
     by_name = {r.name: r for r in rows if r.in_snapshot and not r.unmanaged}
+    from pytest_backends.flags.native_switches import native_group
+
+    switches = native_group(torch, by_name)
+    if switches is not None:  # its rows are in no other group
+        by_name = {n: r for n, r in by_name.items() if n not in switches.names}
     groups = [
+        switches,
         _autocast_group(torch, by_name),
         _print_group(torch, by_name),
         _module_hook_group(by_name),
