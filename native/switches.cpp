@@ -1,12 +1,15 @@
 // Torch's C++ switches read in one call, for the leak guard's fingerprint.
 //
 // The guard reads every switch twice per test. Through Python that is one binding call per
-// switch (about sixty here), and between tests, with pytest's own code in the caches, those
+// switch (about ninety here), and between tests, with pytest's own code in the caches, those
 // calls cost several times what they cost in a loop. Here they are read straight from ATen's
 // context and thread-local states into one bytes object: a key, equal whenever every switch
 // it covers is equal. The Python side keeps the rows' own values per key, read through the
 // rows' getters when a key is first seen; the suite flips every covered row and checks that
 // the key follows (tests/unit/test_native_switches.py).
+//
+// A switch kept in a static variable of an inline function in torch's headers (oneDNN
+// Graph's `getLlgaEnabled`) is not read here: this library would read its own copy.
 //
 // Only the torch versions that test ran against are covered: another version reads no
 // switch here (`switch_names()` is empty) and the guard reads each row through Python.
@@ -20,7 +23,16 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
+#include <ATen/functorch/BatchedFallback.h>
 #include <torch/csrc/autograd/anomaly_mode.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/codegen/fuser/interface.h>
+#include <torch/csrc/jit/frontend/tracer.h>
+#include <torch/csrc/jit/passes/tensorexpr_fuser.h>
+#include <torch/csrc/jit/python/update_graph_executor_opt.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/csrc/jit/tensorexpr/kernel.h>
 
 #if __has_include(<torch/headeronly/version.h>)
 #include <torch/headeronly/version.h>
@@ -152,6 +164,31 @@ const std::vector<std::pair<std::string, Reader>>& readers() {
         {"autograd.override_stale_capture_stream",
          [&ctx] { return int32_t(ctx.overrideStaleCaptureStream()); }},
         {"autocast.cache_enabled", [] { return int32_t(at::autocast::is_autocast_cache_enabled()); }},
+        {"functorch.vmap_fallback_enabled", [] { return int32_t(at::functorch::isVmapFallbackEnabled()); }},
+        {"autograd.fallback_mode",
+         [] { return int32_t(torch::autograd::getAutogradFallbackMode()); }},
+        {"jit.profiling_executor", [] { return int32_t(torch::jit::getExecutorMode().load()); }},
+        {"jit.profiling_mode", [] { return int32_t(torch::jit::getProfilingMode().load()); }},
+        {"jit.texpr_fuser", [] { return int32_t(torch::jit::tensorExprFuserEnabled()); }},
+        {"jit.can_fuse_on_cpu", [] { return int32_t(torch::jit::canFuseOnCPU()); }},
+        {"jit.graph_executor_optimize", [] { return int32_t(torch::jit::getGraphExecutorOptimize()); }},
+        {"jit.texpr_reductions", [] { return int32_t(torch::jit::texprReductionsEnabled()); }},
+        {"jit.texpr_dynamic_shape",
+         [] { return int32_t(torch::jit::tensorExprDynamicShapeFusionEnabled()); }},
+        {"jit.num_profiled_runs", [] { return int32_t(torch::jit::getNumProfiledRuns().load()); }},
+        {"jit.inline_everything_mode", [] { return int32_t(torch::jit::getInlineEverythingMode()); }},
+        {"jit.tracer_state_warn",
+         [] { return int32_t(torch::jit::tracer::getTracerStateWarnMode().load()); }},
+        {"jit.te_must_use_llvm_cpu",
+         [] { return int32_t(torch::jit::tensorexpr::getTEMustUseLLVMOnCPU()); }},
+        {"jit.te_generate_block_code",
+         [] { return int32_t(torch::jit::tensorexpr::getTEGenerateBlockCode()); }},
+        {"jit.te_cuda_pointwise_loop_levels",
+         [] { return int32_t(torch::jit::tensorexpr::getTECudaPointwiseLoopLevels()); }},
+        {"jit.te_cuda_pointwise_block_count",
+         [] { return int32_t(torch::jit::tensorexpr::getTECudaPointwiseBlockCount()); }},
+        {"jit.te_cuda_pointwise_block_size",
+         [] { return int32_t(torch::jit::tensorexpr::getTECudaPointwiseBlockSize()); }},
     };
     const std::pair<const char*, c10::DeviceType> devices[] = {
         {"cpu", c10::DeviceType::CPU},   {"cuda", c10::DeviceType::CUDA},

@@ -32,7 +32,7 @@ PER_TEST_HOOKS = {
 #: moved out of the determinism API, which the options no longer import (59); the leak
 #: guard's attribution of a fixture's teardown changes joined it (60); the row that
 #: watches attributes set on the ``torch.backends`` modules joined the catalogue (61); the
-#: native switch key, which reads some sixty C++ switches in one call for the fingerprint,
+#: native switch key, which reads some ninety C++ switches in one call for the fingerprint,
 #: joined the flags package (62).
 MODULE_BUDGET = 62
 #: Modules an idle session must not import: the hook layers and data of features
