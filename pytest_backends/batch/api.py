@@ -298,8 +298,10 @@ def assert_batch_invariant(
     if sizes is None:
         sizes = sorted({1, n // 2})
     for name, value in (("sizes", sizes), ("offsets", offsets)):
-        if value is not None and (
-            isinstance(value, (str, bytes)) or not isinstance(value, Iterable)
+        if (
+            value is not None
+            and type(value) not in (list, tuple)  # the common case, without the ABC check
+            and (isinstance(value, (str, bytes)) or not isinstance(value, Iterable))
         ):
             raise TypeError(f"assert_batch_invariant: {name} must be a list of ints, got {value!r}")
     for s in sizes:

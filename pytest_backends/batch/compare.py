@@ -6,7 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_backends.batch.rows import compare_rows, row_index, rows_within, span
+from pytest_backends.batch.rows import (
+    compare_rows,
+    differing_parts,
+    row_index,
+    rows_within,
+    span,
+)
 from pytest_backends.batch.runs import Case, Run
 
 if TYPE_CHECKING:
@@ -233,9 +239,30 @@ def compare_part(
     label, d = key
     within_ok = True if isinstance(tol, tuple) else None
     joined_rows = _joined(tuple(case for case, _ in group))
-    rows = joined_rows.rows
     if not dtypes_checked and not all(t.dtype == ref.dtype for _, t in group):
         raise _Reshaped
+    differing = (
+        differing_parts(ref, [(case.rows, case.first, t) for case, t in group]) if d == 0 else None
+    )
+    if differing is not None:
+        # Every sub-batch's bytes compared in place: no tensor joined, no index made.
+        same = joined_rows.identical(label, within_ok, copy=not differing)
+        if not differing:
+            return same
+        results = list(same)
+        for i in differing:
+            case, t = group[i]
+            first = case.first
+            ref_rows = (
+                ref[first : first + len(case.rows)]
+                if first is not None
+                else ref.index_select(0, row_index(case.rows, ref.device))
+            )
+            figures = _figures(ref_rows, t, 0, tol)
+            if figures is not None:
+                results[i] = _result(case, label, 0, len(case.rows), figures, tol)
+        return results
+    rows = joined_rows.rows
     if len(group) == 1:
         joined = group[0][1]
     else:
@@ -250,40 +277,57 @@ def compare_part(
         ref_rows = ref.narrow(d, first, len(rows))
     if joined.shape != ref_rows.shape:
         raise _Reshaped
-    compared = compare_rows(ref_rows, joined, d)
-    if compared is None:
+    figures = _figures(ref_rows, joined, d, tol)
+    if figures is None:
         return joined_rows.identical(label, within_ok)
+    same = joined_rows.identical(label, within_ok, copy=False)
+    return [
+        same[i] if not any(figures[0][lo:hi]) else _result(case, label, lo, hi, figures, tol)
+        for i, (case, lo, hi) in enumerate(joined_rows.spans)
+    ]
+
+
+_Figures = tuple[list[bool], list[float], list[float], list[bool]]
+
+
+def _figures(
+    ref_rows: torch.Tensor, got: torch.Tensor, d: int, tol: tuple[float, float] | str | None
+) -> _Figures | None:
+    """Per row of ``got`` against ``ref_rows``: differs, max abs, max rel, within ``tol``.
+
+    None when every row is bitwise identical.
+    """
+    compared = compare_rows(ref_rows, got, d)
+    if compared is None:
+        return None
     differ, abs_rows, rel_rows = compared
     within_rows = [True] * len(differ)
     if isinstance(tol, tuple):
         bad_at = [k for k, x in enumerate(differ) if x]
-        a, b = joined, ref_rows
+        a, b = got, ref_rows
         if len(bad_at) < len(differ):
-            index = row_index(bad_at, ref.device)
+            index = row_index(bad_at, ref_rows.device)
             a, b = a.index_select(d, index), b.index_select(d, index)
         for k, ok in zip(bad_at, rows_within(a, b, d, tol[0], tol[1])):
             within_rows[k] = ok
-    same = joined_rows.identical(label, within_ok, copy=False)
-    results: list[CaseResult] = []
-    for i, (case, lo, hi) in enumerate(joined_rows.spans):
-        if not any(differ[lo:hi]):
-            results.append(same[i])
-            continue
-        bad = [r for r, x in zip(case.rows, differ[lo:hi]) if x]
-        results.append(
-            CaseResult(
-                case.label,
-                hi - lo,
-                case.rows,
-                label,
-                bad[0],
-                len(bad),
-                max(abs_rows[lo:hi]),
-                max(rel_rows[lo:hi]),
-                all(within_rows[lo:hi]) if isinstance(tol, tuple) else None,
-            )
-        )
-    return results
+    return differ, abs_rows, rel_rows, within_rows
+
+
+def _result(case: Case, label: str, lo: int, hi: int, figures: _Figures, tol: object) -> CaseResult:
+    """The result of ``case``, whose rows are rows ``lo`` to ``hi`` of ``figures``."""
+    differ, abs_rows, rel_rows, within_rows = figures
+    bad = [r for r, x in zip(case.rows, differ[lo:hi]) if x]
+    return CaseResult(
+        case.label,
+        hi - lo,
+        case.rows,
+        label,
+        bad[0] if bad else None,
+        len(bad),
+        max(abs_rows[lo:hi]),
+        max(rel_rows[lo:hi]),
+        all(within_rows[lo:hi]) if isinstance(tol, tuple) else None,
+    )
 
 
 # Sub-batch outputs held for one joined comparison at most (bytes); more are compared first.

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 __all__ = [
     "compare_rows",
     "differences",
+    "differing_parts",
     "row_differences",
     "row_index",
     "rows_differ",
@@ -126,13 +127,61 @@ def _dense_cpu(t: torch.Tensor, tensor_type: type) -> bool:
     """Whether ``t``'s elements are its ``nbytes`` bytes at ``data_ptr()`` in CPU memory."""
     return (
         type(t) is tensor_type
-        and t.device.type == "cpu"
+        and t.is_cpu
         and t.is_contiguous()
         and not t.is_quantized
         and not t.is_conj()
         and not t.is_neg()
         and not t._is_zerotensor()
     )
+
+
+def differing_parts(
+    ref: torch.Tensor, parts: Sequence[tuple[Sequence[int], int | None, torch.Tensor]]
+) -> list[int] | None:
+    """The indices of the ``parts`` whose rows differ bitwise from those rows of ``ref``.
+
+    A part is ``(rows, first, tensor)``: the rows of ``ref`` (along dimension
+    0) that ``tensor`` holds, in order, and :func:`span` of them. Compared by
+    their bytes in place (``memcmp``: no tensor made, no torch op) where
+    ``ref`` and every part's tensor are dense in CPU memory with ``ref``'s
+    dtype and row shape; None where one is not (or ``memcmp`` is missing):
+    the caller compares them otherwise.
+    """
+    import torch
+
+    memcmp = _memcmp()
+    tensor_type = torch.Tensor
+    if memcmp is None or ref.dim() == 0 or ref.numel() == 0 or not _dense_cpu(ref, tensor_type):
+        return None
+    # ``_dense_cpu`` of each part, less what its dtype (``ref``'s) settles: not quantized.
+    tail = tuple(ref.shape[1:])
+    dtype = ref.dtype
+    row_bytes = ref.nbytes // ref.shape[0]
+    base = ref.data_ptr()
+    differing = []
+    for i, (rows, first, t) in enumerate(parts):
+        if (
+            type(t) is not tensor_type
+            or t.dtype != dtype
+            or t.shape != (len(rows), *tail)
+            or not t.is_cpu
+            or not t.is_contiguous()
+            or t.is_conj()
+            or t.is_neg()
+            or t._is_zerotensor()
+        ):
+            return None
+        at = t.data_ptr()
+        if first is not None:
+            if memcmp(base + first * row_bytes, at, len(rows) * row_bytes):
+                differing.append(i)
+            continue
+        for j, r in enumerate(rows):
+            if memcmp(base + r * row_bytes, at + j * row_bytes, row_bytes):
+                differing.append(i)
+                break
+    return differing
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -63,12 +63,15 @@ def _submodules(roots: list[Any]) -> list[Any]:
     """Every module under ``roots`` (themselves included), each once."""
     seen: dict[int, Any] = {}
     stack = list(roots)
+    pop, push = stack.pop, stack.extend
     while stack:
-        module = stack.pop()
-        if id(module) in seen:
+        module = pop()
+        if module is None or id(module) in seen:  # None: an empty slot of a container
             continue
         seen[id(module)] = module
-        stack.extend(m for m in module._modules.values() if m is not None)
+        children = module._modules
+        if children:
+            push(children.values())
     return list(seen.values())
 
 
@@ -276,11 +279,13 @@ class State:
         self._buffers: list[tuple[Any, str, torch.Tensor, torch.Tensor]] = []
         # (module, its attributes, its training flag): the flag read without the class lookup
         self._modes: list[tuple[Any, dict[str, Any], bool]] = []
+        modes, buffers = self._modes, self._buffers
         for sub in _submodules(_modules(fn)):
-            self._modes.append((sub, sub.__dict__, sub.training))
-            for name, buf in sub._buffers.items():
-                if buf is not None:
-                    self._buffers.append((sub, name, buf, buf.detach().clone()))
+            modes.append((sub, sub.__dict__, sub.training))
+            if sub._buffers:
+                for name, buf in sub._buffers.items():
+                    if buf is not None:
+                        buffers.append((sub, name, buf, buf.detach().clone()))
 
     def restore(self) -> None:
         """Put back the RNGs (global, passed as arguments), modules' buffers and modes, inputs."""
@@ -298,8 +303,10 @@ class State:
             or python.inst.gauss_next is not python.gauss
         ):
             python.reset()
-        if numpy is not None and numpy.changed():
-            numpy.reset()
+        if numpy is not None:
+            memory = numpy.memory
+            if memory is None or memory[0].raw != numpy.raw[0] or memory[1].raw != numpy.raw[1]:
+                numpy.reset()
         if self._buffers:
             import torch
 

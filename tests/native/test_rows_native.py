@@ -84,10 +84,17 @@ def test_the_check_compares_through_the_loaded_extension(
     monkeypatch.setattr(rows_mod, "_NATIVE_ROWS", [])
     assert rows_mod._native_rows() is native_module.compare_rows
     calls: list[int] = []
-    monkeypatch.setattr(rows_mod, "_NATIVE_ROWS", [lambda a, b: calls.append(1) or None, True])
+    real = native_module.compare_rows
+    monkeypatch.setattr(
+        rows_mod, "_NATIVE_ROWS", [lambda a, b: calls.append(1) or real(a, b), True]
+    )
     from pytest_backends import assert_batch_invariant
 
+    # identical sub-batches are compared by their bytes alone; differing ones get figures
     assert_batch_invariant(torch.nn.LayerNorm(8).eval(), torch.randn(8, 8), backward=False)
+    assert not calls
+    with pytest.raises(AssertionError, match="batch"):
+        assert_batch_invariant(lambda t: t * t.shape[0], torch.randn(8, 8), backward=False)
     assert calls, "assert_batch_invariant did not compare through the native function"
 
 
