@@ -392,7 +392,9 @@ def _announce(message: str) -> None:
             listener(message)
 
 
-def build(*, force: bool = False, verbose: bool = False, announce: bool = False) -> ModuleType:
+def build(
+    *, force: bool = False, verbose: bool = False, announce: bool = False, compile: bool = True
+) -> ModuleType:
     """Build the extension into :func:`cache_dir` unless an up-to-date build is there; load it.
 
     Holds an exclusive lock on the cache directory while deciding and
@@ -403,6 +405,7 @@ def build(*, force: bool = False, verbose: bool = False, announce: bool = False)
     once the compiler or ninja changes). ``announce`` tells the build listener
     (see :func:`set_build_listener`) before compiling: :func:`load` sets it,
     because its builds are implicit; a caller of ``build()`` asked for one.
+    ``compile=False`` loads a matching cached build or raises, never compiling.
     Raises :class:`NativeBuildError`.
     """
     files = sources()
@@ -420,6 +423,8 @@ def build(*, force: bool = False, verbose: bool = False, announce: bool = False)
                 raise
             except Exception as exc:
                 raise NativeBuildError(f"cannot load the cached library {library}: {exc}") from exc
+        elif not compile:
+            raise NativeBuildError(f"no usable cached build ({why})")
         else:
             earlier = None if force else _failed_before(marker, key)
             if earlier is not None:
@@ -527,7 +532,7 @@ def disabled() -> bool:
     return _policy() in ("off", "0", "false", "python")
 
 
-def _decide() -> ModuleType | None:
+def _decide(compile: bool = True) -> ModuleType | None:
     policy = _policy()
     if disabled():
         _state.reason = f"disabled by {_POLICY_ENV}={policy}"
@@ -551,7 +556,7 @@ def _decide() -> ModuleType | None:
         _state.reason = "; ".join(reasons)
         return None
     try:
-        return build(announce=True)
+        return build(announce=True, compile=compile)
     except NativeBuildError as exc:
         reasons.append(str(exc))
     except OSError as exc:
@@ -571,6 +576,23 @@ def load() -> ModuleType | None:
         _state.tried = True
         _state.module = _decide()
     return _state.module
+
+
+def load_cached() -> ModuleType | None:
+    """The extension when it loads without compiling, else None; never builds.
+
+    An ahead-of-time build or a cached build matching its record is loaded
+    and kept, as :func:`load` keeps it. A miss is not kept: a later
+    :func:`load` may still build.
+    """
+    if _state.tried:
+        return _state.module
+    module = _decide(compile=False)
+    if module is None:
+        _state.reason = None
+    else:
+        _state.tried, _state.module = True, module
+    return module
 
 
 def loaded() -> bool:

@@ -36,13 +36,10 @@ def _module(torch: Any) -> Any:
 
     if _native.disabled():
         return None
-    # a CUDA build of torch finds its toolkit through the build tooling (a slow
-    # import); a build that is missing or stale would compile here
-    if not _native.loaded() and (
-        getattr(torch.version, "cuda", None) or not _native.built() or _native.needs_build()
-    ):
+    # a CUDA build of torch finds its toolkit through the build tooling (a slow import)
+    if not _native.loaded() and (getattr(torch.version, "cuda", None) or not _native.built()):
         return None
-    return _native.load()
+    return _native.load_cached()
 
 
 def _values(

@@ -394,6 +394,41 @@ def test_needs_build_follows_the_policy_and_the_cache(
     assert not _native.needs_build()
 
 
+def test_load_cached_never_compiles_and_leaves_the_decision_open(
+    cache_root: Path, monkeypatch: pytest.MonkeyPatch, fresh_state: None
+) -> None:
+    def compiles(*args: object, **kwargs: object) -> ModuleType:
+        raise AssertionError("load_cached compiled")
+
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "jit")
+    monkeypatch.setattr(_native, "_jit_build", compiles)
+    assert _native.load_cached() is None
+    assert not _native.loaded()  # a later load() may still build
+    assert _native.unavailable_reason() is None
+
+
+def test_load_cached_checks_the_build_record_once(
+    native_module: ModuleType,
+    copied_cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_state: None,
+) -> None:
+    # the copy's library would register the extension's ops a second time
+    monkeypatch.setattr(_native, "_import_library", lambda path: native_module)
+    checks: list[str | None] = []
+    check = _native._record_mismatch
+
+    def counted(*args: Any) -> str | None:
+        checks.append(check(*args))
+        return checks[-1]
+
+    monkeypatch.setattr(_native, "_record_mismatch", counted)
+    module = _native.load_cached()
+    assert module is native_module and _native.loaded()
+    assert checks == [None]
+    assert _native.load() is module and checks == [None]
+
+
 @pytest.mark.parametrize("works", [True, False], ids=["built", "failed"])
 def test_prepare_reports_progress_and_the_outcome(
     cache_root: Path, monkeypatch: pytest.MonkeyPatch, fresh_state: None, works: bool
