@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from fingerprint_corpus import Change, disagreements
 
 from pytest_backends.flags import FlagRegistry
 from pytest_backends.flags.catalogue import build_catalogue
@@ -44,13 +43,6 @@ def _fake_inductor() -> types.ModuleType:
         key: _Entry(False) for key in ("deterministic", "fallback_random", "numerics")
     }
     return module
-
-
-def _oracle(reg: FlagRegistry) -> dict[str, object]:
-    return {r.name: r.plain(r.read()) for r in reg.snapshot_rows}
-
-
-Change = tuple[str, Callable[[], Callable[[], None]]]
 
 
 def _set_autocast(device: str) -> Callable[[], None]:
@@ -221,38 +213,8 @@ def test_slow_getters_are_read_through_proved_faster_readers() -> None:
 def test_fast_fingerprint_agrees_with_every_row_read_alone(
     fast_registry: FlagRegistry, fake_inductor: types.ModuleType | None
 ) -> None:
-    reg = fast_registry
     changes = _changes(fake_inductor)
-    baseline_fp, baseline = reg.fingerprint(), _oracle(reg)
-    assert reg.to_plain(baseline_fp) == baseline
-    seen = {"cases": 0, "disagreements": 0}
-
-    @settings(
-        max_examples=60,
-        derandomize=True,
-        deadline=None,
-        suppress_health_check=[HealthCheck.function_scoped_fixture],
-    )
-    @given(st.lists(st.sampled_from(range(len(changes))), unique=True, min_size=1, max_size=5))
-    def check(picked: list[int]) -> None:
-        undo: list[Callable[[], None]] = []
-        try:
-            for index in picked:
-                undo.append(changes[index][1]())
-            fp, oracle = reg.fingerprint(), _oracle(reg)
-            seen["cases"] += 1
-            if reg.to_plain(fp) != oracle:
-                seen["disagreements"] += 1
-            assert reg.to_plain(fp) == oracle, [changes[i][0] for i in picked]
-            assert (fp == baseline_fp) == (oracle == baseline), [changes[i][0] for i in picked]
-        finally:
-            for step in reversed(undo):
-                step()
-            reg.restore(baseline)  # the precision strings the legacy setter wrote
-        assert _oracle(reg) == baseline
-
-    check()
-    assert seen == {"cases": 60, "disagreements": 0}
+    assert disagreements(fast_registry, changes, max_size=5) == {"cases": 60, "disagreements": 0}
 
 
 @pytest.mark.parametrize("native", ["auto", "off"])

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from fingerprint_corpus import Change, disagreements, oracle
 from test_flags import _other_value
 
 from pytest_backends import _native, override_flags
@@ -48,10 +47,6 @@ def native() -> Any:
 def fast() -> FlagRegistry:
     _extension()
     return FlagRegistry(torch, *build_catalogue(torch))
-
-
-def _oracle(reg: FlagRegistry) -> dict[str, object]:
-    return {r.name: r.plain(r.read()) for r in reg.snapshot_rows}
 
 
 def _covered(reg: FlagRegistry) -> list[Flag]:
@@ -89,7 +84,7 @@ def test_every_covered_switch_moves_the_key(native: Any, fast: FlagRegistry) -> 
             continue
         with change:  # type: ignore[attr-defined]
             assert native.read_switches() != before, f"{row.name} changed, the key did not"
-            assert fast.to_plain(fast.fingerprint()) == _oracle(fast), row.name
+            assert fast.to_plain(fast.fingerprint()) == oracle(fast), row.name
         # put back as the rows read it (an unset optional may come back set to its default)
         assert fast.to_plain(fast.fingerprint()) == plain, row.name
         moved.append(row.name)
@@ -97,35 +92,18 @@ def test_every_covered_switch_moves_the_key(native: Any, fast: FlagRegistry) -> 
     assert len(refused) <= 5, refused
 
 
+def _apply(row: Flag) -> Callable[[], None]:
+    """Enter ``row``'s change; its exit is the undo."""
+    change: Any = _changed(row)
+    change.__enter__()
+    return lambda: change.__exit__(None, None, None)
+
+
 def test_the_fingerprint_is_the_rows_own_values_in_any_combination(fast: FlagRegistry) -> None:
-    covered = [r for r in _covered(fast) if _changed(r) is not None]
-    baseline_fp, baseline = fast.fingerprint(), _oracle(fast)
-    assert fast.to_plain(baseline_fp) == baseline
-    seen = {"cases": 0, "disagreements": 0}
-
-    @settings(
-        max_examples=60,
-        derandomize=True,
-        deadline=None,
-        suppress_health_check=[HealthCheck.function_scoped_fixture],
-    )
-    @given(st.lists(st.sampled_from(range(len(covered))), unique=True, min_size=1, max_size=6))
-    def check(picked: list[int]) -> None:
-        import contextlib
-
-        with contextlib.ExitStack() as stack:
-            for index in picked:
-                stack.enter_context(_changed(covered[index]))  # type: ignore[arg-type]
-            fp, oracle = fast.fingerprint(), _oracle(fast)
-            seen["cases"] += 1
-            seen["disagreements"] += fast.to_plain(fp) != oracle
-            names = [covered[i].name for i in picked]
-            assert fast.to_plain(fp) == oracle, names
-            assert (fp == baseline_fp) == (oracle == baseline), names
-        assert fast.to_plain(fast.fingerprint()) == baseline
-
-    check()
-    assert seen == {"cases": 60, "disagreements": 0}
+    changes: list[Change] = [
+        (row.name, lambda row=row: _apply(row)) for row in _covered(fast) if _changed(row)
+    ]
+    assert disagreements(fast, changes, max_size=6) == {"cases": 60, "disagreements": 0}
 
 
 def test_a_thread_reads_its_own_thread_local_switches(fast: FlagRegistry) -> None:
@@ -150,7 +128,7 @@ def test_without_the_extension_every_row_is_read_through_python(
     slow = FlagRegistry(torch, *build_catalogue(torch))
     assert not any(r.group and "cudnn.enabled" in r.group.names for r in slow.snapshot_rows)
     assert len(slow.fingerprint()) > len(fast.fingerprint()) + 40
-    assert slow.to_plain(slow.fingerprint()) == fast.to_plain(fast.fingerprint()) == _oracle(slow)
+    assert slow.to_plain(slow.fingerprint()) == fast.to_plain(fast.fingerprint()) == oracle(slow)
 
 
 def test_a_key_is_kept_only_when_no_switch_moved_while_its_rows_were_read() -> None:
