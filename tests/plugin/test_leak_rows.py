@@ -255,6 +255,71 @@ def test_a_legacy_restore_is_not_a_leak_but_is_put_back(pytester: pytest.Pyteste
     assert "test_set_default_value left" not in result.stdout.str()
 
 
+LEGACY_FIXTURES = """
+import pytest
+import torch
+
+
+def _high_then_highest():
+    torch.set_float32_matmul_precision("high")
+    yield
+    torch.set_float32_matmul_precision("highest")
+
+
+fn_prec = pytest.fixture(_high_then_highest, name="fn_prec")
+cls_prec = pytest.fixture(_high_then_highest, scope="class", name="cls_prec")
+mod_prec = pytest.fixture(_high_then_highest, scope="module", name="mod_prec")
+sess_prec = pytest.fixture(_high_then_highest, scope="session", name="sess_prec")
+
+
+@pytest.fixture
+def tf32_saved():
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@pytest.fixture
+def leaks():
+    torch.set_float32_matmul_precision("medium")
+    yield
+
+
+def test_a_real_fixture_leak(leaks):
+    pass
+
+
+def test_next_sees_the_start():
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
+@pytest.mark.parametrize("name", ["fn_prec", "cls_prec", "mod_prec", "tf32_saved", "sess_prec"])
+def test_restored_by_its_fixture(request, name):
+    request.getfixturevalue(name)
+"""
+
+
+def test_a_fixture_restoring_through_the_legacy_setters_is_not_a_leak(
+    pytester: pytest.Pytester,
+) -> None:
+    """As in a test body, a fixture of any scope writing back "highest" over an inherited "none".
+
+    The legacy setters write the leaves themselves ("none" becomes "ieee", the
+    kernels' precision unchanged), so comparing the strings blamed the fixture.
+    """
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        pytest.skip("this torch has no fp32_precision strings")
+    pytester.makepyfile(test_legacy_fixtures=LEGACY_FIXTURES)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=7, errors=1)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(["*fixture 'leaks' (function scope*", "*'highest' -> 'medium'*"])
+    for name in ("fn_prec", "cls_prec", "mod_prec", "sess_prec", "tf32_saved"):
+        assert f"fixture '{name}'" not in out, out
+    assert "leaked by fixtures" not in out, out
+
+
 def test_a_snapshot_read_back_from_json_has_no_differences() -> None:
     import json
 
