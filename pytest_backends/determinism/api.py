@@ -422,6 +422,7 @@ def assert_reproducible(
     in ``override_flags({"deterministic_algorithms": True})`` to check the
     deterministic kernels.
     """
+    __tracebackhide__ = True  # pytest shows the caller's line and the message
     import torch
 
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 2:
@@ -475,6 +476,7 @@ def assert_reproducible(
 
 
 def _check_runs(digests: list[_Digests], runs: int, seed: int | None) -> None:
+    __tracebackhide__ = True
     host = _to_host(digests)
     reference_labels = digests[0].labels
     for r in range(1, runs):
@@ -512,6 +514,7 @@ def _alert_warnings(caught: Sequence[warnings.WarningMessage]) -> list[str]:
 
 
 def _call_raising(fn: Callable[[], object], should_alert: bool) -> None:
+    __tracebackhide__ = True
     from pytest_backends.flags import override_flags
 
     mode = "torch.use_deterministic_algorithms(True)"
@@ -536,6 +539,7 @@ def _call_raising(fn: Callable[[], object], should_alert: bool) -> None:
 
 
 def _call_warning(fn: Callable[[], object], should_alert: bool) -> None:
+    __tracebackhide__ = True
     from pytest_backends.flags import override_flags
 
     mode = "torch.use_deterministic_algorithms(True, warn_only=True)"
@@ -581,6 +585,7 @@ def expect_nondeterministic_alert(fn: Callable[[], object], should_alert: bool =
     Raises :class:`AlertExpectationError` (an ``AssertionError``) naming the
     mode in which the expectation failed.
     """
+    __tracebackhide__ = True
     if not callable(fn):
         raise TypeError(
             f"expect_nondeterministic_alert: fn must be callable, got {_tree.shown(fn)}"

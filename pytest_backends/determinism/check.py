@@ -21,6 +21,7 @@ Nothing here imports pytest or torch; stage 3 imports torch when a run is locate
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -81,7 +82,9 @@ class Verdict:
     ``census`` is the test's census entry (None when its runs could not be
     compared). ``failure`` is the error the test fails with (an op blamed, or
     runs that differ with nothing to blame); ``rerun_is_outcome`` says whether a
-    later run's exception (:attr:`Recorded.raised`) is the test's outcome.
+    later run's exception (:attr:`Recorded.raised`) is the test's outcome: only
+    under ``--backends-determinism-repeatable``, when no op was blamed before it
+    (after a blamed op the op decides, see :func:`check`).
     """
 
     reason: str | None
@@ -108,17 +111,23 @@ def _compared(records: Sequence[RunRecord]) -> Sequence[RunRecord]:
     return records
 
 
-def _to_locate(comparison: Comparison, single: bool) -> bool:
+def _diverged_at_op(comparison: Comparison | None) -> bool:
+    """Whether the runs differ at an op that is blamed (or that read uninitialised memory)."""
+    return comparison is not None and bool(comparison.blamed or comparison.uninitialized)
+
+
+def _to_locate(comparison: Comparison, single: bool, recorded: Recorded) -> bool:
     """Whether stage 3 places what stage 2 found.
 
-    A blamed op or an uninitialised read is placed for the failure message; an
-    op whose differing output cannot be blamed ("unproven") is placed for the
-    "not checked" reason, which names its line.
+    A blamed op or an uninitialised read is placed for the failure message
+    (also when a later run raised after it: the op decides the verdict); an op
+    whose differing output cannot be blamed ("unproven") is placed for the
+    "not checked" reason, which names its line, when every run ran.
     """
-    if comparison.blamed or comparison.uninitialized:
-        return not single
+    if _diverged_at_op(comparison):
+        return not single and (recorded.complete or recorded.raised is not None)
     unexplained = comparison.unexplained
-    return unexplained is not None and unexplained.kind == "unproven"
+    return recorded.complete and unexplained is not None and unexplained.kind == "unproven"
 
 
 def _reason(
@@ -152,7 +161,7 @@ def check(recorded: Recorded, settings: Settings, baseline: Baseline) -> Verdict
         threads = sorted({name for r in records for name in r.threads})
         comparison = compare_runs([r.log for r in compared], threads)
         notes = verdict.boundary_notes(records)
-        if failure is None and recorded.complete and _to_locate(comparison, single):
+        if failure is None and _to_locate(comparison, single, recorded):
             from pytest_backends.determinism.locate import locate
 
             recorded.restore()
@@ -163,7 +172,10 @@ def check(recorded: Recorded, settings: Settings, baseline: Baseline) -> Verdict
         failure = failure or failure_text(exc)
     if failure is not None:
         reason, comparison = verdict.recorder_failed(failure), None
-    elif recorded.raised is not None and (comparison is None or not comparison.blamed):
+    diverged = _diverged_at_op(comparison)
+    if recorded.raised is not None and comparison is not None and diverged:
+        return _after_divergence(recorded, comparison, notes, settings, baseline)
+    if recorded.raised is not None and failure is None:
         reason = verdict.rerun_raised(*recorded.raised) + verdict.carried_note(recorded.carried())
     repeatable = settings.repeatable and failure is None and not single
     if repeatable:
@@ -179,6 +191,34 @@ def check(recorded: Recorded, settings: Settings, baseline: Baseline) -> Verdict
         recorded.described,
         None if comparison is None else entry_rows(comparison.verdicts),
         error,
-        recorded.raised is not None
-        and (bool(comparison is not None and comparison.blamed) or repeatable),
+        recorded.raised is not None and repeatable,
     )
+
+
+def _after_divergence(
+    recorded: Recorded,
+    comparison: Comparison,
+    notes: list[str],
+    settings: Settings,
+    baseline: Baseline,
+) -> Verdict:
+    """The verdict when a later run raised after the runs differed at an op.
+
+    The op comparison decides, never the later run's exception (which may
+    well follow from the op's differing output): an op the baseline does not
+    accept (or an uninitialised read) fails the test, naming the op first and
+    the exception after it; otherwise the test keeps run 0's outcome and is
+    not checked, the reason naming the accepted ops. So under
+    ``--backends-determinism-repeatable`` too.
+    """
+    assert recorded.raised is not None
+    explained = dataclasses.replace(comparison, unexplained=None)
+    error = verdict.failure_of(
+        explained, notes, baseline, settings.baseline, settings.baseline_update, recorded.raised
+    )
+    reason = None
+    if error is None:
+        reason = verdict.rerun_raised_after(
+            *recorded.raised, comparison.blamed, settings.baseline_update
+        )
+    return Verdict(reason, notes, recorded.described, entry_rows(comparison.verdicts), error, False)

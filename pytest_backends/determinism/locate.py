@@ -190,8 +190,8 @@ def locate(comparison: Comparison, run: Callable[[], object], native: Any = None
     attached where the re-run called the same op at the same position.
     ``native`` is the extension module when the runs were recorded by the
     native recorder (its op sequence is the one to follow), else None.
-    Exceptions from ``run`` are ignored: the locations found before it raised
-    are kept.
+    Exceptions from ``run`` (but ``KeyboardInterrupt`` and ``SystemExit``) are
+    ignored: the locations found before it raised are kept.
     """
     divergences = [*comparison.blamed, *comparison.uninitialized]
     if comparison.unexplained is not None:
@@ -209,7 +209,9 @@ def locate(comparison: Comparison, run: Callable[[], object], native: Any = None
         watch.__enter__()
     try:
         run()
-    except Exception:
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # pytest.fail and pytest.skip too: a later run may have raised them
         pass
     finally:
         if native is not None:

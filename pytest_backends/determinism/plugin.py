@@ -16,6 +16,9 @@ runs that differ only because their inputs differ (Python state outside torch
 ops), reruns that raise where run 0 passed, and failures of the harness's own
 machinery give the verdict "not checked" with the reason, and the test keeps
 run 0's outcome. ``--backends-determinism-repeatable`` fails such tests instead.
+When a rerun raises after the runs differed at an op, the op decides: one the
+baseline does not accept fails the test (the rerun's exception is the
+failure's cause), an accepted one leaves it not checked with run 0's outcome.
 
 Each test's verdicts travel on its call and teardown reports as properties
 (:data:`pytest_backends._shared.PROPERTY_CENSUS` and
@@ -163,7 +166,8 @@ class DeterminismPlugin:
                 error.add_note(f"(raised in determinism run {run} of {total}; run 0 passed)")
             raise error
         if found.failure is not None:
-            raise found.failure
+            # An op decided the verdict; a later run's exception is only its context.
+            raise found.failure from (None if raised is None else raised[1])
         return result
 
     def _watch(self) -> CompileWatch:

@@ -6,7 +6,8 @@ the failure message of a test whose op is blamed
 :func:`failure_of`), each :class:`~pytest_backends.determinism.compare.Divergence`
 described (:func:`describe_divergence`), and the reasons a test is "not
 checked" (:func:`explain_unchecked` when the runs' inputs differ,
-:func:`rerun_raised`, :func:`first_run_reason`, :func:`recorder_failed`) or
+:func:`rerun_raised`, :func:`rerun_raised_after`, :func:`first_run_reason`,
+:func:`recorder_failed`) or
 checked only at a boundary (:func:`boundary_notes`); the one sentence a recorder
 writes while recording, why ops went unseen, is stage 1's
 (:func:`~pytest_backends.determinism.record.unseen_reason`).
@@ -44,6 +45,7 @@ __all__ = [
     "format_key",
     "recorder_failed",
     "rerun_raised",
+    "rerun_raised_after",
 ]
 
 #: The verdict's reason when runs differ only because their inputs did.
@@ -98,13 +100,17 @@ def failure_of(
     baseline: Baseline,
     baseline_path: Path | None,
     updating: bool,
+    raised: tuple[int, BaseException] | None = None,
 ) -> NondeterministicOpError | None:
     """The test's failure when ``comparison`` blames an op the baseline does not accept.
 
     Uninitialised reads are never accepted (the test reads garbage); a
     divergence no op is blamed for fails too (the caller only asks when the
     test was checked). ``notes`` are the parts checked only at their boundary.
+    ``raised`` is the number and exception of a later run that raised after
+    the runs differed at the op: the message names it after the op.
     """
+    after = [] if raised is None else [_then_raised(*raised)]
     blamed = comparison.blamed
     runs = comparison.runs
     new = [] if updating else [d for d in blamed if not baseline.accepts((d.op, d.device, d.dtype))]
@@ -113,7 +119,7 @@ def failure_of(
         first = comparison.uninitialized[0]
         lines = [describe_divergence(first, runs)]
         lines += also_lines(comparison.uninitialized, runs)
-        return _error(lines, first)
+        return _error([*lines, *after], first)
     if new:
         first = new[0]
         lines = [describe_divergence(first, runs)]
@@ -125,11 +131,11 @@ def failure_of(
         lines += [f"  checked only at their boundary: {note}" for note in notes]
         if baseline_path is not None:
             lines.append(f"  {accept_hint(baseline_path)}")
-        return _error(lines, first)
+        return _error([*lines, *after], first)
     if unexplained is not None:
         lines = [f"not reproducible: {describe_divergence(unexplained, runs)}"]
         lines += [f"  checked only at their boundary: {note}" for note in notes]
-        return _error(lines, unexplained, blame=False)
+        return _error([*lines, *after], unexplained, blame=False)
     return None
 
 
@@ -174,6 +180,16 @@ def _error(lines: list[str], d: Divergence, blame: bool = True) -> Nondeterminis
     )
 
 
+def _then_raised(run: int, error: BaseException) -> str:
+    """The line after a failure's findings: the later run that raised after the divergence."""
+    text = str(error).strip().splitlines()
+    shown = f": {text[0][:200]}" if text else ""
+    return (
+        f"  run {run} then raised {type(error).__name__}{shown} (run 0 passed; the runs "
+        "stopped there)"
+    )
+
+
 def accept_hint(baseline: Path) -> str:
     """The commands that accept new nondeterministic ops into ``baseline``."""
     return (
@@ -197,6 +213,26 @@ def rerun_raised(run: int, error: BaseException) -> str:
         f"run {run} raised {type(error).__name__}"
         + (f" ({text[0][:200]})" if text else "")
         + " where run 0 passed: the test is not repeatable"
+    )
+
+
+def rerun_raised_after(
+    run: int, error: BaseException, accepted: Sequence[Divergence], updating: bool
+) -> str:
+    """Why a test is not checked when its run ``run`` raised after differing at accepted ops.
+
+    The test keeps run 0's outcome: the runs differ because of ``accepted``
+    (blamed ops the baseline accepts, or that ``--backends-baseline-update``
+    adds to it), and the exception may follow from their outputs.
+    """
+    text = str(error).strip().splitlines()
+    ops = ", ".join(dict.fromkeys(format_key((d.op, d.device, d.dtype)) for d in accepted))
+    how = "added to the baseline by this run" if updating else "accepted by the baseline"
+    return (
+        f"run {run} raised {type(error).__name__}"
+        + (f" ({text[0][:200]})" if text else "")
+        + f" where run 0 passed, after the runs differed at nondeterministic op(s) {how}: "
+        f"{ops}; the test keeps run 0's outcome"
     )
 
 

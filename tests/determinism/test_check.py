@@ -16,7 +16,7 @@ import pytest
 from pytest_backends.determinism import check as check_module
 from pytest_backends.determinism import verdict
 from pytest_backends.determinism.api import NondeterministicOpError
-from pytest_backends.determinism.census import Baseline
+from pytest_backends.determinism.census import Baseline, BaselineEntry
 from pytest_backends.determinism.check import Recorded, check
 from pytest_backends.determinism.compare import Comparison, Divergence
 from pytest_backends.determinism.location import Location
@@ -79,7 +79,14 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return called
 
 
-def _check(comparison: Comparison, calls: list[str], runs: int = 3, **how: Any) -> Any:
+def _check(
+    comparison: Comparison,
+    calls: list[str],
+    runs: int = 3,
+    baseline: Baseline | None = None,
+    settings: Settings | None = None,
+    **how: Any,
+) -> Any:
     def compare(logs: Any, threads: Any) -> Comparison:
         calls.append("compare")
         return comparison
@@ -87,7 +94,7 @@ def _check(comparison: Comparison, calls: list[str], runs: int = 3, **how: Any) 
     records = [RunRecord(RunLog([])) for _ in range(runs)]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(check_module, "compare_runs", compare)
-        return check(Recorded(records, **how), Settings(runs=3), Baseline())
+        return check(Recorded(records, **how), settings or Settings(runs=3), baseline or Baseline())
 
 
 def test_a_blamed_op_is_compared_located_worded_and_entered_once(calls: list[str]) -> None:
@@ -126,14 +133,45 @@ def test_runs_that_stopped_early_are_neither_located_nor_failed(calls: list[str]
     assert calls == ["compare", "verdict", "census entry"]
     assert first.reason == "it failed in its first run, so it was not run again"
     calls.clear()
-    raised = _check(_comparison("op"), calls, runs=2, raised=(1, KeyError("run 1")))
+    raised = _check(_comparison(None), calls, runs=2, raised=(1, KeyError("run 1")))
     assert calls == ["compare", "verdict", "census entry"]
-    assert raised.rerun_is_outcome and raised.failure is None
+    assert not raised.rerun_is_outcome and raised.failure is None
+    assert raised.reason.startswith("run 1 raised KeyError ('run 1') where run 0 passed")
     calls.clear()
     broken = _check(_comparison("op"), calls, complete=True, failure="RuntimeError: hook")
     assert calls == ["compare"]  # the harness failed: nothing to locate, word or enter
     assert broken.reason == "the determinism recorder failed: RuntimeError: hook"
     assert broken.census is None and broken.failure is None
+
+
+@pytest.mark.parametrize("repeatable", [False, True])
+def test_a_rerun_that_raised_after_a_blamed_op_is_judged_by_the_op(
+    calls: list[str], repeatable: bool
+) -> None:
+    """The later run's exception never decides when the runs differed at a blamed op."""
+    settings = Settings(runs=3, repeatable=repeatable)
+    error = KeyError("run 1")
+    new = _check(_comparison("op"), calls, runs=2, raised=(1, error), settings=settings)
+    assert calls == ["compare", "locate", "verdict", "verdict: failure", "census entry"]
+    assert not new.rerun_is_outcome and new.reason is None
+    assert isinstance(new.failure, NondeterministicOpError) and new.failure.op == KEY[0]
+    message = str(new.failure)
+    assert message.startswith(f"nondeterministic op {KEY[0]} (cpu, float32) at test_x.py:3")
+    assert message.splitlines()[-1].startswith("  run 1 then raised KeyError: 'run 1'")
+
+    accepting = Baseline((BaselineEntry(*KEY),))
+    accepted = _check(
+        _comparison("op"), calls, runs=2, raised=(1, error), settings=settings, baseline=accepting
+    )
+    assert not accepted.rerun_is_outcome and accepted.failure is None
+    assert accepted.reason == (
+        "run 1 raised KeyError ('run 1') where run 0 passed, after the runs differed at "
+        "nondeterministic op(s) accepted by the baseline: aten::index_add_ (cpu, float32); "
+        "the test keeps run 0's outcome"
+    )
+    assert accepted.census == [
+        {"op": KEY[0], "device": KEY[1], "dtype": KEY[2], "verdict": "nondeterministic"}
+    ]
 
 
 def test_a_stage_that_raises_makes_the_test_not_checked(calls: list[str]) -> None:

@@ -171,3 +171,42 @@ def test_bitwise_comparison_distinguishes_negative_zero() -> None:
     signs = iter([1.0, -1.0])
     with pytest.raises(NotReproducibleError):
         assert_reproducible(lambda: torch.zeros(2) * next(signs), runs=2)
+
+
+def test_failures_show_the_callers_frame_not_the_plugins(
+    planted_conftest: pytest.Pytester,
+) -> None:
+    """``__tracebackhide__``: the traceback ends at the user's call, with the message."""
+    planted_conftest.makepyfile(
+        test_user="""
+        import itertools
+        import torch
+        from pytest_backends import assert_reproducible, expect_nondeterministic_alert
+
+        def test_noisy():
+            assert_reproducible(torch.ops.pbtest.noisy, torch.ones(3), backward=False)
+
+        def test_structure():
+            sizes = itertools.count(1)
+            assert_reproducible(lambda: [torch.ones(1)] * next(sizes))
+
+        def test_alert():
+            expect_nondeterministic_alert(lambda: torch.ones(2).add(1))
+        """
+    )
+    result = planted_conftest.runpytest_subprocess("--tb=long")
+    result.assert_outcomes(failed=3)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            ">*assert_reproducible(torch.ops.pbtest.noisy, torch.ones(3), backward=False)",
+            "E*NotReproducibleError: assert_reproducible: output differs between run 0 and run 1*",
+            ">*assert_reproducible(lambda: [[]torch.ones(1)[]] * next(sizes))",
+            "E*NotReproducibleError: assert_reproducible: run 1 returned a different structure*",
+            ">*expect_nondeterministic_alert(lambda: torch.ones(2).add(1))",
+            "E*AlertExpectationError: expected fn to raise*",
+        ]
+    )
+    # No line of the plugin's source is shown: its frames are hidden.
+    for internal in ("_check_runs", "raise NotReproducibleError", "_call_raising", "api.py:"):
+        assert internal not in out, out
