@@ -14,9 +14,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import pytest
+
+_T = TypeVar("_T")
+_D = TypeVar("_D")
 
 __all__ = [
     "CENSUS_WRITTEN_KEY",
@@ -40,6 +43,7 @@ __all__ = [
     "explicit_label",
     "read",
     "reduces_onednn_precision",
+    "stashed",
     "strict",
 ]
 
@@ -199,3 +203,11 @@ def reduces_onednn_precision(flags: Mapping[str, object]) -> bool:
         and value in ("bf16", "tf32")
         for name, value in flags.items()
     )
+
+
+def stashed(stash: pytest.Stash, key: pytest.StashKey[_T], default: _D) -> _T | _D:
+    """``stash.get(key, default)``, without raising and catching ``KeyError`` on a miss.
+
+    For the per-test and per-item reads, where the key is mostly absent.
+    """
+    return stash[key] if key in stash else default  # noqa: SIM401 (get raises on a miss)

@@ -65,11 +65,16 @@ _VIEWS: dict[torch.dtype, torch.dtype] = {}
 
 
 def _find_memcmp() -> Any:
-    """The C library's ``memcmp`` through ctypes, or None where it cannot be loaded."""
+    """The C library's ``memcmp`` through ctypes, or None where it cannot be loaded.
+
+    Called as a Python API function (``PyDLL``): it keeps the GIL, where a
+    ``CDLL`` call releases and takes it back, which costs as much again as
+    the call itself on the few rows of a check's sub-batch.
+    """
     try:
         import ctypes
 
-        memcmp = ctypes.CDLL(None).memcmp
+        memcmp = ctypes.PyDLL(None).memcmp
         memcmp.restype = ctypes.c_int
         memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
     except (OSError, AttributeError, TypeError):  # no C library in the process (Windows)
@@ -160,11 +165,14 @@ def differing_parts(
     row_bytes = ref.nbytes // ref.shape[0]
     base = ref.data_ptr()
     differing = []
-    for i, (rows, first, t) in enumerate(parts):
+    i = -1
+    for rows, first, t in parts:
+        i += 1
+        k = len(rows)
         if (
             type(t) is not tensor_type
             or t.dtype != dtype
-            or t.shape != (len(rows), *tail)
+            or t.shape != (k, *tail)
             or not t.is_cpu
             or not t.is_contiguous()
             or t.is_conj()
@@ -172,11 +180,11 @@ def differing_parts(
             or t._is_zerotensor()
         ):
             return None
-        at = t.data_ptr()
         if first is not None:
-            if memcmp(base + first * row_bytes, at, len(rows) * row_bytes):
+            if memcmp(base + first * row_bytes, t.data_ptr(), k * row_bytes):
                 differing.append(i)
             continue
+        at = t.data_ptr()
         for j, r in enumerate(rows):
             if memcmp(base + r * row_bytes, at + j * row_bytes, row_bytes):
                 differing.append(i)

@@ -195,6 +195,10 @@ class Inputs:
         self._copied = [(i, c) for i, c in enumerate(self.copies) if c is not None]
         self.needs_grad = any(grad for _, _, _, grad in self._entries)
 
+    def copied(self) -> list[tuple[int, torch.Tensor]]:
+        """The tensor inputs' copies with their indices (``versions[i]``: a copy's last write)."""
+        return self._copied
+
     def refresh(self) -> None:
         """Rewrite every copy that a run wrote in place."""
         versions = self.versions

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import struct
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -206,6 +207,7 @@ class _NumpyRandom:
         self.np = np
         self.rand = np.random.mtrand._rand
         self.state: Any = None
+        self.bit_generator = _bits_of(self.rand)
         # The generator's key and position; the cached Gaussian's flag, then its value.
         self.memory: tuple[Any, Any] | None = None
         try:
@@ -225,6 +227,17 @@ class _NumpyRandom:
             self.raw: tuple[bytes, bytes] = (b"", b"")
         else:
             self.raw = (self.memory[0].raw, self.memory[1].raw)
+
+    def fresh(self) -> _NumpyRandom:
+        """A probe of the same generator holding its state now (the layout found once)."""
+        new = _NumpyRandom.__new__(_NumpyRandom)
+        new.__dict__.update(self.__dict__)
+        if self.memory is None:
+            new.state = self.np.random.get_state()
+        else:
+            new.state = None
+            new.raw = (self.memory[0].raw, self.memory[1].raw)
+        return new
 
     def changed(self) -> bool:
         """Whether the state may differ from the one at the start (True when not probed)."""
@@ -246,7 +259,7 @@ class _NumpyRandom:
 class State:
     """What every run starts from: the global RNGs, the modules' buffers and modes, the inputs.
 
-    :meth:`restore` puts back what the previous run changed: the RNGs, the
+    :attr:`restore` puts back what the previous run changed: the RNGs, the
     buffers (BatchNorm's running statistics and ``num_batches_tracked``), a
     module's ``training`` flag when it was switched, an input copy that a
     run wrote in place. The Python and NumPy generators are set only when
@@ -254,71 +267,123 @@ class State:
     than to read.
     """
 
+    #: Put back the RNGs (global, passed as arguments), modules' buffers and modes, inputs.
+    #: A function made once per state, with everything it reads bound in it: it runs
+    #: before every run of a check, where each attribute lookup costs.
+    restore: Callable[[], None]
+
     def __init__(self, fn: object, inputs: Inputs | None = None) -> None:
         import sys
 
         import torch
 
         self.inputs = inputs
-        self._generator = torch.default_generator
-        self._torch = self._generator.get_state()
-        self._cuda = (
+        generator = torch.default_generator
+        saved = generator.get_state()
+        cuda = (
             torch.cuda.get_rng_state_all()
             if torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
             else None
         )
         # Generators passed as arguments start every run where they were, as the global ones do.
-        self._given = [
+        given = [
             (g, g.get_state())
             for g in (inputs.inputs if inputs is not None else ())
             if isinstance(g, torch.Generator)
         ]
-        self._python = _PythonRandom()
         np = sys.modules.get("numpy")
-        self._numpy = _NumpyRandom(np) if np is not None else None
-        self._buffers: list[tuple[Any, str, torch.Tensor, torch.Tensor]] = []
+        buffers: list[tuple[Any, str, torch.Tensor, torch.Tensor]] = []
         # (module, its attributes, its training flag): the flag read without the class lookup
-        self._modes: list[tuple[Any, dict[str, Any], bool]] = []
-        modes, buffers = self._modes, self._buffers
+        modes: list[tuple[Any, dict[str, Any], bool]] = []
         for sub in _submodules(_modules(fn)):
             modes.append((sub, sub.__dict__, sub.training))
             if sub._buffers:
                 for name, buf in sub._buffers.items():
                     if buf is not None:
                         buffers.append((sub, name, buf, buf.detach().clone()))
+        self.restore = _restorer(
+            generator.set_state,
+            saved,
+            cuda,
+            given,
+            _PythonRandom(),
+            _numpy_random(np) if np is not None else None,
+            buffers,
+            modes,
+            inputs,
+        )
 
-    def restore(self) -> None:
-        """Put back the RNGs (global, passed as arguments), modules' buffers and modes, inputs."""
-        self._generator.set_state(self._torch)
-        if self._cuda is not None:
+
+def _numpy_random(np: Any) -> _NumpyRandom:
+    """A probe of NumPy's global generator: made once per generator, its state read each time."""
+    rand = np.random.mtrand._rand
+    cached = _NUMPY.get(id(rand))
+    if cached is None or cached.rand is not rand or cached.bit_generator is not _bits_of(rand):
+        _NUMPY.clear()  # holds the generator: its id is not reused while it is here
+        cached = _NUMPY[id(rand)] = _NumpyRandom(np)
+    return cached.fresh()
+
+
+def _bits_of(rand: Any) -> Any:
+    return getattr(rand, "_bit_generator", None)
+
+
+_NUMPY: dict[int, _NumpyRandom] = {}
+
+
+def _restorer(
+    set_state: Callable[[Any], Any],
+    saved: Any,
+    cuda: Any,
+    given: list[tuple[Any, Any]],
+    python: _PythonRandom,
+    numpy: _NumpyRandom | None,
+    buffers: list[tuple[Any, str, torch.Tensor, torch.Tensor]],
+    modes: list[tuple[Any, dict[str, Any], bool]],
+    inputs: Inputs | None,
+) -> Callable[[], None]:
+    """:attr:`State.restore`, with what it reads bound as locals."""
+    py_memory, py_raw, py_inst, py_gauss = python.memory, python.raw, python.inst, python.gauss
+    np_key: Any = None
+    np_gauss: Any = None
+    if numpy is not None and numpy.memory is not None:
+        np_key, np_gauss = numpy.memory
+    np_raw_key, np_raw_gauss = numpy.raw if numpy is not None else (b"", b"")
+    np_probed = np_key is not None
+    # Input copies and the versions they were made (or last rewritten) at.
+    copied = inputs.copied() if inputs is not None else []
+    versions = inputs.versions if inputs is not None else []
+
+    def restore() -> None:
+        set_state(saved)
+        if cuda is not None:
             import torch
 
-            torch.cuda.set_rng_state_all(self._cuda)
-        for generator, state in self._given:
+            torch.cuda.set_rng_state_all(cuda)
+        for generator, state in given:
             generator.set_state(state)
-        python, numpy = self._python, self._numpy
-        if (
-            python.memory is None
-            or python.memory.raw != python.raw
-            or python.inst.gauss_next is not python.gauss
-        ):
+        if py_memory is None or py_memory.raw != py_raw or py_inst.gauss_next is not py_gauss:
             python.reset()
-        if numpy is not None:
-            memory = numpy.memory
-            if memory is None or memory[0].raw != numpy.raw[0] or memory[1].raw != numpy.raw[1]:
-                numpy.reset()
-        if self._buffers:
+        if numpy is not None and (
+            not np_probed or np_key.raw != np_raw_key or np_gauss.raw != np_raw_gauss
+        ):
+            numpy.reset()
+        if buffers:
             import torch
 
             # Always copied back: kernels such as native_batch_norm update running
             # statistics in place without moving the tensor's version.
             with torch.no_grad():
-                for module, name, buf, saved in self._buffers:
+                for module, name, buf, value in buffers:
                     if module._buffers.get(name) is not buf:
                         module._buffers[name] = buf
-                    buf.copy_(saved)
-        for module, attributes, training in self._modes:
+                    buf.copy_(value)
+        for module, attributes, training in modes:
             if attributes.get("training") is not training:
                 module.train(training)
-        if self.inputs is not None:
-            self.inputs.refresh()
+        for i, copy in copied:
+            if copy._version != versions[i]:
+                inputs.refresh()  # type: ignore[union-attr]
+                break
+
+    return restore

@@ -17,7 +17,7 @@ import pytest
 
 from pytest_backends import _xdist
 
-__all__ = ["BackendsLeakWarning", "Findings", "warn_leak"]
+__all__ = ["BackendsLeakWarning", "Findings", "drift_message", "warn_leak"]
 
 #: The name of the findings a worker leaves for the controller.
 _CHANNEL = _xdist.channel("isolation")
@@ -36,6 +36,17 @@ def warn_leak(message: str) -> None:
     else:
         return
     pytest.fail(error, pytrace=False)
+
+
+def drift_message(nodeid: str, text: str) -> str:
+    """The report of flags found changed between tests, before ``nodeid`` started."""
+    return (
+        f"torch backend flags changed between tests (before {nodeid} started):\n{text}\n"
+        "No test was running, so the change came from another thread (for example "
+        "one an earlier test started and did not join) or from a plugin hook. "
+        "The flags were restored. Flags are process-global: join threads that "
+        "change them before the test ends."
+    )
 
 
 class Findings:

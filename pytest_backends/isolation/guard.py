@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_backends import _shared
-from pytest_backends.isolation.findings import Findings, warn_leak
+from pytest_backends.isolation.findings import Findings, drift_message, warn_leak
 from pytest_backends.isolation.markers import marker_mode
 from pytest_backends.isolation.modules import ModuleFlags
 from pytest_backends.isolation.snapshot import Fingerprint, diff_lines, registry
@@ -29,6 +29,7 @@ from pytest_backends.isolation.teardown import (
     TeardownOwners,
     WiderFixtures,
     fixture_label,
+    is_parameter,
     leak_messages,
     settle,
     teardown_messages,
@@ -63,6 +64,8 @@ class _ItemState:
     # flags the plugin applied for the test (its configuration, its module's
     # import-time flags) where they differ from the between-tests state
     applied: dict[str, object] = field(default_factory=dict)
+    # what conftest hooks changed in the test's phases: (hook, phase, diff) (see .hooks)
+    hooks: list[tuple[str, str, dict[str, tuple[object, object]]]] = field(default_factory=list)
 
 
 class IsolationPlugin:
@@ -179,15 +182,15 @@ class IsolationPlugin:
     def pytest_runtest_protocol(
         self, item: pytest.Item, nextitem: pytest.Item | None
     ) -> Generator[None, object, object]:
-        flags = item.stash.get(_shared.ITEM_FLAGS_KEY, None)
+        flags = _shared.stashed(item.stash, _shared.ITEM_FLAGS_KEY, None)
         mode, marker_error = marker_mode(item, self.settings.mode)
         if marker_error:
             item.stash[SETUP_ERROR_KEY] = f"{item.nodeid}: {marker_error}"
         if not flags and mode == "off" and self.settings.mode == "off":
             return (yield)
-        threads_before = set(threading.enumerate())
+        threads_before = threading.enumerate()
         try:
-            state: _ItemState | None = self._begin(item, flags, mode)
+            state: _ItemState | None = self._begin(item, flags, mode, threads_before)
         except Exception as exc:  # a broken registry fails this test, not the run
             item.stash[SETUP_ERROR_KEY] = (
                 f"pytest-backends could not read torch backend flags: {type(exc).__name__}: {exc}"
@@ -199,7 +202,9 @@ class IsolationPlugin:
         finally:
             self._current = None
             self._previous = item.nodeid
-            self.threads.started_by(set(threading.enumerate()) - threads_before, item.nodeid)
+            threads_after = threading.enumerate()
+            if threads_after != threads_before:  # else no thread started
+                self.threads.started_by(set(threads_after) - set(threads_before), item.nodeid)
             if state is not None:
                 try:  # inline, not _unchecked_on_error: this runs for every test
                     self._end(item, state)
@@ -210,8 +215,9 @@ class IsolationPlugin:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Register the primitive-log wrapper when a collected test needs it (else no call hook)."""
         needs = any(
-            _shared.reduces_onednn_precision(item.stash.get(_shared.ITEM_FLAGS_KEY, {}))
+            _shared.reduces_onednn_precision(flags)
             for item in session.items
+            if (flags := _shared.stashed(item.stash, _shared.ITEM_FLAGS_KEY, None))
         )
         manager = session.config.pluginmanager
         name = "backends-isolation-primitive-log"
@@ -226,15 +232,18 @@ class IsolationPlugin:
         item: pytest.Item,
         flags: Mapping[str, object] | None,
         mode: str,
+        threads: list[threading.Thread],
     ) -> _ItemState:
         watch = self.watch
+        alive: list[threading.Thread] | None = threads
         if flags and not watch.ready():
             registry()  # imports torch; the import hook takes the snapshot
             watch.ready()
+            alive = None  # the import ran code: take the threads again
         if not watch.settled:
             watch.checkpoint(HOOK_SOURCE)
             watch.settled = True
-        strays = self.threads.suspects()
+        strays = self.threads.suspects(alive)
         if not watch.ready():
             return _ItemState(item, mode, None, None, strays)
         reg = registry()
@@ -279,19 +288,14 @@ class IsolationPlugin:
             self._ambient_fp = reg.fingerprint()
         elif not self._late:
             self.threads.settled()
+            return  # nothing changed between tests: nothing to report
         text = self._late_text(drift)
         if self.settings.mode == "off" or not text:
             return
         # Emitted in the setup phase, where pytest records warnings per test (and
         # where -W error makes it that test's error, never an INTERNALERROR).
-        item.stash[DRIFT_KEY] = (
-            f"torch backend flags changed between tests (before {item.nodeid} started):\n"
-            f"{text}\n"
-            "No test was running, so the change came from another thread (for example "
-            "one an earlier test started and did not join) or from a plugin hook. "
-            "The flags were restored. Flags are process-global: join threads that "
-            "change them before the test ends."
-            + thread_hint(self.threads.suspects(), "at that time", self.threads.finished())
+        item.stash[DRIFT_KEY] = drift_message(item.nodeid, text) + thread_hint(
+            self.threads.suspects(), "at that time", self.threads.finished()
         )
 
     def _end(self, item: pytest.Item, state: _ItemState) -> None:
@@ -326,10 +330,10 @@ class IsolationPlugin:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """Report drift found before this test, and errors that belong to this test."""
-        drift = item.stash.get(DRIFT_KEY, None)
+        drift = _shared.stashed(item.stash, DRIFT_KEY, None)
         if drift is not None:
             warn_leak(drift)
-        error = item.stash.get(SETUP_ERROR_KEY, None)
+        error = _shared.stashed(item.stash, SETUP_ERROR_KEY, None)
         if error is not None:
             pytest.fail(error, pytrace=False)
 
@@ -338,7 +342,7 @@ class IsolationPlugin:
         self, fixturedef: Any, request: pytest.FixtureRequest
     ) -> Generator[None, object, object]:
         state = self._current
-        if state is None or _is_parameter(fixturedef):
+        if state is None or is_parameter(fixturedef):
             return (yield)
         before_fp = registry().fingerprint() if self.watch.ready() else None
         result = yield
@@ -494,6 +498,11 @@ class IsolationPlugin:
         if expected is None:
             expected = dict(self._ensure_ambient())
         after = reg.to_plain(fp)
+        if state.hooks:
+            from pytest_backends.isolation.hooks import HOOKS_TITLE, hook_findings
+
+            for message in hook_findings(reg, state.hooks, after):
+                self.findings.add(HOOKS_TITLE, message, fails=state.mode == "fail")
         leaked = self._torch_own(reg.diff(expected, after), expected)
         if not leaked:
             return fp
@@ -503,12 +512,45 @@ class IsolationPlugin:
         if leaked:
             found[state.mode].append(
                 f"{item.nodeid} left torch backend flags changed:\n{diff_lines(leaked)}\n"
-                "They were restored for the next test (but those marked as not). Restore them "
+                "They were restored for the next test. Restore them "
                 "in the test (try/finally), or set them with the backend_flags fixture or "
                 "pytest_backends.override_flags(), which always restore."
                 + thread_hint(state.threads)
             )
         return None
+
+    def pytest_plugin_registered(self, plugin: object, manager: pytest.PytestPluginManager) -> None:
+        """A conftest with test-phase hooks: what they change is theirs (see .hooks)."""
+        if str(getattr(plugin, "__file__", "")).endswith("conftest.py") and any(
+            hasattr(plugin, f"pytest_runtest_{phase}") for phase in ("setup", "call", "teardown")
+        ):
+            from pytest_backends.isolation.hooks import watch_conftest
+
+            watch_conftest(self, plugin, manager)
+
+    def checkpoint(self) -> Fingerprint | None:
+        """The flags now, while the guard checks a running test (else None)."""
+        state = self._current
+        ready = state is not None and state.mode != "off" and self.watch.ready()
+        fp: Fingerprint | None = registry().fingerprint() if ready else None
+        return fp
+
+    def hook_changed(self, label: str, phase: str, before_fp: Fingerprint) -> None:
+        """Hook ``label`` changed flags since ``before_fp``: the test expects them."""
+        state, reg = self._current, registry()
+        after_fp = reg.fingerprint()
+        if state is None or after_fp == before_fp:
+            return
+        before = reg.to_plain(before_fp)
+        delta = self._torch_own(reg.diff(before, reg.to_plain(after_fp)), before)
+        if not delta:
+            return
+        state.hooks.append((label, phase, delta))
+        state.expected = {**(state.expected or self._ensure_ambient())}
+        state.expected.update({name: a for name, (_b, a) in delta.items()})
+        state.expected_fp = None
+        if phase == "teardown" and state.teardown.follows():
+            state.teardown.begin(reg)  # not the next finalized fixture's change
 
     # -- session end ------------------------------------------------------
 
@@ -572,11 +614,3 @@ class IsolationPlugin:
                 fails=False,
             )
         self.findings.write(terminalreporter)
-
-
-def _is_parameter(fixturedef: Any) -> bool:
-    """A ``parametrize`` argument's stand-in fixture: it returns the parameter, runs no code."""
-    func = getattr(fixturedef, "func", None)
-    return getattr(func, "__name__", "") == "get_direct_param_fixture_func" and getattr(
-        func, "__module__", ""
-    ).startswith("_pytest")

@@ -38,13 +38,41 @@ def _safe_repr(value: object) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+#: Whether a node type reads its markers as pytest's own nodes do (``pytest.Item``'s methods).
+_PLAIN_TYPES: dict[type, bool] = {}
+_MARKER_METHODS = ("get_closest_marker", "iter_markers", "iter_markers_with_node", "iter_parents")
+
+
+def _closest(node: pytest.Item | pytest.Collector) -> pytest.Mark | None:
+    """``node.get_closest_marker(MARKER)``, read without its generators (once per test).
+
+    The same walk as pytest's: the node's own markers, then each parent's; a
+    node type that reads its markers otherwise is asked through its own method.
+    """
+    kind = type(node)
+    plain = _PLAIN_TYPES.get(kind)
+    if plain is None:
+        plain = _PLAIN_TYPES[kind] = all(
+            getattr(kind, name, None) is getattr(pytest.Item, name) for name in _MARKER_METHODS
+        )
+    if not plain:
+        return node.get_closest_marker(MARKER)
+    current: pytest.Item | pytest.Collector | pytest.Session | None = node
+    while current is not None:
+        for mark in current.own_markers:
+            if getattr(mark, "name", None) == MARKER:
+                return mark
+        current = current.parent
+    return None
+
+
 def marker_mode(node: pytest.Item | pytest.Collector, default: str) -> tuple[str, str | None]:
     """The leak mode for ``node``: its closest ``backends_leaks`` marker, else ``default``.
 
     Never raises: a malformed marker gives ``(default, message)`` so that the
     caller can fail that one test and let every other test run.
     """
-    marker = node.get_closest_marker(MARKER)
+    marker = _closest(node)
     if marker is None:
         return default, None
     args = marker.args

@@ -60,6 +60,7 @@ __all__ = [
     "WiderFixtures",
     "fixture_label",
     "has_teardown",
+    "is_parameter",
     "leak_messages",
     "settle",
     "teardown_messages",
@@ -168,6 +169,14 @@ def _where(baseid: str, file: str | None, module: str | None) -> str:
         if rel.startswith(f"{baseid}/") if baseid else rel == "conftest.py":
             return rel
     return baseid or module or "a plugin"
+
+
+def is_parameter(fixturedef: Any) -> bool:
+    """A ``parametrize`` argument's stand-in fixture: it returns the parameter, runs no code."""
+    func = getattr(fixturedef, "func", None)
+    return getattr(func, "__name__", "") == "get_direct_param_fixture_func" and getattr(
+        func, "__module__", ""
+    ).startswith("_pytest")
 
 
 def fixture_label(fixturedef: Any) -> str:

@@ -52,11 +52,14 @@ class ThreadOrigins:
         if self._strays:
             self._strays = [s for s in self._strays if not _ended(s[0])]
 
-    def suspects(self) -> list[tuple[str, str]]:
-        """``(name, origin)`` of the live threads that may change flags."""
+    def suspects(self, alive: list[threading.Thread] | None = None) -> list[tuple[str, str]]:
+        """``(name, origin)`` of the live threads that may change flags.
+
+        ``alive``: ``threading.enumerate()`` as the caller just took it.
+        """
         current = threading.current_thread()
         suspects = []
-        for thread in threading.enumerate():
+        for thread in threading.enumerate() if alive is None else alive:
             if thread is current or thread in self.watch.infra_threads:
                 continue
             origin = self._by_test.get(thread) or self._suite_origin(thread)

@@ -259,13 +259,13 @@ class MatrixPlugin:
         }
         warned: set[str] = set()
         for item in items:
-            defid = self._defid(item)
-            if defid in warned:
+            if warned and self._defid(item) in warned:
                 continue
             for mark in item.iter_markers():
                 if mark.name == markers.MARKER or mark.name in registered:
                     continue
                 if difflib.get_close_matches(mark.name, [markers.MARKER], n=1, cutoff=0.75):
+                    defid = self._defid(item)
                     warned.add(defid)
                     message = (
                         f"@pytest.mark.{mark.name} on {defid} is not a pytest-backends marker: "
@@ -291,9 +291,11 @@ class MatrixPlugin:
         read = MarkReader()
         for item in items:
             marks = read(item)
+            if not marks:  # most items: no definition id needed
+                continue
             defid = self._defid(item)
             seen = expanded.get(defid)
-            if not marks or marks == seen or defid in self._errors:
+            if marks == seen or defid in self._errors:
                 continue
             if seen:
                 if all(any(same(m, s) for s in seen) for m in marks):
@@ -505,7 +507,7 @@ class MatrixPlugin:
             items[:] = kept
 
     def _config_id(self, item: pytest.Item) -> str:
-        backend: object = item.stash.get(_shared.CONFIG_KEY, None)
+        backend: object = _shared.stashed(item.stash, _shared.CONFIG_KEY, None)
         if backend is None:
             named = self._named.get(item.nodeid)
             callspec = getattr(item, "callspec", None)
@@ -544,10 +546,14 @@ class MatrixPlugin:
 
     def _record_selection(self, session: pytest.Session) -> None:
         """How many items the matrix and the verifier act on (for the empty-selection check)."""
+        if not self.settings.enabled and self.settings.verify == "off":
+            return  # neither acts on any item: nothing to count
         configs = [
             c
             for item in session.items
-            if isinstance(c := item.stash.get(_shared.CONFIG_KEY, DEFAULT_CONFIG), BackendConfig)
+            if isinstance(
+                c := _shared.stashed(item.stash, _shared.CONFIG_KEY, DEFAULT_CONFIG), BackendConfig
+            )
             and c.choices
         ]
         if self.settings.enabled and self.settings.select:
