@@ -310,4 +310,8 @@ def write_output(path: Path, text: str, kind: OutputKind) -> None:
     try:
         atomic_write_text(path, text, mode)
     except OSError as exc:
-        raise OutputFileError(f"cannot write {path}: {exc.strerror or exc}") from None
+        why = exc.strerror or str(exc)
+        if exc.filename is not None and Path(exc.filename).name.startswith(f".{path.name}."):
+            # the temporary file beside it: the directory refused a new file
+            why = f"cannot create a file in {path.parent} ({why})"
+        raise OutputFileError(f"cannot write {path}: {why}") from None

@@ -236,6 +236,22 @@ def test_symlinks_fifos_directories_and_devices_are_never_replaced(tmp_path: Pat
     assert {"a symbolic link", "a FIFO", "a directory"} <= set(seen)
 
 
+def test_a_directory_that_refuses_new_files_is_named(tmp_path: Path) -> None:
+    """``/proc/version`` reads as an empty regular file; only the temporary file beside it fails."""
+    if os.getuid() == 0:
+        target = Path("/proc/version")
+        if not target.is_file():
+            pytest.skip("no /proc here")
+    else:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        target = locked / "report.json"
+        locked.chmod(0o500)
+    with pytest.raises(_files.OutputFileError) as info:
+        _files.write_output(target, _own_report(), _files.JSON_REPORT)
+    assert f"cannot write {target}: cannot create a file in {target.parent}" in str(info.value)
+
+
 @pytest.mark.parametrize("mask", [0o022, 0o077, 0o002])
 def test_new_files_follow_the_umask_and_rewrites_keep_the_mode(tmp_path: Path, mask: int) -> None:
     path = tmp_path / "census.json"
