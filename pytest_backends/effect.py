@@ -74,8 +74,9 @@ class FlagEffect:
             )
         if not self.has_effect:
             return (
-                f"{self.flag}: no effect: {shown} gave bit-identical outputs "
-                "(the same path ran for every value)"
+                f"{self.flag}: no effect: {shown} gave bit-identical outputs here (other "
+                "kernels may have run and happened to agree exactly; the op trace of "
+                "assert_paths_agree tells)"
             )
         parts = " | ".join(", ".join(map(repr, group)) for group in self.groups)
         rel = self.max_rel_diff or (None,) * len(self.values)
