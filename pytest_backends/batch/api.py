@@ -355,7 +355,7 @@ def assert_batch_invariant(
     elif failing.part.startswith("output structure"):
         finding = None
     elif locate:
-        from pytest_backends.batch.locate import find_op, with_location
+        from pytest_backends.batch.explain import find_op, with_location
 
         case = next(c for c in cases if c.label == failing.case)
         start.restore()
@@ -443,7 +443,7 @@ def _unexplained(
     A failing part whose own run has an op outside the baseline is reported
     first, then any other unexplained one, each with its own case's cause.
     """
-    from pytest_backends.batch.locate import finding_of
+    from pytest_backends.batch.explain import finding_of
 
     new = session.unaccepted()
     pending: list[tuple[CaseResult, Finding | None]] = []

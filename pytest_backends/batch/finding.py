@@ -30,9 +30,13 @@ class Finding:
     generator states: its result changes from call to call whatever the batch),
     ``"scalar"``
     (``op``'s tensor inputs were equal but a non-tensor argument, a value
-    computed from the batch size, was not), ``"sequence"`` (the runs called
-    different ops from ``op_index`` on: control flow depends on the batch
-    size) or ``"none"`` (no op could be blamed; ``reason`` says why).
+    computed from the batch size, was not), ``"path"`` (the runs called
+    different ops from ``op_index`` on, from the same line of user code in
+    both: torch chose other ops for another batch size, ``op`` in the full
+    batch and ``other_op`` in the sub-batch), ``"sequence"`` (the runs called
+    different ops from ``op_index`` on, from different lines: control flow in
+    the code depends on the batch size) or ``"none"`` (no op could be blamed;
+    ``reason`` says why).
     """
 
     kind: str
@@ -47,11 +51,19 @@ class Finding:
     #: Every cause found in the run, in op order, this finding among them: each op whose
     #: output rows differ for identical input rows, each value computed from the batch
     #: size, a different op sequence, each reduction over the batch that reaches a
-    #: batched output. A baseline can accept only the first kind (:meth:`key`).
+    #: batched output. A baseline can accept only a blamed op and a path torch chose
+    #: (:meth:`key`).
     causes: tuple[Finding, ...] = ()
 
     def key(self) -> tuple[str, str | None, str | None] | None:
-        """``(op, device, dtype)`` of a blamed op (kind ``"op"``), else None."""
+        """The baseline key of a blamed op or of a path torch chose, else None.
+
+        ``(op, device, dtype)`` for kind ``"op"``; ``("<op> -> <other op>",
+        device, dtype)`` for kind ``"path"`` (the first ops that differ, full
+        batch first).
+        """
+        if self.kind == "path" and self.op is not None and self.other_op is not None:
+            return (f"{self.op} -> {self.other_op}", self.device, self.dtype)
         if self.kind != "op" or self.op is None:
             return None
         return (self.op, self.device, self.dtype)
@@ -111,6 +123,15 @@ class Finding:
                 f"full batch and {self.case} (op #{self.op_index} of the run): a value "
                 "computed from the batch size, or from state that changes from call to call "
                 "(a counter, an attribute the function sets); no kernel is blamed"
+            )
+        if self.kind == "path":
+            key = self.key()
+            return (
+                f"the full batch and {self.case} ran different ops from op #{self.op_index} on "
+                f"(full batch: {self.op}, sub-batch: {self.other_op}){at}, called from the same "
+                "line in both runs: torch chose other ops for another batch size (no branch in "
+                "the calling code), so the rows may differ in their last bits; a batch baseline "
+                f"can accept it as `{key[0] if key else self.op}`{where}"
             )
         if self.kind == "sequence":
             return (

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,15 +46,16 @@ from pytest_backends import _tree
 from pytest_backends.batch.dependence import draws, reads_other_rows, row_indices, template
 from pytest_backends.batch.finding import ACROSS, Finding
 from pytest_backends.batch.rows import rows_differ
-from pytest_backends.determinism.compare import Comparison, Divergence, merge_verdict
+from pytest_backends.batch.sites import Site, call_site
+from pytest_backends.determinism.compare import merge_verdict
 from pytest_backends.determinism.keys import op_info
-from pytest_backends.determinism.locate import locate, run_uncounted
+from pytest_backends.determinism.locate import run_uncounted
 from pytest_backends.determinism.op_tables import UNINITIALIZED
 
 if TYPE_CHECKING:
-    from pytest_backends.batch.runs import Case, Plan
+    from pytest_backends.batch.runs import Plan
 
-__all__ = ["Finding", "OpLog", "RowRecorder", "compare_ops", "find_op", "record"]
+__all__ = ["Finding", "OpLog", "RowRecorder", "compare_ops", "record"]
 
 #: Verdicts per op, strongest first.
 VERDICTS = ("batch_variant", "no_difference", "inconclusive")
@@ -75,6 +77,8 @@ class _Op:
     dropped: bool = False
     #: The op and its arguments with the tensors taken out, to run it again on other rows.
     call: tuple[Any, object, dict[str, Any]] | None = None
+    #: The call in the user's code the op ran under (:func:`call_site`).
+    site: Site | None = None
 
 
 @dataclass
@@ -246,6 +250,7 @@ class RowRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 tuple(_ptr(t) for t in tensors_out),
                 dropped,
                 None if dropped else (func, template(list(args), [0]), kwargs),
+                call_site(sys._getframe(1)),
             )
         )
         return out
@@ -395,7 +400,10 @@ def compare_ops(
         key = (a.name, a.device, a.dtype)
         if a.name != b.name:
             if i < limit:
-                sequence = Finding("sequence", case, a.name, a.device, a.dtype, i, other_op=b.name)
+                # Under one call of the user's code in both runs, torch chose the ops (its
+                # matmul: ``t`` + ``mm`` for eight rows, ``view`` + ``addmm`` for one).
+                kind = "path" if a.site is not None and a.site == b.site else "sequence"
+                sequence = Finding(kind, case, a.name, a.device, a.dtype, i, other_op=b.name)
             break
         # Follow mixed data: an op fed by a mixing reduction's output carries it on.
         sources = {mixed[p] for p in a.in_ptrs if p in mixed}
@@ -522,6 +530,13 @@ def compare_ops(
                 "sequence", case, a_name, longer[i].device, longer[i].dtype, i, other_op=b_name
             )
     causes.extend(f for j, (i, f) in enumerate(mixing) if j in relevant and i < limit)
+    if sequence is not None and sequence.op_index is not None:
+        # The ops after the sequences part are not compared; where the sub-batch's run drew
+        # random numbers there (dropout in train mode), the draws explain its rows.
+        after = _draw_after(sub, sequence.op_index, part, case)
+        if after is not None:
+            causes.append(after)
+            sequence = None
     causes = _reaching(sub, causes, part)
     kinds = ("mixed", "random", "nondeterministic", "op", "scalar")
     finding = next((f for kind in kinds for f in causes if f.kind == kind), sequence)
@@ -545,6 +560,28 @@ def compare_ops(
         causes.append(Finding("none", case, reason="the recording reached its memory limit"))
     causes.sort(key=lambda f: len(full.ops) if f.op_index is None else f.op_index)
     return verdicts, dataclasses.replace(finding, causes=tuple(causes) or (finding,))
+
+
+def _draw_after(sub: OpLog, start: int, part: str | None, case: str) -> Finding | None:
+    """The first op of ``sub`` from ``start`` on that draws random numbers (:func:`draws`).
+
+    Only ops torch tags ``nondeterministic_seeded`` are run again; the forward
+    ops only, where ``part`` is an output.
+    """
+    seeded = getattr(torch.Tag, "nondeterministic_seeded", None)
+    end = len(sub.ops)
+    if part is not None and not part.startswith("grad of") and sub.backward_at is not None:
+        end = sub.backward_at
+    for j in range(start, end):
+        op = sub.ops[j]
+        tags = getattr(op.call[0], "tags", ()) if op.call is not None else ()
+        if seeded is None or seeded not in tags or op.name in UNINITIALIZED:
+            continue
+        ins = [_resolve(x) for x in op.inputs]
+        kept = [(x, ("unknown", 0, 0)) for x in ins if x is not None]
+        if len(kept) == len(ins) and draws(op.call, kept) == "random":
+            return Finding("random", case, op.name, op.device, op.dtype, j)
+    return None
 
 
 def _reaching(sub: OpLog, causes: list[Finding], part: str | None) -> list[Finding]:
@@ -573,44 +610,6 @@ def _reaching(sub: OpLog, causes: list[Finding], part: str | None) -> list[Findi
     if reached is None:
         return causes
     return [f for k, f in enumerate(causes) if k in reached]
-
-
-def finding_of(findings: dict[tuple[str, str], Finding], case: str, part: str) -> Finding | None:
-    """The finding of ``case`` that explains ``part`` (the whole run's where absent)."""
-    return findings.get((case, part)) or findings.get((case, "*"))
-
-
-def with_location(finding: Finding, plan: Plan, rows: Sequence[int], grads: Any) -> Finding:
-    """``finding`` with the source line of its op, found by running the sub-batch once more."""
-    from pytest_backends.batch.runs import arguments, call
-
-    if finding.op_index is None or finding.op is None:
-        return finding
-    name = finding.other_op if finding.kind == "sequence" else finding.op
-    if name is None or name.startswith("("):
-        return finding
-    plan = dataclasses.replace(plan, backward=grads is not None)
-    prepared = arguments(plan, rows, grads)
-    divergence = Divergence("op", 1, finding.op_index, name, finding.device, finding.dtype)
-    comparison = Comparison(2, [divergence], None, {})
-    placed = locate(comparison, lambda: call(plan, rows, grads, prepared=prepared))
-    location = placed.blamed[0].location if placed.blamed else None
-    if location is None:
-        return finding
-    return dataclasses.replace(finding, location=location)
-
-
-def find_op(
-    plan: Plan, case: Case, grads: list[torch.Tensor | None] | None, part: str | None = None
-) -> Finding:
-    """Record the full batch and ``case``'s sub-batch op by op and locate what explains ``part``."""
-    if case.size == plan.n:
-        _, finding = compare_ops(OpLog([]), OpLog([]), plan.n, case.rows, case.label)
-        return finding
-    full = record(plan, None, grads)
-    sub = record(plan, case.rows, grads)
-    _, finding = compare_ops(full, sub, plan.n, case.rows, case.label, part)
-    return with_location(finding, plan, case.rows, grads)
 
 
 if TYPE_CHECKING:

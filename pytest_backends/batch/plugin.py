@@ -111,6 +111,10 @@ class TestCheck:
                 verdicts, findings[(case.label, "*")] = compare_ops(
                     full, sub, plan.n, case.rows, case.label
                 )
+                # A path torch chose for this size is batch-variant where the rows differ.
+                for cause in findings[(case.label, "*")].causes if parts else ():
+                    if cause.kind == "path" and (key := cause.key()) is not None:
+                        verdicts[key] = "batch_variant"
                 for part in dict.fromkeys(parts):
                     _, findings[(case.label, part)] = compare_ops(
                         full, sub, plan.n, case.rows, case.label, part
@@ -144,10 +148,9 @@ class TestCheck:
         self._verdicts[key] = (old, same, differ)
 
     def accepts(self, finding: Finding | None) -> bool:
-        """Whether ``finding`` is a batch-variant op the baseline accepts (or is being added)."""
-        if finding is None or finding.kind != "op" or finding.op is None:
-            return False
-        return self.update or self.baseline.accepts((finding.op, finding.device, finding.dtype))
+        """Whether ``finding`` is a batch-variant op or torch-chosen path the baseline accepts."""
+        key = finding.key() if finding is not None else None
+        return key is not None and (self.update or self.baseline.accepts(key))
 
     def rows(self) -> list[dict[str, Any]]:
         """The test's census rows."""
