@@ -271,6 +271,7 @@ def assert_batch_invariant(
     input copies are put back as they were at the call, and after the check too:
     a train-mode BatchNorm's running statistics are left as found.
     """
+    __tracebackhide__ = True  # a failure shows the caller's line, not this function
     session = ACTIVE_CHECK.get()
     if session is not None:
         overrides = session.defaults(
@@ -366,8 +367,10 @@ def assert_batch_invariant(
                 finding = with_location(finding, plan, case.rows, grads)
         finally:
             start.restore()
+    part = full.by_label.get(failing.part)
+    exact = part is not None and not (part.is_floating_point() or part.is_complex())
     raise BatchInvarianceError(
-        _message(result, failing, finding, tol, also),
+        _message(result, failing, finding, tol, also, exact),
         result=result,
         case=failing,
         finding=finding,
@@ -480,10 +483,13 @@ def _message(
     finding: Finding | None,
     tol: tuple[float, float] | str | None,
     also: Sequence[str] = (),
+    exact: bool = False,
 ) -> str:
     size = f"a sub-batch of size {c.size} ({c.case})" if c.size < result.batch else c.case
     mode = "compared bitwise"
-    if isinstance(tol, tuple):
+    if exact and isinstance(tol, tuple):
+        mode = "an integer or bool output: compared bitwise, whatever the tolerance"
+    elif isinstance(tol, tuple):
         mode = f"beyond rtol={tol[0]:g}, atol={tol[1]:g}"
     if c.part.startswith("output structure ("):
         lines = [

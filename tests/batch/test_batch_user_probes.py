@@ -108,3 +108,31 @@ def test_a_sequence_first_lstm_is_checked_along_dimension_1() -> None:
     truth, _ = oracle(lstm, [x], [1], 1, [1, 3])
     assert _verdict(lstm, x, dim=1, out_dim=1) == truth
     assert _verdict(lstm, x, dim=-2, out_dim=-2) == truth
+
+
+INTEGER_UNDER_TOLERANCE = """
+import torch
+from pytest_backends import assert_batch_invariant
+
+
+def test_counts_under_a_tolerance():
+    assert_batch_invariant(
+        lambda x: (x.abs() * 10 + x.shape[0]).long(), torch.randn(8, 4), atol=100.0, rtol=1.0
+    )
+"""
+
+
+def test_an_integer_output_under_a_tolerance_says_it_was_compared_bitwise(
+    pytester: pytest.Pytester,
+) -> None:
+    """A difference of 7 is not "beyond atol=100": integers are compared bitwise.
+
+    And the failure shows the user's call and the message, not the check's own code.
+    """
+    pytester.makepyfile(test_ints=INTEGER_UNDER_TOLERANCE)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "an integer or bool output: compared bitwise, whatever the tolerance" in out, out
+    assert "beyond rtol" not in out, out
+    assert "def assert_batch_invariant" not in out and "session = ACTIVE_CHECK" not in out, out
