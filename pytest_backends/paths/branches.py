@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["path_difference"]
+__all__ = ["one_sided", "path_difference"]
 
 
 def _scalars(record: Any) -> list[object] | None:
@@ -47,14 +47,15 @@ def path_difference(ref: Any, other: Any, skipped: Sequence[str] = ()) -> str | 
     ops whose names start with one of ``skipped`` (random ops) are not named.
     """
     by_identity = {r.identity: r for r in ref.records}
-    seen = set()
+    mine_ids = {r.identity for r in other.records}
     for record in other.records:
-        seen.add(record.identity)
         if record.name.startswith(tuple(skipped)):
             continue
         ref_record = by_identity.get(record.identity)
         if ref_record is None:
-            return _only(record, other.config_id)
+            return one_sided(
+                record.identity, other.config_id, ref.config_id, _alone_at(ref, mine_ids, record)
+            )
         mine, theirs = _scalars(record), _scalars(ref_record)
         if mine is not None and theirs is not None and not _equal(mine, theirs):
             return (
@@ -64,14 +65,44 @@ def path_difference(ref: Any, other: Any, skipped: Sequence[str] = ()) -> str | 
                 "(computed from a flag, or read from a tensor with .item()), not a kernel"
             )
     for record in ref.records:
-        if record.identity not in seen and not record.name.startswith(tuple(skipped)):
-            return _only(record, ref.config_id)
+        if record.identity not in mine_ids and not record.name.startswith(tuple(skipped)):
+            return one_sided(
+                record.identity,
+                ref.config_id,
+                other.config_id,
+                _alone_at(other, set(by_identity), record),
+            )
     return None
 
 
-def _only(record: Any, config_id: str) -> str:
+def _alone_at(run: Any, others: set[Any], record: Any) -> list[str]:
+    """The ops of ``run`` not in ``others`` run from ``record``'s call site and module."""
+    return [
+        r.name
+        for r in run.records
+        if r.identity not in others and r.identity[1:3] == record.identity[1:3]
+    ]
+
+
+def one_sided(identity: Sequence[Any], side: str, other_side: str, theirs: Sequence[str]) -> str:
+    """Why an op ran on one path only.
+
+    ``identity`` is the op's ``(name, module, site, occurrence)``, ``side`` the
+    path that ran it, ``theirs`` the ops only ``other_side`` ran from the same
+    call site and module.  Ops on both sides from one call are torch choosing
+    other ops for that call; only ops from a call one path alone made are a
+    branch in the user's code.
+    """
+    name, _module, site, occurrence = identity[:4]
+    if theirs:
+        shown = ", ".join(dict.fromkeys(theirs))
+        return (
+            f"{name} at {site} ran under {side} only, where {other_side} ran {shown}: "
+            "torch chose other ops for the same call under each path (its dispatcher "
+            "picked another kernel or decomposition), not a branch in the user's code"
+        )
     return (
-        f"{record.name} at {record.site} ran under {config_id} only: the paths ran different "
-        "ops, so the code branches on a flag in Python (occurrence "
-        f"{record.identity[3]} of that op at that call site), not a kernel"
+        f"{name} at {site} ran under {side} only: the paths ran different ops, so the code "
+        f"branches on a flag in Python (occurrence {occurrence} of that op at that call "
+        "site), not a kernel"
     )

@@ -17,13 +17,15 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pytest_backends.paths.api import SKIPPED
 from pytest_backends.paths.bounds import pair_bound, reduction_length, term_scale
+from pytest_backends.paths.branches import one_sided
 from pytest_backends.paths.record import OpRecord, PathRecorder, module_tracking
 
 SAMPLE = 32
@@ -43,7 +45,9 @@ def _tensor_sketch(t: torch.Tensor) -> dict[str, Any]:
             flat.contiguous().view(torch.uint8).numpy().tobytes()
         ).hexdigest()[:24]
     n = flat.numel()
-    if n and flat.dtype != torch.bool:
+    if not (flat.is_floating_point() or flat.is_complex()):
+        out["nonzero"] = int(torch.count_nonzero(flat))
+    if n:
         idx = torch.unique(torch.linspace(0, n - 1, min(n, SAMPLE)).round().long())
         values = flat[idx].double()
         out["sample"] = [v if math.isfinite(v) else repr(v) for v in values.tolist()]
@@ -142,6 +146,8 @@ class Trace:
         """Read a trace file; ``ValueError`` naming the file when it is not one."""
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
+            if not any(line.strip() for line in lines):
+                raise ValueError(f"{path}: not a pytest-backends trace (empty file)")
             header = json.loads(lines[0])
             ops = [json.loads(line) for line in lines[1:] if line.strip()]
         except (OSError, IndexError, json.JSONDecodeError) as exc:
@@ -236,6 +242,36 @@ def _sketch_gap(
     return samples_within and proven < 0, worst, worst_rel, basis
 
 
+def _discrete(sk: Mapping[str, Any]) -> bool:
+    return not str(sk.get("dtype", "")).startswith(("float", "bfloat", "complex"))
+
+
+def _differing(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    """How many elements of two integer or bool sketches with other digests differ.
+
+    Exact when the samples hold every value; else a lower bound from the samples
+    and, for bools, the counts of true elements.
+    """
+    n = math.prod(int(d) for d in b["shape"])
+    if a["shape"] != b["shape"] or a["dtype"] != b["dtype"]:
+        return f"{a['dtype']} {a['shape']} vs {b['dtype']} {b['shape']}"
+    x, y = _values(a), _values(b)
+    seen = int((x != y).sum()) if x.numel() == y.numel() else 0
+    if x.numel() >= n and x.numel() == y.numel():
+        return f"{seen} of {n} elements differ"
+    least = max(seen, 1)
+    if a["dtype"] == "bool" and "nonzero" in a and "nonzero" in b:
+        least = max(least, abs(int(a["nonzero"]) - int(b["nonzero"])))
+    return f">= {least} of {n} elements differ (from {x.numel()} sampled values and the digests)"
+
+
+def _int_gap(sk: Mapping[str, Any], err: float, lower: str) -> str:
+    """``, max abs (>=) E`` for an integer tensor; nothing for a bool."""
+    if sk.get("dtype") == "bool" or not math.isfinite(err):
+        return ""
+    return f", max abs {'>= ' if lower else ''}{err:.3g}"
+
+
 def _dtype(name: str) -> torch.dtype:
     found = getattr(torch, name, None)
     return found if isinstance(found, torch.dtype) else torch.float32
@@ -258,12 +294,26 @@ class TraceDivergence:
     lower_bound: str = ""
     """Why ``max_abs`` and ``max_rel`` are lower bounds (the sketch did not see every
     value); ``""`` when they are exact."""
+    kind: str = "op"
+    """``"op"``: the op parts on its own; ``"one-sided"``: it ran in one trace only;
+    ``"inputs"``: its inputs already differ (and its output), from ops the traces
+    cannot compare."""
+    detail: str = ""
+    """For ``"op"``, how many elements of an integer or bool output differ; else why
+    the paths part there."""
 
     def summary(self) -> str:
         """One line naming the op, where it ran, the error and the bound.
 
         A lower bound reads ``max rel error >= R, max abs >= A (why)``.
         """
+        where = f"{self.op} ({self.site}, module {self.module or '<no module>'})"
+        if self.kind != "op":
+            return f"the paths part at {where}: {self.detail}"
+        if self.detail:
+            return (
+                f"the paths part at {where}: {self.detail}, compared exactly ({self.a} vs {self.b})"
+            )
         if self.lower_bound:
             error = (
                 f"max rel error >= {self.max_rel:.3g}, max abs >= {self.max_abs:.3g} "
@@ -314,74 +364,180 @@ def _bound(op: Mapping[str, Any], out: Mapping[str, Any], a: Trace, b: Trace) ->
     )
 
 
+#: Ops whose results are random or uninitialised memory: never compared, never blamed.
+RANDOM = ("aten::empty", "aten::new_empty", "aten::native_dropout")
+
+NOT_RECORDED = (
+    "  its tensor inputs agreed within their bounds but its output differs: another kernel, "
+    "or a non-tensor argument (a Python value) that differs between the runs; non-tensor "
+    "arguments are not recorded in traces, so the trace cannot tell which"
+)
+
+
+def _sides(a: Trace, b: Trace) -> tuple[str, str]:
+    """How the report names the two traces: their labels, or their files when those agree."""
+    if a.label != b.label:
+        return a.label, b.label
+    return f"{a.label} ({a.path})", f"{b.label} ({b.path})"
+
+
+def _first_alone(a: Trace, b: Trace) -> TraceDivergence | None:
+    """The first op that ran in one trace only (by the aligned ops before it), or None."""
+    ids_a = {tuple(op["identity"]) for op in a.ops}
+    ids_b = {tuple(op["identity"]) for op in b.ops}
+    side_a, side_b = _sides(a, b)
+    best: tuple[int, dict[str, Any], str, str, list[dict[str, Any]]] | None = None
+    for mine, yours, in_yours, in_mine, name in (
+        (b.ops, a.ops, ids_a, ids_b, (side_b, side_a)),
+        (a.ops, b.ops, ids_b, ids_a, (side_a, side_b)),
+    ):
+        before = 0  # the ops of ``mine`` before it that the other trace ran too
+        for op in mine:
+            ident = tuple(op["identity"])
+            if ident in in_yours:
+                before += 1
+            elif not ident[0].startswith(SKIPPED) and (best is None or before < best[0]):
+                yours_only = [t for t in yours if tuple(t["identity"]) not in in_mine]
+                best = (before, op, *name, yours_only)
+                break
+    if best is None:
+        return None
+    _, op, side, other_side, alone = best
+    ident = op["identity"]
+    same_call = [t["identity"][0] for t in alone if t["identity"][1:3] == ident[1:3]]
+    why = one_sided(ident, side, other_side, same_call).removeprefix(f"{ident[0]} at {ident[2]} ")
+    return TraceDivergence(
+        ident[0],
+        ident[2],
+        ident[1],
+        a.label,
+        b.label,
+        math.inf,
+        math.inf,
+        "",
+        0.0,
+        0.0,
+        kind="one-sided",
+        detail=why,
+    )
+
+
+def _outputs_within(op: Mapping[str, Any], other: Mapping[str, Any], a: Trace, b: Trace) -> bool:
+    """Whether each output of ``op`` agrees with ``other``'s within the op's own bound."""
+    if len(op["outputs"]) != len(other["outputs"]):
+        return False
+    for x, y in zip(op["outputs"], other["outputs"], strict=True):
+        bound = _bound(other, y, a, b)
+        if not _sketch_gap(x, y, bound.rtol, bound.atol)[0]:
+            return False
+    return True
+
+
 def compare(a: Trace, b: Trace) -> tuple[TraceDivergence | None, int, int]:
     """(first divergence, ops aligned, ops on one side only) of trace ``b`` against ``a``.
 
-    The counts are those of the whole traces, wherever the first divergence is.
+    The first op of ``b`` that parts on its own (its inputs agree within their
+    bounds, its output does not); else the first op that ran in one trace
+    only; else the first aligned op whose inputs and output already differ
+    beyond their bounds, from ops the traces cannot compare.  Only when none
+    of these is found do the traces agree.  The counts are those of the whole
+    traces, wherever the first divergence is.
     """
     ref = {tuple(op["identity"]): op for op in a.ops}
     common = sum(1 for op in b.ops if tuple(op["identity"]) in ref)
     alone = len(a.ops) + len(b.ops) - 2 * common
-    aligned = 0
+    unblamed: dict[str, Any] | None = None
     for op in b.ops:
         other = ref.get(tuple(op["identity"]))
-        if other is None:
-            continue
-        aligned += 1
-        if op["identity"][0].startswith(("aten::empty", "aten::new_empty", "aten::native_dropout")):
+        if other is None or op["identity"][0].startswith(RANDOM):
             continue
         if not (op.get("stable", True) and other.get("stable", True)):
-            continue
-        if len(op["outputs"]) != len(other["outputs"]):
             continue
         inputs_ok = len(op["inputs"]) == len(other["inputs"]) and all(
             _sketch_gap(x, y, *_bound_pair(x, a, b))[0]
             for x, y in zip(op["inputs"], other["inputs"], strict=True)
             if "digest" in x
         )
-        if not inputs_ok:
+        if not inputs_ok or len(op["outputs"]) != len(other["outputs"]):
+            if unblamed is None and not _outputs_within(op, other, a, b):
+                unblamed = op
             continue
-        same_inputs = all(
-            x.get("digest") == y.get("digest")
-            for x, y in zip(op["inputs"], other["inputs"], strict=True)
+        found = _parts(op, other, a, b)
+        if found is not None:
+            return found, common, alone
+    found = _first_alone(a, b)
+    if found is not None and unblamed is not None:
+        ident = unblamed["identity"]
+        found = replace(
+            found,
+            certificate=f"  downstream, {ident[0]} ({ident[2]}, module "
+            f"{ident[1] or '<no module>'}) differs beyond its bound: not blamed, its inputs "
+            "already differ",
         )
-        for x, y in zip(op["outputs"], other["outputs"], strict=True):
-            if not same_inputs and not y["dtype"].startswith(("float", "bfloat", "complex")):
-                # A discrete result (indices, a mask) of inputs that differ in bits
-                # may change at a near-tie; it can only be judged on identical inputs.
-                continue
-            bound = _bound(other, y, a, b)
-            rtol, atol, certificate = bound.rtol, bound.atol, bound.certificate
-            if not same_inputs:
-                extra = _propagated(op, other)
-                atol += extra
-                certificate += (
-                    f"\n  inputs differ in bits (normwise relative difference within their "
-                    f"bounds): first-order propagation through a sum of k={other.get('k', 1)} "
-                    f"terms of scale {float(other.get('scale', 1.0)):.3g} adds {extra:.3g} "
-                    "to atol (replay cannot isolate the op offline)"
-                )
-            within, err, rel, lower = _sketch_gap(x, y, rtol, atol)
-            if not within:
-                ident = op["identity"]
-                return (
-                    TraceDivergence(
-                        ident[0],
-                        ident[2],
-                        ident[1],
-                        a.label,
-                        b.label,
-                        err,
-                        rel,
-                        certificate,
-                        rtol,
-                        atol,
-                        lower,
-                    ),
-                    common,
-                    alone,
-                )
-    return None, common, alone
+    elif found is None and unblamed is not None:
+        ident = unblamed["identity"]
+        found = TraceDivergence(
+            ident[0],
+            ident[2],
+            ident[1],
+            a.label,
+            b.label,
+            math.inf,
+            math.inf,
+            "",
+            0.0,
+            0.0,
+            kind="inputs",
+            detail="its inputs already differ beyond their bounds, and so does its output, "
+            "though no op before it parts on its own and every op ran in both traces "
+            "(the difference comes from ops a trace cannot compare: random ops, "
+            "uninitialised memory, or code that ran outside the trace)",
+        )
+    return found, common, alone
+
+
+def _parts(
+    op: Mapping[str, Any], other: Mapping[str, Any], a: Trace, b: Trace
+) -> TraceDivergence | None:
+    """The divergence at ``op`` when an output parts beyond its bound, its inputs agreeing."""
+    same_inputs = all(
+        x.get("digest") == y.get("digest")
+        for x, y in zip(op["inputs"], other["inputs"], strict=True)
+    )
+    for x, y in zip(op["outputs"], other["outputs"], strict=True):
+        if not same_inputs and _discrete(y):
+            # A discrete result (indices, a mask) of inputs that differ in bits
+            # may change at a near-tie; it can only be judged on identical inputs.
+            continue
+        bound = _bound(other, y, a, b)
+        rtol, atol, certificate = bound.rtol, bound.atol, bound.certificate
+        if not same_inputs:
+            extra = _propagated(op, other)
+            atol += extra
+            certificate += (
+                f"\n  inputs differ in bits (normwise relative difference within their "
+                f"bounds): first-order propagation through a sum of k={other.get('k', 1)} "
+                f"terms of scale {float(other.get('scale', 1.0)):.3g} adds {extra:.3g} "
+                "to atol (replay cannot isolate the op offline)"
+            )
+        within, err, rel, lower = _sketch_gap(x, y, rtol, atol)
+        if not within:
+            ident = op["identity"]
+            return TraceDivergence(
+                ident[0],
+                ident[2],
+                ident[1],
+                a.label,
+                b.label,
+                err,
+                rel,
+                certificate + "\n" + NOT_RECORDED,
+                rtol,
+                atol,
+                lower,
+                detail=(_differing(x, y) + _int_gap(y, err, lower)) if _discrete(y) else "",
+            )
+    return None
 
 
 def _bound_pair(sk: Mapping[str, Any], a: Trace, b: Trace) -> tuple[float, float]:
@@ -404,13 +560,14 @@ def _files(root: Path) -> dict[str, Path]:
     return {str(p.relative_to(root)): p for p in sorted(root.rglob("*.jsonl"))}
 
 
-def diverge(path_a: Path, path_b: Path) -> tuple[list[str], int]:
+def diverge(path_a: Path, path_b: Path, *, allow_unpaired: bool = False) -> tuple[list[str], int]:
     """Compare two traces (files or ``--backends-trace`` directories).
 
     Files are paired by their path relative to each directory (test and
-    configuration).  Returns the report lines and the number of pairs that
-    part beyond their bounds; ``ValueError`` when no pair is compared (a
-    wrong path must not read as "agree").
+    configuration).  Returns the report lines and the number of failures: pairs
+    that part beyond their bounds, and traces in one directory only (never
+    compared, so never passed) unless ``allow_unpaired``.  ``ValueError`` when
+    no pair is compared (a wrong path must not read as "agree").
     """
     files_a, files_b = _files(path_a), _files(path_b)
     if path_a.is_file() and path_b.is_file():
@@ -427,15 +584,16 @@ def diverge(path_a: Path, path_b: Path) -> tuple[list[str], int]:
             lines.append(f"{head}: agree within bounds")
         else:
             parted += 1
-            lines.append(f"{head}: {found.summary()}\n{found.certificate}")
+            lines.append(f"{head}: {found.summary()}\n{found.certificate}".rstrip("\n"))
     unpaired = set() if path_a.is_file() and path_b.is_file() else set(files_a) ^ set(files_b)
     for key in sorted(unpaired):  # two files given are a pair, whatever their names
         side = path_a if key in files_a else path_b
-        lines.append(f"{key}: only in {side}")
+        verdict = "not compared" if allow_unpaired else "not compared, a failure"
+        lines.append(f"{key}: only in {side} ({verdict})")
     if not pairs:
         shown = "; ".join(lines) or "neither holds a trace file"
         raise ValueError(f"no trace files in common, nothing compared ({shown})")
-    return lines, parted
+    return lines, parted + (0 if allow_unpaired else len(unpaired))
 
 
 def trace_file(root: Path, nodeid: str, config_id: str) -> Path:

@@ -464,3 +464,16 @@ def test_an_op_that_writes_its_argument_or_an_integer_output_is_blamed(
     assert divergence is not None and divergence.op == op, str(info.value)
     assert divergence.inputs_agreed
     assert shown in str(info.value), str(info.value)
+
+
+def test_ops_torch_chose_for_one_call_are_not_called_a_python_branch() -> None:
+    """sdpa math vs flash: the same call site runs other ops; no ``if`` in the user's code."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 32, dtype=torch.bfloat16) for _ in range(3))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with pytest.raises(PathsDisagreeError) as info:
+        assert_paths_agree(sdpa, q, k, v, axes={"sdpa": ["math", "flash"]}, backward=False)
+    text = str(info.value)
+    assert "branches on a flag in Python" not in text, text
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in text, text
+    assert "torch chose other ops for the same call" in text, text

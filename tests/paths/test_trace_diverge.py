@@ -59,8 +59,11 @@ def test_default_and_avx2_traces_agree_and_a_planted_level_op_is_named(
     a, b = pytester.path / "tr_default", pytester.path / "tr_avx2"
     assert main(["diverge", str(a), str(b)]) == 1
     out = capsys.readouterr().out
+    # An op on one level only (the clone) is a divergence of its own, never "agree".
     agrees = next(line for line in out.splitlines() if "test_agrees" in line)
-    assert agrees.endswith("agree within bounds"), out
+    assert "agree within bounds" not in agrees, out
+    assert f"the paths part at aten::clone ({path}:" in agrees, out
+    assert "ran under default@default only" in agrees, out
     assert "on one side only" in agrees and ", 0 on one side only" not in agrees
     parted = next(line for line in out.splitlines() if "test_planted" in line)
     assert f"the paths part at trace_tests::level_bump ({path}:{planted}," in parted, out
@@ -264,3 +267,137 @@ def test_a_nan_against_a_number_is_an_infinite_error_not_zero(
     paths = _planted_traces(tmp_path, (4, 4), 5)
     assert main(["diverge", *map(str, paths)]) == 1
     assert "max rel error inf (max abs inf), bound" in capsys.readouterr().out
+
+
+def _two_traces(root: Path, body: object) -> list[Path]:
+    """Two traces of ``body(variant)``: variant ``"a"``, then ``"b"``."""
+    from pytest_backends.paths.trace import header, tracing
+
+    paths = []
+    for name in ("a", "b"):
+        paths.append(root / name / "t" / "cfg.jsonl")
+        with tracing(paths[-1], header("cfg", {}, "cpu", "t")):
+            torch.manual_seed(0)
+            body(name)  # type: ignore[operator]
+    return paths
+
+
+def _extra_op(variant: str) -> None:
+    x = torch.randn(8, 16)
+    h = x * 2.0
+    if variant == "b":
+        h = h * 1.01  # ONE-SIDED
+    torch.tanh(h).sum(1)
+
+
+def test_an_op_on_one_side_only_parts_the_paths_and_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every op after a one-sided op differs: never "agree", the one-sided op is named."""
+    paths = _two_traces(tmp_path, _extra_op)
+    line = next(
+        i
+        for i, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+        if text.endswith("# ONE-SIDED")
+    )
+    for pair in (paths, [tmp_path / "a", tmp_path / "b"]):
+        assert main(["diverge", *map(str, pair)]) == 1
+        out = capsys.readouterr().out
+        assert "agree within bounds" not in out, out
+        assert f"the paths part at aten::mul ({__file__}:{line}," in out, out
+        assert "on one side only" in out and "ran under" in out, out
+        assert "aten::tanh" in out, out  # the downstream op that differs, not blamed
+
+
+def _nan_on_one_side(variant: str) -> None:
+    x = torch.tensor([1.0, float("nan"), float("inf"), -1.0] * 4)
+    if variant == "b":
+        x[3] = float("nan")
+    torch.exp(x)
+
+
+def _other_shape(variant: str) -> None:
+    torch.randn(8 if variant == "a" else 9, 4).sum(0)
+
+
+@pytest.mark.parametrize("body", [_nan_on_one_side, _other_shape], ids=["nan", "shape"])
+def test_outputs_that_differ_from_inputs_that_differ_never_agree(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: object
+) -> None:
+    paths = _two_traces(tmp_path, body)
+    assert main(["diverge", *map(str, paths)]) == 1
+    out = capsys.readouterr().out
+    assert "agree within bounds" not in out and "the paths part" in out, out
+
+
+def test_a_trace_in_one_directory_only_fails_the_gate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pytest_backends.paths.trace import diverge
+
+    paths = _two_traces(tmp_path, lambda v: torch.ones(3).sum())
+    extra = tmp_path / "a" / "u" / "cfg.jsonl"
+    extra.parent.mkdir()
+    extra.write_text(paths[0].read_text())
+    assert main(["diverge", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    out = capsys.readouterr().out
+    assert "u/cfg.jsonl: only in" in out and "not compared" in out, out
+    assert diverge(tmp_path / "a", tmp_path / "b", allow_unpaired=True)[1] == 0
+
+
+def test_an_empty_trace_file_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("")
+    assert main(["diverge", str(empty), str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert "empty file" in err and "list index" not in err, err
+
+
+def _scalar(variant: str) -> None:
+    x = torch.randn(8, 16)
+    (x * (1.0 if variant == "a" else 1.001)).sum()
+
+
+def test_a_blamed_op_says_its_non_tensor_arguments_are_not_recorded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = _two_traces(tmp_path, _scalar)
+    assert main(["diverge", *map(str, paths)]) == 1
+    out = capsys.readouterr().out
+    assert "the paths part at aten::mul" in out, out
+    assert "non-tensor arguments are not recorded in traces" in out, out
+
+
+def _mask(variant: str) -> None:
+    x = torch.arange(100)
+    (x % 7 == (0 if variant == "a" else 1)).sum()
+
+
+def test_a_bool_result_counts_the_elements_that_differ(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = _two_traces(tmp_path, _mask)
+    assert main(["diverge", *map(str, paths)]) == 1
+    out = capsys.readouterr().out
+    assert "the paths part at aten::eq" in out and "elements differ" in out, out
+    assert "inf" not in out.splitlines()[0], out
+
+
+def _sdpa(variant: str) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (torch.randn(2, 4, 16, 32, dtype=torch.bfloat16) for _ in range(3))
+    chosen = SDPBackend.MATH if variant == "a" else SDPBackend.FLASH_ATTENTION
+    with sdpa_kernel([chosen]):
+        torch.nn.functional.scaled_dot_product_attention(q, k, v)  # ONE CALL
+
+
+def test_ops_torch_chose_for_one_call_are_named_on_both_sides_offline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = _two_traces(tmp_path, _sdpa)
+    assert main(["diverge", *map(str, paths)]) == 1
+    out = capsys.readouterr().out
+    assert "torch chose other ops for the same call" in out, out
+    assert "_scaled_dot_product_flash_attention_for_cpu" in out, out
+    assert "branches on a flag in Python" not in out, out
