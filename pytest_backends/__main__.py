@@ -287,7 +287,9 @@ def _diverge(args: argparse.Namespace) -> int:
     from pytest_backends.paths.trace import diverge
 
     try:
-        lines, parted = diverge(Path(args.trace_a), Path(args.trace_b))
+        lines, parted = diverge(
+            Path(args.trace_a), Path(args.trace_b), allow_unpaired=args.allow_unpaired
+        )
     except ValueError as exc:
         print(f"pytest-backends diverge: {exc}", file=sys.stderr)
         return 2
@@ -349,10 +351,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="name the first op where two --backends-trace traces part beyond their bounds",
         description="Compare two traces written by --backends-trace (files or directories; "
         "directories are paired by test and configuration). Ops are aligned by identity "
-        "(op, module, call site, occurrence). Exit 1 when a pair parts.",
+        "(op, module, call site, occurrence). Exit 1 when a pair parts, or when a trace "
+        "is in one directory only.",
     )
     div.add_argument("trace_a", metavar="TRACE_A", help="reference trace file or directory")
     div.add_argument("trace_b", metavar="TRACE_B", help="other trace file or directory")
+    div.add_argument(
+        "--allow-unpaired",
+        action="store_true",
+        help="a trace in one directory only is listed, not a failure (e.g. a test that "
+        "exists on one side only)",
+    )
     switches = commands.add_parser(
         "switches",
         help="list torch's switches: managed by the guard, known not to be state, unknown",

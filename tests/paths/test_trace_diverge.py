@@ -343,6 +343,9 @@ def test_a_trace_in_one_directory_only_fails_the_gate(
     out = capsys.readouterr().out
     assert "u/cfg.jsonl: only in" in out and "not compared" in out, out
     assert diverge(tmp_path / "a", tmp_path / "b", allow_unpaired=True)[1] == 0
+    args = ["diverge", "--allow-unpaired", str(tmp_path / "a"), str(tmp_path / "b")]
+    assert main(args) == 0
+    assert "u/cfg.jsonl: only in" in capsys.readouterr().out
 
 
 def test_an_empty_trace_file_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
