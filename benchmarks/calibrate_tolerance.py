@@ -48,6 +48,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -95,6 +98,8 @@ class Case:
     # False where the data exercises a worst-case term that random data of
     # this kind stays far below (reported, not held to the 10x check)
     tight: bool = True
+    # the input dtypes this case is calibrated in (None: every mode's)
+    dtypes: tuple[torch.dtype, ...] | None = None
 
 
 @dataclass
@@ -164,6 +169,45 @@ def _constant(*shape: int) -> Callable[[torch.Generator, str], torch.Tensor]:
         return value.expand(*shape).contiguous().to(device)
 
     return make
+
+
+def _qkv(
+    b: int, h: int, lq: int, lk: int, d: int
+) -> Callable[[torch.Generator, str], tuple[torch.Tensor, ...]]:
+    def make(gen: torch.Generator, device: str) -> tuple[torch.Tensor, ...]:
+        shapes = ((b, h, lq, d), (b, h, lk, d), (b, h, lk, d))
+        return tuple(torch.randn(*shape, generator=gen).to(device) for shape in shapes)
+
+    return make
+
+
+def _attention(kernel: SDPBackend) -> Callable[..., torch.Tensor]:
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        with sdpa_kernel(kernel):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    return run
+
+
+def _recurrent(
+    cell: type[nn.RNNBase], batch: int, steps: int, size: int
+) -> tuple[Callable[[torch.Generator, str], tuple[torch.Tensor, ...]], Callable[..., torch.Tensor]]:
+    """Seeded inputs and weights (PyTorch's default initialisation) and the cell's output."""
+    module = cell(size, size, batch_first=True)
+    names = [name for name, _ in module.named_parameters()]
+    shapes = [p.shape for p in module.parameters()]
+    bound = size**-0.5
+
+    def make(gen: torch.Generator, device: str) -> tuple[torch.Tensor, ...]:
+        x = torch.randn(batch, steps, size, generator=gen)
+        weights = [(2 * torch.rand(shape, generator=gen) - 1) * bound for shape in shapes]
+        return tuple(t.to(device) for t in (x, *weights))
+
+    def run(x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+        out = functional_call(module.to(x.device), dict(zip(names, weights)), (x,))
+        return out[0]
+
+    return make, run
 
 
 def round_mantissa(bits: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -261,6 +305,38 @@ def cases() -> list[Case]:
                 F.conv2d,
             )
         )
+    # fp16/bf16 attention: the fused kernel rounds the probabilities before P @ V
+    # (k = the head dimension, as tests pass it; scale 1 = rms of v)
+    half = (torch.bfloat16, torch.float16)
+    for (b, h, lq, lk, d), name, kernel in (
+        ((2, 4, 16, 16, 32), "flash", SDPBackend.FLASH_ATTENTION),
+        ((1, 2, 128, 512, 64), "flash", SDPBackend.FLASH_ATTENTION),
+        ((2, 4, 64, 64, 32), "math", SDPBackend.MATH),
+    ):
+        make = _qkv(b, h, lq, lk, d)
+        out.append(
+            Case(
+                f"sdpa {name} {b}x{h}x{lq}x{lk} d{d}",
+                "sdpa",
+                d,
+                make,
+                _attention(kernel),
+                dtypes=half,
+            )
+        )
+    # fp16/bf16 recurrent cells round their state every step; the bound is the
+    # saturated error of the roughest cells (GRU, tanh RNN: h up to 1).  An LSTM's
+    # h = o tanh(c) is about half as large, and oneDNN's LSTM keeps c in f32, so
+    # its error stays near a tenth of the bound (reported, not held to 10x)
+    for cell, steps, tight in (
+        (nn.LSTM, 1, False),
+        (nn.LSTM, 32, False),
+        (nn.GRU, 32, True),
+        (nn.RNN, 32, True),
+    ):
+        make, run = _recurrent(cell, 8, steps, 32)
+        name = f"rnn {cell.__name__.lower()} 8x{steps}x32"
+        out.append(Case(name, "rnn", 64, make, run, tight=tight, dtypes=half))
     return out
 
 
@@ -430,6 +506,8 @@ def run_calibration(
             if case_names is not None and not any(case.name.startswith(p) for p in case_names):
                 continue
             if mode.ops is not None and case.op not in mode.ops:
+                continue
+            if case.dtypes is not None and mode.dtype not in case.dtypes:
                 continue
             rows.append(calibrate_case(mode, case, trials, seed=index))
     return rows

@@ -11,6 +11,8 @@ from pytest_backends.tolerance.model import (
     C_ACC_ABS,
     C_INPUT,
     C_OP,
+    C_RNN_CELL,
+    C_SDPA_PROB,
     CPU_BLOCK,
     FP16_U,
     TORCH_DEFAULTS,
@@ -65,6 +67,13 @@ def tolerance_for(
     defaults for the dtype, so torch's own kernels (vectorised ``gelu``,
     ``exp``) pass; named reductions keep the k-scaled model.
 
+    For an fp16/bf16 result, ``op="sdpa"`` adds ``u * scale`` to ``atol`` while a
+    fused attention kernel is enabled (it rounds the probabilities before
+    ``P @ V``; ``scale`` is then the rms of ``v``), ``op="rnn"`` adds ``6 u`` (a
+    cell's per-step roundings of its gates and state, which saturate over the
+    sequence), and while autocast is on for ``device`` and ``dtype`` the inputs
+    count as rounded to ``dtype``.
+
     Raises ``ValueError`` for an unknown op or dtype, ``k < 1`` or a bad
     scale or flag.
     """
@@ -102,6 +111,9 @@ def tolerance_for(
     terms += C_ACC_ABS * path.u_acc * math.sqrt(length * m)
     subnormal = finfo.eps * finfo.tiny  # the rounding error of a subnormal result
     atol = s * terms + subnormal
+    # fused attention: u * sum_j P_ij |v_j|, a P-weighted mean of |v| (rms s);
+    # a recurrent cell: roundings of values bounded by 1, independent of s
+    atol += C_SDPA_PROB * path.u_prob * s + C_RNN_CELL * path.u_cell
     acc_name = (
         "fp16"
         if path.u_acc == FP16_U

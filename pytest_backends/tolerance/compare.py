@@ -82,13 +82,15 @@ def assert_close(
                 kernel=kernel,
                 shape=tuple(a.shape),
             )
+            hint = None
             if _is_reference_pair(a, e):
+                hint = _autocast_hint(tol, a.dtype)
                 a = a.to(e.dtype)
                 leaf_kwargs["check_dtype"] = False
             leaf_rtol = tol.rtol if rtol is None else float(rtol)
             leaf_atol = tol.atol if atol is None else float(atol)
             message: str | Callable[[str], str] | None = (
-                user_msg if user_msg is not None else _explain(tol, where, rtol, atol)
+                user_msg if user_msg is not None else _explain(tol, where, rtol, atol, hint)
             )
             torch.testing.assert_close(
                 a, e, rtol=leaf_rtol, atol=leaf_atol, msg=message, **leaf_kwargs
@@ -100,8 +102,27 @@ def assert_close(
             torch.testing.assert_close(a, e, msg=user_msg, **leaf_kwargs)
 
 
+def _autocast_hint(tol: Tolerance, dtype: torch.dtype) -> str | None:
+    """For a low-precision result checked against a wider reference: name input rounding."""
+    if dtype not in (torch.float16, torch.bfloat16) or any(
+        line.startswith("inputs rounded") for line in tol.path
+    ):
+        return None
+    name = str(dtype).removeprefix("torch.")
+    return (
+        f"  hint: the bound assumes the {name} result came from {name} inputs. If "
+        f"torch.autocast (or a .to({name})) rounded fp32 inputs and weights to {name}, "
+        "that rounding is not in it: compare with reference() of the rounded inputs, "
+        "or call assert_close inside the autocast region so the model counts it"
+    )
+
+
 def _explain(
-    tol: Tolerance, where: str, rtol: float | None, atol: float | None
+    tol: Tolerance,
+    where: str,
+    rtol: float | None,
+    atol: float | None,
+    hint: str | None = None,
 ) -> Callable[[str], str]:
     def message(generated: str) -> str:
         lines = [generated, ""]
@@ -115,6 +136,8 @@ def _explain(
             lines.append(f"  explicit {given} replaced the model's value")
         if tol.k == 1 and tol.op != "elementwise":
             lines.append("  (k=1 assumed: pass k=<reduction length> for a matmul, conv or sum)")
+        if hint is not None:
+            lines.append(hint)
         return "\n".join(lines)
 
     return message

@@ -36,6 +36,29 @@ C_ACC_ABS = 4.0
 # reduction, so no block is assumed there.
 CPU_BLOCK = 256
 
+# Fused attention in fp16/bf16 (flash, memory-efficient, cuDNN kernels) rounds the
+# softmax probabilities P to the result dtype before P @ V, so each output
+# element gains an error of at most u * sum_j P_ij |v_j|: a P-weighted mean of
+# |v|, about 0.8 s for randn values (s = rms of v), which does not shrink where
+# the output cancels.  The rounding errors have random signs, so the measured
+# maximum is 0.4 u s (shapes up to 1024 keys): 1 u s keeps the bound tight.
+C_SDPA_PROB = 1.0
+# The kernels whose P is rounded to the result dtype (the math kernel computes
+# fp16/bf16 attention in fp32 unless sdp.allow_fp16_bf16_reduction_math is set).
+SDPA_FUSED = ("sdp.flash", "sdp.mem_efficient", "sdp.cudnn", "sdp.fa3")
+# An fp16/bf16 recurrent cell rounds its state several times a step, each
+# rounding at most u of a value bounded by 1 (gates in (0, 1), h and tanh(c) in
+# (-1, 1)): an LSTM's gate pre-activations (through sigmoid' <= 1/4, tanh' <= 1),
+# its four gates, f*c, i*g, c, tanh(c) and o*tanh(c), nine roundings; a GRU's
+# and a tanh RNN's fewer.  Their random-sign sum has an rms of about
+# sqrt(9/3) u = 1.7 u a step, and the errors carried in c and h decay with the
+# forget gate and sigmoid'/tanh' (contraction about 1/2 at the default
+# initialisation), so they saturate after a few steps instead of growing with
+# the sequence: measured maxima are 0.8 u after one step and 4 u after 32 to
+# 128 steps (LSTM, GRU, RNN; fp16 and bf16).  6 u is about 3.5 rms of the
+# saturated error, and independent of the inputs' scale since h is bounded.
+C_RNN_CELL = 6.0
+
 TF32_U = 2.0**-11  # 10 explicit mantissa bits, round to nearest
 BF16_U = 2.0**-8
 FP16_U = 2.0**-11

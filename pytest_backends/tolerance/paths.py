@@ -13,6 +13,7 @@ from pytest_backends.tolerance.model import (
     LEGACY_TF32,
     LIBRARY_SWITCH,
     PRECISION_ROWS,
+    SDPA_FUSED,
     dtype_name,
 )
 from pytest_backends.tolerance.view import FlagView, PrecisionPath, precision_u
@@ -114,3 +115,32 @@ def half_path(
         if allowed is True and path.u_red == 0.0:
             path.u_red = path.u_out
             path.say(f"partial sums rounded to {dtype_name(dtype)} by {name}")
+    _autocast(view, device, dtype, path)
+    if op == "sdpa":
+        fused = [name for name in SDPA_FUSED if view.exists(name) and view.get(name) is True]
+        for name in fused:
+            path.note(name, True)
+        if fused:
+            path.u_prob = path.u_out
+            path.say(
+                f"attention probabilities rounded to {dtype_name(dtype)} before P @ V "
+                f"(fused kernel allowed by {', '.join(fused)}): <= u * sum_j P_ij |v_j|"
+            )
+    elif op == "rnn":
+        path.u_cell = path.u_out
+        path.say(
+            f"cell state rounded to {dtype_name(dtype)} each step (gates, c and h): "
+            "decays with the forget gate, so bounded across time steps"
+        )
+
+
+def _autocast(view: FlagView, device: str, dtype: torch.dtype, path: PrecisionPath) -> None:
+    """Autocast, on while the bound is made, rounds fp32 inputs and weights to ``dtype``."""
+    name = f"autocast.{device}.enabled"
+    if not view.exists(name) or view.get(name) is not True:
+        return
+    path.note(name, True)
+    cast = view.get(f"autocast.{device}.dtype")
+    if cast in (dtype, dtype_name(dtype)) and path.u_in < path.u_out:
+        path.u_in = path.u_out
+        path.say(f"inputs rounded to {dtype_name(dtype)} by {name} (torch.autocast)")

@@ -78,6 +78,10 @@ class PrecisionPath:
     u_acc: float
     u_in: float = 0.0
     u_red: float = 0.0
+    #: attention probabilities rounded before P @ V (fused fp16/bf16 SDPA kernels)
+    u_prob: float = 0.0
+    #: a recurrent cell's state rounded each step (fp16/bf16 RNN, LSTM, GRU)
+    u_cell: float = 0.0
     consulted: dict[str, object] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
