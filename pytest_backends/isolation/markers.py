@@ -53,7 +53,8 @@ def _closest(node: pytest.Item | pytest.Collector) -> pytest.Mark | None:
     plain = _PLAIN_TYPES.get(kind)
     if plain is None:
         plain = _PLAIN_TYPES[kind] = all(
-            getattr(kind, name, None) is getattr(pytest.Item, name) for name in _MARKER_METHODS
+            getattr(kind, name, None) is getattr(pytest.Item, name, None)
+            for name in _MARKER_METHODS
         )
     if not plain:
         return node.get_closest_marker(MARKER)
