@@ -406,6 +406,11 @@ def _first_alone(a: Trace, b: Trace) -> TraceDivergence | None:
     ident = op["identity"]
     same_call = [t["identity"][0] for t in alone if t["identity"][1:3] == ident[1:3]]
     why = one_sided(ident, side, other_side, same_call).removeprefix(f"{ident[0]} at {ident[2]} ")
+    return _unmeasured(ident, a, b, "one-sided", why)
+
+
+def _unmeasured(ident: Any, a: Trace, b: Trace, kind: str, detail: str) -> TraceDivergence:
+    """A divergence at op ``ident`` with no error of its own to give (inputs already differ)."""
     return TraceDivergence(
         ident[0],
         ident[2],
@@ -417,8 +422,8 @@ def _first_alone(a: Trace, b: Trace) -> TraceDivergence | None:
         "",
         0.0,
         0.0,
-        kind="one-sided",
-        detail=why,
+        kind=kind,
+        detail=detail,
     )
 
 
@@ -476,19 +481,12 @@ def compare(a: Trace, b: Trace) -> tuple[TraceDivergence | None, int, int]:
         )
     elif found is None and unblamed is not None:
         ident = unblamed["identity"]
-        found = TraceDivergence(
-            ident[0],
-            ident[2],
-            ident[1],
-            a.label,
-            b.label,
-            math.inf,
-            math.inf,
-            "",
-            0.0,
-            0.0,
-            kind="inputs",
-            detail="its inputs already differ beyond their bounds, and so does its output, "
+        found = _unmeasured(
+            ident,
+            a,
+            b,
+            "inputs",
+            "its inputs already differ beyond their bounds, and so does its output, "
             "though no op before it parts on its own and every op ran in both traces "
             "(the difference comes from ops a trace cannot compare: random ops, "
             "uninitialised memory, or code that ran outside the trace)",
