@@ -11,6 +11,7 @@
 #include "rows.h"
 
 #include <c10/util/Half.h>
+#include <torch/csrc/autograd/python_variable.h>
 
 #include <cmath>
 #include <cstring>
@@ -99,12 +100,130 @@ py::object compare_rows(const at::Tensor& ref, const at::Tensor& got) {
   return py::make_tuple(differ, abs_rows, rel_rows);
 }
 
+// The row figures of one differing row: dispatched on the dtype (float32, float64, float16).
+void row_figures(at::ScalarType dtype, const char* got, const char* ref, int64_t count,
+                 double& abs_max, double& rel_max) {
+  switch (dtype) {
+    case at::kFloat:
+      figures(reinterpret_cast<const float*>(got), reinterpret_cast<const float*>(ref), count,
+              abs_max, rel_max);
+      break;
+    case at::kDouble:
+      figures(reinterpret_cast<const double*>(got), reinterpret_cast<const double*>(ref), count,
+              abs_max, rel_max);
+      break;
+    default:
+      figures(reinterpret_cast<const c10::Half*>(got), reinterpret_cast<const c10::Half*>(ref),
+              count, abs_max, rel_max);
+  }
+}
+
+// A plain dense CPU tensor whose elements are its bytes at its data pointer.
+bool dense_cpu(const at::Tensor& t) {
+  return t.device().is_cpu() && t.layout() == at::kStrided && !t.is_nested() &&
+         t.is_contiguous() && !t.is_conj() && !t.is_neg() && !t._is_zerotensor();
+}
+
+// Python's max() over a list: the first item, replaced by each later item greater than it
+// (a NaN is kept where it comes first and never taken later), as the Python comparison does.
+inline void python_max(double value, bool first, double& current) {
+  if (first || value > current) {
+    current = value;
+  }
+}
+
+// Every sub-batch of a check against the full batch's rows in one call. `cases` holds
+// (first, rows, got): `got` has len(rows) rows, row j of it being row rows[j] of `ref`
+// (first: rows[0] where the rows are consecutive, else None). Returns None where `ref` or
+// any `got` is not a plain dense CPU tensor of one float dtype NumPy reads with the
+// expected shape (the caller compares them otherwise); else, per case, None when its rows
+// are bitwise equal, or (first differing row, rows differing, max abs, max rel) over its rows
+// (0.0 for identical rows), as the Python comparison computes them.
+py::object compare_cases(const at::Tensor& ref, const py::list& cases) {
+  const at::ScalarType dtype = ref.scalar_type();
+  if (!(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf) || !dense_cpu(ref) ||
+      ref.dim() < 1 || ref.size(0) == 0 || ref.numel() == 0) {
+    return py::none();
+  }
+  const int64_t n = ref.size(0);
+  const int64_t per_row = ref.numel() / n;
+  const size_t row_bytes = static_cast<size_t>(per_row) * ref.element_size();
+  const auto* base = static_cast<const char*>(ref.const_data_ptr());
+  const auto tail = ref.sizes().slice(1);
+  std::vector<at::Tensor> gots;
+  std::vector<std::vector<int64_t>> all_rows;
+  gots.reserve(cases.size());
+  all_rows.reserve(cases.size());
+  for (const py::handle item : cases) {
+    const auto entry = py::reinterpret_borrow<py::tuple>(item);
+    PyObject* obj = entry[2].ptr();
+    if (!THPVariable_CheckExact(obj)) {
+      return py::none();
+    }
+    const at::Tensor& got = THPVariable_Unpack(obj);
+    auto rows = entry[1].cast<std::vector<int64_t>>();
+    // dense_cpu first: a nested tensor has no sizes to read
+    if (got.scalar_type() != dtype || !dense_cpu(got) || got.dim() != ref.dim() ||
+        got.size(0) != static_cast<int64_t>(rows.size()) || !got.sizes().slice(1).equals(tail)) {
+      return py::none();
+    }
+    for (const int64_t r : rows) {
+      TORCH_CHECK(r >= 0 && r < n, "compare_cases: row ", r, " is out of range");
+    }
+    gots.push_back(got);
+    all_rows.push_back(std::move(rows));
+  }
+  py::list out(gots.size());
+  for (size_t c = 0; c < gots.size(); ++c) {
+    const auto* got = static_cast<const char*>(gots[c].const_data_ptr());
+    const auto& rows = all_rows[c];
+    const int64_t k = static_cast<int64_t>(rows.size());
+    bool consecutive = true;
+    for (int64_t j = 1; j < k && consecutive; ++j) {
+      consecutive = rows[j] == rows[0] + j;
+    }
+    if (consecutive && std::memcmp(base + rows[0] * row_bytes, got, row_bytes * k) == 0) {
+      out[c] = py::none();
+      continue;
+    }
+    int64_t first_bad = -1;
+    int64_t bad = 0;
+    double abs_max = 0.0;
+    double rel_max = 0.0;
+    for (int64_t j = 0; j < k; ++j) {
+      const char* g = got + j * row_bytes;
+      const char* r = base + rows[j] * row_bytes;
+      double row_abs = 0.0;
+      double row_rel = 0.0;
+      if (std::memcmp(g, r, row_bytes) != 0) {
+        row_figures(dtype, g, r, per_row, row_abs, row_rel);
+        if (first_bad < 0) {
+          first_bad = rows[j];
+        }
+        ++bad;
+      }
+      python_max(row_abs, j == 0, abs_max);
+      python_max(row_rel, j == 0, rel_max);
+    }
+    if (bad == 0) {
+      out[c] = py::none();
+    } else {
+      out[c] = py::make_tuple(first_bad, bad, abs_max, rel_max);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void register_rows(py::module_& m) {
   m.def("compare_rows", &compare_rows, py::arg("ref"), py::arg("got"),
         "Rows of `got` against `ref` along dimension 0: None when bitwise equal, else "
         "(differ, max abs, max rel) per row, as the batch check's NumPy figures.");
+  m.def("compare_cases", &compare_cases, py::arg("ref"), py::arg("cases"),
+        "Every sub-batch (first, rows, got) against `ref`'s rows in one call: None where a "
+        "tensor is not plain dense CPU float, else per case None (equal) or (first differing "
+        "row, rows differing, max abs, max rel).");
 }
 
 }  // namespace pytest_backends

@@ -16,6 +16,7 @@ __all__ = [
     "compare_rows",
     "differences",
     "differing_parts",
+    "native_compare_cases",
     "row_differences",
     "row_index",
     "rows_differ",
@@ -125,7 +126,23 @@ def _find_native_rows() -> tuple[Any, bool]:
         module = _native.load()
     except Exception:  # a broken extension leaves the NumPy comparison, as if never built
         return None, True
+    _NATIVE_CASES[:] = [getattr(module, "compare_cases", None)]
     return getattr(module, "compare_rows", None), True
+
+
+# [compare_cases or None]: set with ``_NATIVE_ROWS`` from the same extension
+_NATIVE_CASES: list[Any] = []
+
+
+def native_compare_cases() -> Any:
+    """The native extension's ``compare_cases`` where its ``compare_rows`` is in use, or None.
+
+    Every sub-batch of a check compared in one call (``native/rows.cpp``);
+    like :func:`compare_rows`'s native path, never built here.
+    """
+    if _native_rows() is None or not _NATIVE_CASES:
+        return None
+    return _NATIVE_CASES[0]
 
 
 def _dense_cpu(t: torch.Tensor, tensor_type: type) -> bool:

@@ -35,6 +35,8 @@ __all__ = [
     "arguments",
     "call",
     "nbytes",
+    "note_failure",
+    "storage_of",
     "sub_batches",
     "sweep",
 ]
@@ -183,7 +185,7 @@ class Inputs:
                     copy = x.detach().clone()
             self.copies.append(copy)
             self.versions.append(copy._version)
-            self.held.add(_storage(copy))
+            self.held.add(storage_of(copy))
             if d is None:
                 # Not batched: every run gets this one copy (rewritten where a run wrote it),
                 # so that no run sees another's writes and the caller's tensor stays as it is.
@@ -487,7 +489,7 @@ def _parts(
     """
     parts = []
     for label, t in outs:
-        if _storage(t) in held:
+        if storage_of(t) in held:
             t = t.detach().clone()
         elif t.requires_grad:
             t = t.detach()
@@ -530,7 +532,7 @@ def sweep(
             try:
                 result = fn(*selected[k])
             except Exception as exc:
-                _note(exc, case, plan.n)
+                note_failure(exc, case, plan.n)
                 raise
             selected[k] = []
             if (
@@ -538,7 +540,7 @@ def sweep(
                 and result.layout == strided
                 and not result.is_nested
             ):
-                if _storage(result) in held:
+                if storage_of(result) in held:
                     result = result.detach().clone()
                 kept.append((case, result))
                 size += result.nbytes
@@ -553,7 +555,7 @@ def sweep(
             try:
                 run, _ = call(plan, case.rows, grads)
             except Exception as exc:
-                _note(exc, case, plan.n)
+                note_failure(exc, case, plan.n)
                 raise
         kept.append((case, run))
         size += nbytes(run)
@@ -564,7 +566,7 @@ def sweep(
         yield _finish(kept, out_dim)
 
 
-def _note(exc: Exception, case: Case, n: int) -> None:
+def note_failure(exc: Exception, case: Case, n: int) -> None:
     """``exc`` with a note naming the sub-batch it was raised on (the full batch ran)."""
     if hasattr(exc, "add_note"):  # Python 3.11+
         exc.add_note(
@@ -594,7 +596,8 @@ def _finish(kept: list[tuple[Case, torch.Tensor | Run]], out_dim: int) -> list[t
     return made
 
 
-def _storage(t: torch.Tensor) -> int:
+def storage_of(t: torch.Tensor) -> int:
+    """The data pointer of ``t``'s storage (-1 where it has none: a tensor subclass)."""
     try:
         return int(t.untyped_storage().data_ptr())
     except (RuntimeError, NotImplementedError):  # no storage (a tensor subclass)

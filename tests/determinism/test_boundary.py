@@ -10,7 +10,6 @@ compiled code, still fail their tests.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import threading
 import xml.etree.ElementTree as ET
@@ -76,22 +75,9 @@ def _outcomes(path: Path) -> dict[str, str]:
     return outcomes
 
 
-@pytest.fixture(params=["python", "native"])
-def suite(
-    planted_conftest: pytest.Pytester,
-    monkeypatch: pytest.MonkeyPatch,
-    request: pytest.FixtureRequest,
-) -> pytest.Pytester:
-    """The realistic suite in a pytester directory (examples, constructs, safety-net tests).
-
-    Run under each recorder: the two must give the same outcomes and verdicts.
-    """
-    if request.param == "native":
-        from pytest_backends.determinism.record_native import native_module
-
-        if native_module() is None:
-            pytest.skip("the native recorder is unavailable here")
-    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "off" if request.param == "python" else "auto")
+@pytest.fixture
+def suite(planted_conftest: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """The realistic suite in a pytester directory (examples, constructs, safety-net tests)."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(planted_conftest.path / "inductor"))
     for source in EXAMPLES.glob("*.py"):
         shutil.copy(source, planted_conftest.path / source.name)
@@ -103,8 +89,28 @@ def suite(
     return planted_conftest
 
 
+def _recorders() -> list[tuple[str, list[str]]]:
+    """(recorder, extra pytest arguments): each recorder once, one of them under ``-n 2``.
+
+    The plain run's outcomes do not depend on the recorder, so one plain run
+    serves both; the Python recorder runs serially and the native one (the
+    default where it is built) under xdist, as most users run it.
+    """
+    from pytest_backends.determinism.record_native import native_module
+
+    runs: list[tuple[str, list[str]]] = [("python", [])]
+    if native_module() is not None:
+        runs.append(("native", ["-n", "2"]))
+    else:
+        runs.append(("python", ["-n", "2"]))
+    return runs
+
+
 @pytest.mark.slow
-def test_real_suite_outcomes_do_not_change(suite: pytest.Pytester) -> None:
+def test_real_suite_outcomes_do_not_change(
+    suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "off")
     plain = suite.runpytest_subprocess("--junitxml=plain.xml", "-q")
     expected = _outcomes(suite.path / "plain.xml")
     assert expected["test_constructs.py::test_python_state"] == "passed"
@@ -112,8 +118,10 @@ def test_real_suite_outcomes_do_not_change(suite: pytest.Pytester) -> None:
     assert len(expected) >= 20, plain.stdout.str()
     assert set(expected.values()) <= {"passed", "skipped"}, expected
 
-    for extra in ([], ["-n", "2"]):
-        name = "xdist" if extra else "serial"
+    for recorder, extra in _recorders():
+        python = recorder == "python"
+        monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "off" if python else "auto")
+        name = f"{recorder}-{'xdist' if extra else 'serial'}"
         result = suite.runpytest_subprocess(
             "--backends-determinism-all",
             "--backends-determinism=2",
@@ -127,7 +135,6 @@ def test_real_suite_outcomes_do_not_change(suite: pytest.Pytester) -> None:
         census = json.loads((suite.path / f"{name}.json").read_text())
         unchecked = census["not_checked"]
         # the injected fault breaks the Python digest, which only the Python recorder calls
-        python = os.environ["PYTEST_BACKENDS_NATIVE"] == "off"
         assert set(unchecked) == {
             "test_constructs.py::test_python_state",
             "test_constructs.py::test_not_repeatable",
@@ -138,7 +145,7 @@ def test_real_suite_outcomes_do_not_change(suite: pytest.Pytester) -> None:
             # between its first and later calls: the native hook sees them, so the
             # test is "not checked" (never blamed); the dispatch mode does not
             else {"test_constructs.py::test_export"}
-        ), unchecked
+        ), (name, unchecked)
         if not python:
             assert unchecked["test_constructs.py::test_export"].startswith(INPUTS_DIFFER)
         assert unchecked["test_constructs.py::test_python_state"].startswith(

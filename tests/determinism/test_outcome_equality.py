@@ -1,11 +1,11 @@
 """Ordinary user code keeps its outcomes under the determinism check, and planted ops are caught.
 
 The corpus (``user_corpus.py``) runs plain, under ``--backends-determinism-all
---backends-determinism=3``, and the same under ``-n 2``: the outcome counts are
-identical. With the planted nondeterministic op added to every case
-(``PLANT=1``), each test that passes plainly is either failed with the planted
-op blamed or reported "not checked" with its reason in the census: none passes
-as checked.
+--backends-determinism=3`` with the Python recorder, and the same under ``-n 2``
+with the native one: the outcome counts are identical. With the planted
+nondeterministic op added to every case (``PLANT=1``), each test that passes
+plainly is either failed with the planted op blamed or reported "not checked"
+with its reason in the census: none passes as checked.
 """
 
 from __future__ import annotations
@@ -35,25 +35,25 @@ def _counts(result: pytest.RunResult) -> dict[str, int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recorder", ["native", "python"])
 def test_outcomes_equal_plain_checked_and_under_xdist(
-    corpus: pytest.Pytester, recorder: str, monkeypatch: pytest.MonkeyPatch
+    corpus: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if recorder == "python":
-        monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "off")
-    elif native_module() is None:
-        pytest.skip("the native extension is not built here")
+    """One plain run; the Python recorder serially, the native one (where built) under xdist."""
     plain = _counts(corpus.runpytest_subprocess("-p", "no:xdist"))
     assert plain.get("failed") == 1 and plain.get("skipped") == 1 and plain.get("xfailed") == 1
+    monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "off")
     checked = corpus.runpytest_subprocess("-p", "no:xdist", *CHECK)
     assert "nondeterministic op" not in checked.stdout.str()
     assert _counts(checked) == plain
+    native = native_module() is not None
+    if native:
+        monkeypatch.setenv("PYTEST_BACKENDS_NATIVE", "auto")
     xdist = corpus.runpytest_subprocess("-n", "2", *CHECK)
+    assert "nondeterministic op" not in xdist.stdout.str()
     assert _counts(xdist) == plain
     # The summary names the recorder the workers used.
-    expected = "recorder: native*" if recorder == "native" else "recorder: Python*not native*"
-    for result in (checked, xdist):
-        result.stdout.fnmatch_lines([expected])
+    checked.stdout.fnmatch_lines(["recorder: Python*not native*"])
+    xdist.stdout.fnmatch_lines(["recorder: native*" if native else "recorder: Python*not native*"])
 
 
 @pytest.mark.parametrize("recorder", ["native", "python"])
