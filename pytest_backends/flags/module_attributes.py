@@ -14,18 +14,28 @@ writer puts the objects back. Its plain value lists what differs from torch's
 own modules (empty for torch as imported). A submodule's import (an attribute
 ``torch.backends.x`` that is the module ``torch.backends.x``) and private names
 (torch's lazy caches) are not compared.
+
+Between two reads the modules are rarely written, so the reader first reads each
+module dict's *version tag* (CPython's ``ma_version_tag``, which every write of
+a dict moves above every tag before it): while their sum is that of the last
+read, no module was written and its state is returned without comparing the
+dicts. The tag is used only where a probe, once per process, proves that
+writes move it and reads do not (:func:`version_reader`); elsewhere the dicts are
+compared as before.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 import sys
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from pytest_backends.flags.row import Invalid
 
-__all__ = ["ROW", "module_attribute_row"]
+__all__ = ["ROW", "module_attribute_row", "probe_offset", "version_offset", "version_reader"]
 
 ROW = "backends.module_attributes"
 _DELETED = object()
@@ -60,6 +70,91 @@ class _State:
 
     def __hash__(self) -> int:
         return len(self.modules)
+
+
+def probe_offset(offset: int) -> bool:
+    """Whether the uint64 at ``offset`` in a dict grows at each write of it, and only then.
+
+    Each kind of write (a new name, a new value under a name, ``update``,
+    ``setdefault``, ``pop``, ``del``) must move it above every value seen before;
+    reads of the dict and writes of another dict must leave it.
+    """
+    import ctypes
+
+    module = types.ModuleType("pytest_backends_dict_version_probe")
+    attrs = vars(module)
+    other: dict[str, object] = {}
+    tag = ctypes.c_uint64.from_address(id(attrs) + offset)
+    seen = tag.value
+    writes: tuple[Callable[[], object], ...] = (
+        lambda: setattr(module, "probe", object()),
+        lambda: setattr(module, "probe", object()),
+        lambda: attrs.update(probe=object()),
+        lambda: delattr(module, "probe"),
+        lambda: attrs.setdefault("probe", object()),
+        lambda: attrs.pop("probe"),
+    )
+    for write in writes:
+        write()
+        value = tag.value
+        if value <= seen:
+            return False
+        seen = value
+        _ = (len(attrs), attrs.get("probe"), dict(attrs), attrs == other)
+        other[str(value)] = object()
+        if tag.value != value:
+            return False
+    return True
+
+
+@functools.cache
+def version_offset() -> int | None:
+    """Where a dict keeps its version tag in this interpreter, once proved; else None.
+
+    CPython's ``PyDictObject`` holds ``ma_version_tag`` after the object header
+    and ``ma_used`` (3.10 to 3.13), taken from a global counter at each write;
+    an interpreter or build where the probe fails (another layout, a tag that
+    writes do not move up) compares the dicts instead.
+    """
+    if sys.implementation.name != "cpython" or "t" in getattr(sys, "abiflags", ""):  # free-threaded
+        return None
+    try:
+        import ctypes
+
+        offset = 2 * ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
+        return offset if probe_offset(offset) else None
+    except Exception:  # no ctypes, or an unusual build: compare the dicts
+        return None
+
+
+def version_reader(dicts: Sequence[dict[str, Any]]) -> Callable[[], int] | None:
+    """A reader of the sum of the version tags of ``dicts``: it grows at each write of one.
+
+    Each tag only grows, and grows at every write of its dict (proved by
+    :func:`version_offset`), so the sum is unchanged exactly while no dict was
+    written. None where the tag is not proved. The reader holds the dicts, so the
+    addresses it reads stay theirs; it reads the tags through one view of the memory
+    that spans them (only the tags are ever read), one C call for all of them.
+    """
+    offset = version_offset()
+    if offset is None or not dicts:
+        return None
+    import ctypes
+
+    held = tuple(dicts)
+    at = [id(d) + offset for d in held]
+    base = min(at)
+    memory = (ctypes.c_char * (max(at) - base + 8)).from_address(base)
+    tags = memoryview(memory).cast("B").cast("Q")
+    indices = [(a - base) // 8 for a in at]
+    if len(indices) == 1:  # itemgetter gives a tuple for two indices or more
+        indices.append(indices[0])
+    picked = operator.itemgetter(*indices)
+
+    def read(*, _held: tuple[dict[str, Any], ...] = held) -> int:  # holds the dicts
+        return sum(picked(tags))
+
+    return read
 
 
 def _submodule(owner: types.ModuleType, name: str, value: object) -> bool:
@@ -123,23 +218,34 @@ def module_attribute_row(
 
     # the modules, walked again only when one of them gains or loses an attribute
     # (a submodule import adds one to its parent): the walk is the costly part
-    # (modules, their attribute dicts, the dicts' sizes); a module's dict is the same object
-    # for its life, so only the copies are made on each read
-    walked: list[tuple[tuple[types.ModuleType, ...], list[dict[str, Any]], tuple[int, ...]]] = [
-        ((), [], ())
+    # (modules, their attribute dicts, the dicts' sizes, their version tags' reader); a
+    # module's dict is the same object for its life, so only the copies are made on each read
+    Walk = tuple[
+        tuple[types.ModuleType, ...],
+        list[dict[str, Any]],
+        tuple[int, ...],
+        Callable[[], int] | None,
     ]
+    walked: list[Walk] = [((), [], (), None)]
 
-    # the state last read: while every module's dict equals its copies there, it is
-    # returned again, so a read costs one comparison and no copy, and the guard's
-    # comparisons of two fingerprints holding it stop at its identity
-    last: list[_State | None] = [None]
+    # the state last read, with the dicts' version tags when they last equalled its
+    # copies: while the tags are unchanged no dict was written and the state is
+    # returned again without a comparison; while the dicts equal its copies it is
+    # returned again for one comparison and no copy. The guard's comparisons of two
+    # fingerprints holding it stop at its identity.
+    last: list[tuple[_State, int | None] | None] = [None]
 
     def read() -> object:
-        modules, dicts, sizes = walked[0]
-        state = last[0]
-        if state is not None and state.modules is modules:
+        modules, dicts, sizes, versions = walked[0]
+        tags = versions() if versions is not None else None  # before the dicts are read
+        known = last[0]
+        if known is not None and known[0].modules is modules:
+            state, seen = known
+            if tags is not None and tags == seen:
+                return state
             try:
                 if dicts == state.copies:
+                    last[0] = (state, tags)
                     return state
             except Exception:  # a value without a boolean equality: read afresh
                 pass
@@ -147,10 +253,12 @@ def module_attribute_row(
         if not modules or tuple(map(len, copies)) != sizes:
             modules = tuple(_modules(root))
             dicts = [vars(m) for m in modules]
+            versions = version_reader(dicts)
+            tags = versions() if versions is not None else None
             copies = [d.copy() for d in dicts]
-            walked[0] = (modules, dicts, tuple(map(len, copies)))
+            walked[0] = (modules, dicts, tuple(map(len, copies)), versions)
         state = _State(modules, copies)
-        last[0] = state
+        last[0] = (state, tags)
         return state
 
     def own(module: types.ModuleType, attrs: dict[str, object]) -> dict[str, object]:

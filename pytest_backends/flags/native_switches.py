@@ -62,10 +62,22 @@ def _values(
             key = after
         return values
 
+    # the last key and its values: most reads find the switches as the last one did,
+    # and comparing two keys costs less than hashing one
+    last: list[tuple[bytes, tuple[object, ...]]] = [(b"", ())]
+
     def read() -> tuple[object, ...]:
         key = read_key()
+        known = last[0]
+        if key == known[0]:
+            return known[1]
         values = seen.get(key)
-        return values if values is not None else fresh(key)
+        if values is None:
+            values = fresh(key)
+            if seen.get(key) is not values:  # not kept: the switches moved while read
+                return values
+        last[0] = (key, values)
+        return values
 
     return read
 

@@ -53,7 +53,8 @@ DRIFT_KEY: pytest.StashKey[str] = pytest.StashKey()
 class _ItemState:
     item: pytest.Item
     mode: str
-    # None while torch is not loaded: the reference is then the baseline
+    # None while torch is not loaded: the reference is then the baseline; may be the
+    # guard's between-tests state itself, copied before the test's state departs from it
     expected: dict[str, object] | None
     expected_fp: Fingerprint | None
     # (name, origin) of threads alive when the test started that may change flags
@@ -188,7 +189,7 @@ class IsolationPlugin:
             item.stash[SETUP_ERROR_KEY] = f"{item.nodeid}: {marker_error}"
         if not flags and mode == "off" and self.settings.mode == "off":
             return (yield)
-        threads_before = threading.enumerate()
+        threads_before = self.threads.alive()
         try:
             state: _ItemState | None = self._begin(item, flags, mode, threads_before)
         except Exception as exc:  # a broken registry fails this test, not the run
@@ -202,8 +203,8 @@ class IsolationPlugin:
         finally:
             self._current = None
             self._previous = item.nodeid
-            threads_after = threading.enumerate()
-            if threads_after != threads_before:  # else no thread started
+            threads_after = self.threads.alive()
+            if threads_after is not threads_before:  # else no thread started or ended
                 self.threads.started_by(set(threads_after) - set(threads_before), item.nodeid)
             if state is not None:
                 try:  # inline, not _unchecked_on_error: this runs for every test
@@ -248,7 +249,8 @@ class IsolationPlugin:
             return _ItemState(item, mode, None, None, strays)
         reg = registry()
         self._check_drift(reg, item)
-        expected_fp, expected = self._ambient_fp, dict(self._ensure_ambient())
+        # the between-tests state itself, not a copy: copied before a change of its own
+        expected_fp, expected = self._ambient_fp, self._ensure_ambient()
         module_flags = self.modules.of(item)
         if module_flags:
             # a module-, package- or session-scoped fixture set up after the import
@@ -379,7 +381,7 @@ class IsolationPlugin:
         if fixturedef.scope != "function":
             self._ensure_ambient().update(after)
             self._ambient_fp = None
-        if state.expected is None:
+        if state.expected is None or state.expected is self._ambient:
             state.expected = dict(self._ensure_ambient())
         state.expected.update(after)
         state.expected_fp = None
@@ -424,7 +426,7 @@ class IsolationPlugin:
             self._ambient_fp = None
         state = self._current
         if state is not None and state.expected is not None:
-            state.expected.update(owned.before)
+            state.expected = {**state.expected, **owned.before}  # a copy: never the ambient
             state.expected_fp = None
 
     @pytest.hookimpl(wrapper=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from pytest_backends.isolation.watch import TorchStateWatch
@@ -32,6 +32,37 @@ class ThreadOrigins:
         )
         # Threads still running when the test that started them ended: (thread, name, origin).
         self._strays: list[tuple[weakref.ref[threading.Thread], str, str]] = []
+        # the last listing of alive(), and the version of threading's registries it was taken at
+        self._listing: tuple[list[threading.Thread], int | None] = ([], None)
+        self._registries: tuple[object, object, Callable[[], int] | None] | None = None
+
+    def alive(self) -> list[threading.Thread]:
+        """``threading.enumerate()``: the same list again while no thread started or ended.
+
+        A thread's start and end write ``threading``'s registries of threads, which
+        moves their dicts' version tags (see ``flags.module_attributes.version_reader``);
+        where those cannot be read, every call lists the threads. The caller must not
+        change the list.
+        """
+        active, limbo = getattr(threading, "_active", None), getattr(threading, "_limbo", None)
+        registries = self._registries
+        if registries is None or registries[0] is not active or registries[1] is not limbo:
+            from pytest_backends.flags.module_attributes import version_reader
+
+            dicts = [d for d in (active, limbo) if isinstance(d, dict)]
+            registries = self._registries = (
+                active,
+                limbo,
+                version_reader(dicts) if len(dicts) == 2 else None,
+            )
+            self._listing = ([], None)
+        version = registries[2]() if registries[2] is not None else None  # before the listing
+        listing, seen = self._listing
+        if version is not None and version == seen:
+            return listing
+        listing = threading.enumerate()
+        self._listing = (listing, version)
+        return listing
 
     def started_by(self, threads: Iterable[threading.Thread], nodeid: str) -> None:
         """Remember that the test ``nodeid`` started ``threads``, still running at its end."""
