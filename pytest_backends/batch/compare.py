@@ -24,6 +24,7 @@ __all__ = [
     "compare",
     "compare_all",
     "compare_part",
+    "identical_results",
     "structure_mismatch",
 ]
 
@@ -221,6 +222,11 @@ def _joined(cases: tuple[Case, ...]) -> _Joined:
             _JOINED.clear()
         hit = _JOINED[key] = _Joined(cases)
     return hit
+
+
+def identical_results(cases: Sequence[Case], label: str, within: bool | None) -> list[CaseResult]:
+    """The results of ``cases`` whose part ``label`` is bitwise identical (a list of one's own)."""
+    return _joined(tuple(cases)).identical(label, within)
 
 
 def compare_part(

@@ -18,7 +18,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_backends.batch.compare import HELD_BYTES, CaseResult, compare_all
+from pytest_backends.batch.compare import (
+    HELD_BYTES,
+    CaseResult,
+    compare_all,
+    identical_results,
+)
 from pytest_backends.batch.rows import native_compare_cases
 from pytest_backends.batch.runs import Case, Plan, Run, note_failure, storage_of
 
@@ -89,17 +94,12 @@ def run_cases(
             (Run([("output", t.detach(), 0)], single=True), c) for (_, _, t), c in zip(outs, cases)
         ]
         return compare_all(full, runs, tol)
-    results = []
-    for case, f in zip(cases, figures):
-        if f is None:
-            results.append(
-                CaseResult(case.label, len(case.rows), case.rows, label, None, 0, 0.0, 0.0, within)
-            )
-        else:
+    results = identical_results(cases, label, within)
+    for i, f in enumerate(figures):
+        if f is not None:
+            case = cases[i]
             first, bad, max_abs, max_rel = f
-            results.append(
-                CaseResult(
-                    case.label, len(case.rows), case.rows, label, first, bad, max_abs, max_rel
-                )
+            results[i] = CaseResult(
+                case.label, len(case.rows), case.rows, label, first, bad, max_abs, max_rel
             )
     return results
