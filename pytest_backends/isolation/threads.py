@@ -9,10 +9,12 @@ which exist before any conftest runs.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from pytest_backends.isolation.watch import TorchStateWatch
 
@@ -47,13 +49,16 @@ class ThreadOrigins:
         active, limbo = getattr(threading, "_active", None), getattr(threading, "_limbo", None)
         registries = self._registries
         if registries is None or registries[0] is not active or registries[1] is not limbo:
-            from pytest_backends.flags.module_attributes import version_reader
-
+            # loaded with torch's flags (the catalogue): a session without torch imports
+            # nothing more for this, and lists the threads each time until torch comes
+            versions: Any = sys.modules.get("pytest_backends.flags.module_attributes")
+            if versions is None:
+                return threading.enumerate()
             dicts = [d for d in (active, limbo) if isinstance(d, dict)]
             registries = self._registries = (
                 active,
                 limbo,
-                version_reader(dicts) if len(dicts) == 2 else None,
+                versions.version_reader(dicts) if len(dicts) == 2 else None,
             )
             self._listing = ([], None)
         version = registries[2]() if registries[2] is not None else None  # before the listing
