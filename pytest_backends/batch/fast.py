@@ -6,9 +6,11 @@ op recording is asked for, the sub-batches' runs are restore, select and
 call, and their outputs are compared with the full batch's rows in one call
 of the native extension (``compare_cases`` in ``native/rows.cpp``). It gives
 the figures :mod:`~pytest_backends.batch.compare` gives, op for op; the tests
-hold the two equal. Anything else (no extension, a sub-batch output of
-another kind or shape, outputs over the held bytes) is left to the general
-path: :func:`run_cases` returns None.
+hold the two equal. Sub-batch tensors the native call does not read (another
+layout, dtype or shape) are compared the general way without running again;
+anything else (no extension, a sub-batch output that is not a plain tensor,
+outputs over the held bytes) is left to the general path: :func:`run_cases`
+returns None.
 
 Importing this module does not import torch; :func:`run_cases` does.
 """
@@ -25,7 +27,7 @@ from pytest_backends.batch.compare import (
     identical_results,
 )
 from pytest_backends.batch.rows import native_compare_cases
-from pytest_backends.batch.runs import Case, Plan, Run, note_failure, storage_of
+from pytest_backends.batch.runs import Case, Plan, Run, finish_runs, note_failure, storage_of
 
 if TYPE_CHECKING:
     import torch
@@ -86,7 +88,10 @@ def run_cases(
         outs.append((case.first, case.rows, result))
     figures = compare(ref, outs)
     if figures is None:
-        return None
+        # Tensors of another layout, dtype or shape than the full batch's rows: compared the
+        # general way, without running the cases again.
+        runs = finish_runs([(case, t) for case, (_, _, t) in zip(cases, outs)], 0)
+        return compare_all(full, runs, tol)
     within = True if isinstance(tol, tuple) else None
     if within and any(f is not None for f in figures):
         # Differing rows under a tolerance: the general comparison decides which are within.

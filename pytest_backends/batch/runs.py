@@ -34,6 +34,7 @@ __all__ = [
     "Run",
     "arguments",
     "call",
+    "finish_runs",
     "nbytes",
     "note_failure",
     "storage_of",
@@ -545,7 +546,7 @@ def sweep(
                 kept.append((case, result))
                 size += result.nbytes
                 if size > limit:
-                    yield _finish(kept, out_dim)
+                    yield finish_runs(kept, out_dim)
                     kept, size = [], 0
                 continue
             structure: dict[str, object] = {}
@@ -560,10 +561,10 @@ def sweep(
         kept.append((case, run))
         size += nbytes(run)
         if size > limit:
-            yield _finish(kept, out_dim)
+            yield finish_runs(kept, out_dim)
             kept, size = [], 0
     if kept:
-        yield _finish(kept, out_dim)
+        yield finish_runs(kept, out_dim)
 
 
 def note_failure(exc: Exception, case: Case, n: int) -> None:
@@ -576,7 +577,9 @@ def note_failure(exc: Exception, case: Case, n: int) -> None:
         )
 
 
-def _finish(kept: list[tuple[Case, torch.Tensor | Run]], out_dim: int) -> list[tuple[Run, Case]]:
+def finish_runs(
+    kept: list[tuple[Case, torch.Tensor | Run]], out_dim: int
+) -> list[tuple[Run, Case]]:
     """The runs of :func:`sweep`, a tensor output made a run."""
     import torch
 

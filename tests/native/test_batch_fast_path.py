@@ -173,3 +173,21 @@ def test_backward_and_sub_batch_structures_take_the_general_path(
     # runs the cases again and names the structure
     with pytest.raises(BatchInvarianceError, match="differ in structure"):
         assert_batch_invariant(shape_shifts, torch.randn(6, 4), backward=False)
+
+
+def test_sub_batch_tensors_in_another_layout_are_compared_without_running_again(
+    native_module: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Column-major sub-batch outputs: the native call declines, the general comparison
+    takes the outputs already made, and ``fn`` runs once per case, never twice."""
+    calls = _counting(monkeypatch, native_module)
+    made: list[int] = []
+
+    def column_major_below_the_batch(t: torch.Tensor) -> torch.Tensor:
+        made.append(t.shape[0])
+        y = t * 2
+        return y if t.shape[0] == 8 else y.t().contiguous().t()
+
+    result = assert_batch_invariant(column_major_below_the_batch, torch.randn(8, 5), backward=False)
+    assert result.invariant and len(result.cases) == 7
+    assert calls == [7] and len(made) == 8, made
