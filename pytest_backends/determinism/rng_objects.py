@@ -2,7 +2,8 @@
 
 A test reaches ``torch.Generator``, ``numpy.random.Generator``,
 ``numpy.random.RandomState`` and ``random.Random`` objects through its fixture
-values, its module's globals, its class and its instance, and through the lists,
+values, its module's globals, its class and its instance (their ``__dunder__`` names
+excepted: the interpreter's, not the test's), and through the lists,
 tuples, dicts and attributes held there (``holder.gen``, ``loader.generator``).
 Each is captured when the call phase begins (:meth:`RngObjects.capture`) and
 set back before every later run (:meth:`RngObjects.restore`), as the global
@@ -96,6 +97,10 @@ class RngObjects:
         return len(self._states)
 
 
+def _dunder(name: object) -> bool:
+    return isinstance(name, str) and name.startswith("__") and name.endswith("__")
+
+
 def roots_of(item: Any) -> list[object]:
     """Where a test's reused RNGs live: fixture values, its module, class and instance."""
     roots: list[object] = []
@@ -105,7 +110,9 @@ def roots_of(item: Any) -> list[object]:
     for owner in (getattr(item, "module", None), getattr(item, "cls", None)):
         namespace = getattr(owner, "__dict__", None)
         if namespace is not None:
-            roots.append(dict(namespace))
+            # Dunder names hold the interpreter's objects, not the test's: the module's
+            # ``__loader__`` reaches pytest's config and plugins (thousands of objects).
+            roots.append({k: v for k, v in namespace.items() if not _dunder(k)})
     instance = getattr(item, "instance", None)
     namespace = getattr(instance, "__dict__", None)
     if isinstance(namespace, dict):

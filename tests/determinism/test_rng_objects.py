@@ -81,3 +81,20 @@ def test_an_rng_deeper_than_the_walk_is_not_reached() -> None:
     for _ in range(6):
         nest = {"level": nest}
     assert len(RngObjects.capture([{"nest": nest}])) == 0
+
+
+def test_the_module_and_class_dunders_are_not_walked() -> None:
+    """``__loader__`` and friends hold pytest's config and plugins, not the test's RNGs.
+
+    Walking them visited about 20,000 objects per checked test (8 ms each).
+    """
+    kept = random.Random(0)
+    behind_the_loader = torch.Generator()
+    loader = SimpleNamespace(config=SimpleNamespace(plugin=SimpleNamespace(g=behind_the_loader)))
+
+    class Suite:
+        __slots_holder__ = SimpleNamespace(g=torch.Generator())
+
+    module = SimpleNamespace(__loader__=loader, __builtins__={"rng": random.Random(1)}, RNG=kept)
+    item = SimpleNamespace(funcargs={}, module=module, cls=Suite, instance=None)
+    assert [id(r) for r in reached(item)] == [id(kept)]
