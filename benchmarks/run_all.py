@@ -32,6 +32,10 @@ def benchmarks(quick: bool) -> list[tuple[str, list[str]]]:
             ],
         ),
         (
+            "idle-instructions",
+            ["bench_idle_instructions.py", "--out", str(RESULTS / "idle-instructions-cpu.txt")],
+        ),
+        (
             "collection",
             [
                 "bench_collection.py",
