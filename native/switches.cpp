@@ -41,6 +41,7 @@
 #endif
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <utility>
@@ -237,9 +238,24 @@ std::vector<std::string> switch_names() { return {}; }
 
 #endif
 
+// The sum of the 64-bit words at ``offset`` in each object of ``objects``: the dicts' version
+// tags, at the offset pytest_backends.flags.module_attributes proved, read without making a
+// Python int per tag (the guard reads them twice per test). The caller holds the objects.
+uint64_t version_sum(const py::tuple& objects, py::ssize_t offset) {
+  uint64_t sum = 0;
+  for (const py::handle object : objects) {
+    uint64_t word = 0;
+    std::memcpy(&word, reinterpret_cast<const char*>(object.ptr()) + offset, sizeof(word));
+    sum += word;
+  }
+  return sum;
+}
+
 }  // namespace
 
 void register_switches(py::module_& m) {
+  m.def("version_sum", &version_sum, py::arg("objects"), py::arg("offset"),
+        "The sum of the 64-bit words at byte ``offset`` in each object (dict version tags).");
   m.def("read_switches", &read_switches,
         "Every switch of switch_names(), packed: equal bytes when every switch is equal.");
   m.def("switch_names", &switch_names,

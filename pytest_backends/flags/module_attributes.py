@@ -21,7 +21,8 @@ a dict moves above every tag before it): while their sum is that of the last
 read, no module was written and its state is returned without comparing the
 dicts. The tag is used only where a probe, once per process, proves that
 writes move it and reads do not (:func:`version_reader`); elsewhere the dicts are
-compared as before.
+compared as before. Where the native extension is loaded, the tags are summed
+by its ``version_sum`` (one C loop) rather than through a Python memory view.
 """
 
 from __future__ import annotations
@@ -142,6 +143,9 @@ def version_reader(dicts: Sequence[dict[str, Any]]) -> Callable[[], int] | None:
     import ctypes
 
     held = tuple(dicts)
+    native = _native_sum(held, offset)
+    if native is not None:
+        return native
     at = [id(d) + offset for d in held]
     base = min(at)
     memory = (ctypes.c_char * (max(at) - base + 8)).from_address(base)
@@ -155,6 +159,25 @@ def version_reader(dicts: Sequence[dict[str, Any]]) -> Callable[[], int] | None:
         return sum(picked(tags))
 
     return read
+
+
+def _native_sum(held: tuple[dict[str, Any], ...], offset: int) -> Callable[[], int] | None:
+    """The native extension's reader of the same sum, where it is loaded already.
+
+    It reads the tags in one C loop, without a Python int per tag (a fifth of the
+    cost); the partial holds the dicts. Never loads or builds the extension.
+    """
+    from pytest_backends import _native
+
+    module = _native.load_cached() if _native.loaded() else None
+    version_sum = getattr(module, "version_sum", None)
+    if version_sum is None:
+        return None
+    read: Callable[[], int] = functools.partial(version_sum, held, offset)
+    import ctypes
+
+    direct = sum(ctypes.c_uint64.from_address(id(d) + offset).value for d in held)
+    return read if read() == direct else None
 
 
 def _submodule(owner: types.ModuleType, name: str, value: object) -> bool:

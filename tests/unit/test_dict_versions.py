@@ -11,6 +11,7 @@ listed each time.
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 import threading
 import types
@@ -48,11 +49,45 @@ def test_the_probe_refuses_a_field_that_is_not_the_tag() -> None:
     assert not probe_offset(2 * word)  # the size: replacing a value leaves it
 
 
+@pytest.fixture(params=["native", "ctypes"])
+def reader_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Either reader of the tags: the extension's C loop, or one memory view from Python."""
+    from pytest_backends import _native
+
+    if request.param == "native":
+        module = _native.load_cached()
+        if getattr(module, "version_sum", None) is None:
+            pytest.skip("the native extension is not built here")
+    else:
+        monkeypatch.setattr(_native, "loaded", lambda: False)
+    return str(request.param)
+
+
 @cpython_only
-def test_every_kind_of_write_moves_the_sum_and_reads_do_not() -> None:
+def test_the_native_reader_reads_the_sum_the_memory_view_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pytest_backends import _native
+
+    if getattr(_native.load_cached(), "version_sum", None) is None:
+        pytest.skip("the native extension is not built here")
+    dicts = [vars(types.ModuleType(f"probe{i}")) for i in range(5)]
+    native = version_reader(dicts)
+    assert isinstance(native, functools.partial)  # the extension's loop
+    monkeypatch.setattr(_native, "loaded", lambda: False)
+    python = version_reader(dicts)
+    assert python is not None and not isinstance(python, functools.partial)
+    assert native() == python()
+    dicts[3]["x"] = 1
+    assert native() == python()
+
+
+@cpython_only
+def test_every_kind_of_write_moves_the_sum_and_reads_do_not(reader_kind: str) -> None:
     modules = [types.ModuleType(f"probe{i}") for i in range(3)]
     read = version_reader([vars(m) for m in modules])
     assert read is not None
+    assert isinstance(read, functools.partial) == (reader_kind == "native")
     writes: list[Callable[[], object]] = [
         lambda: setattr(modules[0], "a", 1),
         lambda: setattr(modules[2], "a", object()),
