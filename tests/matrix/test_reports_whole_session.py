@@ -284,7 +284,13 @@ def test_an_interrupted_item_is_interrupted_never_passed_under_xdist(
         # a loaded machine may deliver a while after the worker wrote the marker.
         time.sleep(3)
         proc.send_signal(signal.SIGINT)
-        out = proc.communicate(timeout=120)[0]
+        try:
+            out = proc.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            # Seen once on a loaded machine: the run went on as if the first Ctrl-C had
+            # not arrived. A user presses it again; so does the test.
+            proc.send_signal(signal.SIGINT)
+            out = proc.communicate(timeout=120)[0]
     finally:
         if proc.poll() is None:
             proc.kill()
