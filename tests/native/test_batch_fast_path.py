@@ -19,6 +19,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from perturbed import perturbed
 
 from pytest_backends import BatchInvarianceError, assert_batch_invariant
 from pytest_backends.batch import fast
@@ -44,25 +45,10 @@ def _table_fn(n: int, full: torch.Tensor, alt: torch.Tensor) -> Callable[[torch.
 
 @st.composite
 def tables(draw: st.DrawFn) -> tuple[int, torch.Tensor, torch.Tensor, torch.dtype]:
-    dtype = draw(st.sampled_from([torch.float16, torch.float32, torch.float64]))
-    n = draw(st.integers(2, 9))
-    shape = (n, *draw(st.lists(st.integers(1, 4), max_size=2)))
-    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-    full = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
-    flat = full.view(-1)
-    for i in draw(st.lists(st.integers(0, flat.numel() - 1), max_size=3)):
-        flat[i] = draw(st.sampled_from(SPECIAL))
-    alt = full.clone()
-    flat_alt = alt.view(-1)
-    for i in draw(st.lists(st.integers(0, flat_alt.numel() - 1), max_size=6)):
-        change = draw(st.sampled_from(["special", "nudge", "sign"]))
-        if change == "special":
-            flat_alt[i] = draw(st.sampled_from(SPECIAL))
-        elif change == "nudge":
-            flat_alt[i] = flat_alt[i] + draw(st.sampled_from([1e-7, -1e-3, 2.0]))
-        else:
-            flat_alt[i] = -flat_alt[i]
-    return n, full, alt, dtype
+    full, alt = perturbed(
+        draw, rows=(2, 9), widths=(1, 4), specials=SPECIAL, marked=3, third="sign"
+    )
+    return full.shape[0], full, alt, full.dtype
 
 
 def _outcome(fn: Callable[..., Any], x: torch.Tensor, **options: Any) -> tuple[Any, ...]:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from perturbed import perturbed
 
 from pytest_backends.batch import rows as rows_mod
 
@@ -45,26 +46,7 @@ def _same(a: object, b: object) -> bool:
 
 @st.composite
 def pairs(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor]:
-    dtype = draw(st.sampled_from([torch.float16, torch.float32, torch.float64]))
-    rows = draw(st.integers(1, 9))
-    shape = (rows, *draw(st.lists(st.integers(1, 5), max_size=2)))
-    seed = draw(st.integers(0, 2**31 - 1))
-    gen = torch.Generator().manual_seed(seed)
-    ref = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
-    flat = ref.view(-1)
-    for i in draw(st.lists(st.integers(0, flat.numel() - 1), max_size=4)):
-        flat[i] = draw(st.sampled_from(SPECIAL))
-    got = ref.clone()
-    flat_got = got.view(-1)
-    for i in draw(st.lists(st.integers(0, flat_got.numel() - 1), max_size=6)):
-        change = draw(st.sampled_from(["special", "nudge", "scale"]))
-        if change == "special":
-            flat_got[i] = draw(st.sampled_from(SPECIAL))
-        elif change == "nudge":
-            flat_got[i] = flat_got[i] + draw(st.sampled_from([1e-7, -1e-3, 2.0]))
-        else:
-            flat_got[i] = flat_got[i] * 1.0001
-    return ref, got
+    return perturbed(draw, rows=(1, 9), widths=(1, 5), specials=SPECIAL, marked=4, third="scale")
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
