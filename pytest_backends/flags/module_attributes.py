@@ -164,7 +164,7 @@ def version_reader(dicts: Sequence[dict[str, Any]]) -> Callable[[], int] | None:
 def _native_sum(held: tuple[dict[str, Any], ...], offset: int) -> Callable[[], int] | None:
     """The native extension's reader of the same sum, where it is loaded already.
 
-    It reads the tags in one C loop, without a Python int per tag (a fifth of the
+    It reads the tags in one C loop, without a Python int per tag (a quarter of the
     cost); the partial holds the dicts. Never loads or builds the extension.
     """
     from pytest_backends import _native
