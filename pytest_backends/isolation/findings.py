@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from pytest_backends import _shared, _xdist
+from pytest_backends import _xdist
 
-__all__ = ["BackendsLeakWarning", "Findings", "SetupReporter", "drift_message", "warn_leak"]
+__all__ = ["BackendsLeakWarning", "Findings", "drift_message", "warn_leak"]
 
 #: The name of the findings a worker leaves for the controller.
 _CHANNEL = _xdist.channel("isolation")
@@ -104,26 +104,3 @@ class Findings:
                 "pytest-backends: the run fails because of the torch backend flag changes "
                 "above (--backends-leaks=fail)."
             )
-
-
-class SetupReporter:
-    """Warns of a drift, or fails with an error, that the guard stashed for a test.
-
-    Both belong to the test's setup phase, where pytest records warnings per test
-    and ``-W error`` makes one that test's error. The guard registers this plugin
-    with the first test that has either, so a session with none makes no hook call.
-    """
-
-    def __init__(self, drift_key: pytest.StashKey[str], error_key: pytest.StashKey[str]) -> None:
-        self._drift_key = drift_key
-        self._error_key = error_key
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        """Report the drift found before ``item``, and the error that belongs to it."""
-        drift = _shared.stashed(item.stash, self._drift_key, None)
-        if drift is not None:
-            warn_leak(drift)
-        error = _shared.stashed(item.stash, self._error_key, None)
-        if error is not None:
-            pytest.fail(error, pytrace=False)

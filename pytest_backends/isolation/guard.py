@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_backends import _shared
-from pytest_backends.isolation.findings import Findings, SetupReporter, drift_message, warn_leak
+from pytest_backends.isolation.findings import Findings, drift_message, warn_leak
 from pytest_backends.isolation.markers import marker_mode
 from pytest_backends.isolation.modules import ModuleFlags
 from pytest_backends.isolation.snapshot import Fingerprint, diff_lines, registry
@@ -96,8 +96,6 @@ class IsolationPlugin:
         # threads): reported before the next test or at session end
         self._late: list[tuple[str, dict[str, tuple[object, object]]]] = []
         self.threads = ThreadOrigins(self.watch)
-        # registered on the first test with a drift or an error to report in its setup
-        self._setup_reporter: SetupReporter | None = None
 
     # -- bookkeeping ------------------------------------------------------
 
@@ -189,7 +187,6 @@ class IsolationPlugin:
         mode, marker_error = marker_mode(item, self.settings.mode)
         if marker_error:
             item.stash[SETUP_ERROR_KEY] = f"{item.nodeid}: {marker_error}"
-            self._to_setup(item)
         if not flags and mode == "off" and self.settings.mode == "off":
             return (yield)
         threads_before = self.threads.alive()
@@ -201,7 +198,6 @@ class IsolationPlugin:
             )
             state = None
         self._current = state
-        self._to_setup(item)
         try:
             return (yield)
         finally:
@@ -333,12 +329,15 @@ class IsolationPlugin:
             blocks.append(f"{after}:\n{diff_lines(drift)}")
         return "\n".join(blocks)
 
-    def _to_setup(self, item: pytest.Item) -> None:
-        """Have the setup phase report what ``item``'s stash holds (the hook joins once)."""
-        stash = item.stash
-        if self._setup_reporter is None and (DRIFT_KEY in stash or SETUP_ERROR_KEY in stash):
-            self._setup_reporter = SetupReporter(DRIFT_KEY, SETUP_ERROR_KEY)
-            item.config.pluginmanager.register(self._setup_reporter, "backends-isolation-setup")
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        """Report drift found before this test, and errors that belong to this test."""
+        drift = _shared.stashed(item.stash, DRIFT_KEY, None)
+        if drift is not None:
+            warn_leak(drift)
+        error = _shared.stashed(item.stash, SETUP_ERROR_KEY, None)
+        if error is not None:
+            pytest.fail(error, pytrace=False)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(

@@ -16,12 +16,12 @@ import pytest
 from idle_session import IdleSession, measure
 
 #: Hook implementation calls into ``pytest_backends`` plugins per test, idle (4 while
-#: the primitive-log call hook was registered in every session, 3 while the guard's
-#: setup hook was, before it joined only with a drift or an error to report).
-CALLS_PER_TEST = 2
+#: the primitive-log call hook was registered in every session).
+CALLS_PER_TEST = 3
 #: The per-test hooks an idle session runs: the leak guard's, nothing else.
 PER_TEST_HOOKS = {
     "pytest_backends.isolation.guard:pytest_runtest_protocol",
+    "pytest_backends.isolation.guard:pytest_runtest_setup",
     "pytest_backends.isolation.guard:pytest_runtest_teardown",
 }
 #: At most this many ``pytest_backends`` modules are imported by an idle session:
