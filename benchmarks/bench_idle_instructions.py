@@ -43,6 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_machine import describe, write_result
+from overhead import write_suite
 
 OUT = Path(__file__).resolve().parent / "results" / "idle-instructions-cpu.txt"
 GOAL = 1.03
@@ -82,13 +83,8 @@ def pytest_sessionfinish(session):
 
 def _suite(root: Path, size: int) -> None:
     root.mkdir(parents=True, exist_ok=True)
+    write_suite(root, size, parametrized=True)  # overhead.py's suite, measured the same way
     (root / "conftest.py").write_text(CONFTEST)
-    (root / "pytest.ini").write_text("[pytest]\naddopts = -p no:randomly -p no:cacheprovider\n")
-    (root / "test_trivial.py").write_text(
-        "import pytest\nimport torch\n\n\n"
-        f"@pytest.mark.parametrize('case', range({size}))\n"
-        "def test_case(case):\n    assert torch.backends.cudnn.enabled\n"
-    )
 
 
 def _counts(out: Path) -> dict[str, int]:

@@ -33,7 +33,8 @@ TESTS = 2000
 RESULT = Path(__file__).resolve().parent / "results" / "overhead-cpu.txt"
 
 
-def _write_suite(root: Path, count: int, parametrized: bool = False) -> None:
+def write_suite(root: Path, count: int, parametrized: bool = False) -> None:
+    """The trivial torch suite (``count`` tests, or one function with ``count`` cases)."""
     body = ["import pytest", "import torch", ""]
     if parametrized:
         body += [
@@ -316,8 +317,8 @@ def main() -> None:
     before1: list[float] = []
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as tmp1:
         root, single = Path(tmp), Path(tmp1)
-        _write_suite(root, args.tests, args.parametrized)
-        _write_suite(single, 1, args.parametrized)
+        write_suite(root, args.tests, args.parametrized)
+        write_suite(single, 1, args.parametrized)
         _cpu_seconds(root, [])  # warm the file cache and bytecode
         _cpu_seconds(root, ["-p", "no:backends"])
         if args.before is not None:

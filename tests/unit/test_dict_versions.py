@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from pytest_backends import _native
 from pytest_backends.flags import module_attributes
 from pytest_backends.flags.module_attributes import (
     module_attribute_row,
@@ -49,15 +50,17 @@ def test_the_probe_refuses_a_field_that_is_not_the_tag() -> None:
     assert not probe_offset(2 * word)  # the size: replacing a value leaves it
 
 
+def _native_or_skip() -> None:
+    """Load the extension, or skip where it is not built (it sums the tags in C)."""
+    if getattr(_native.load_cached(), "version_sum", None) is None:
+        pytest.skip("the native extension is not built here")
+
+
 @pytest.fixture(params=["native", "ctypes"])
 def reader_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Either reader of the tags: the extension's C loop, or one memory view from Python."""
-    from pytest_backends import _native
-
     if request.param == "native":
-        module = _native.load_cached()
-        if getattr(module, "version_sum", None) is None:
-            pytest.skip("the native extension is not built here")
+        _native_or_skip()
     else:
         monkeypatch.setattr(_native, "loaded", lambda: False)
     return str(request.param)
@@ -67,10 +70,7 @@ def reader_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 def test_the_native_reader_reads_the_sum_the_memory_view_reads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from pytest_backends import _native
-
-    if getattr(_native.load_cached(), "version_sum", None) is None:
-        pytest.skip("the native extension is not built here")
+    _native_or_skip()
     dicts = [vars(types.ModuleType(f"probe{i}")) for i in range(5)]
     native = version_reader(dicts)
     assert isinstance(native, functools.partial)  # the extension's loop
