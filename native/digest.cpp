@@ -103,10 +103,13 @@ __attribute__((target("avx2"))) void sum_words_avx2(const uint8_t* p, int64_t be
             reinterpret_cast<const __m256i*>(p + 8 * (i + u * kVec)));
         const __m256i x0 = _mm256_xor_si256(w, k0[u]);
         const __m256i x1 = _mm256_xor_si256(w, k1[u]);
+        // vpmuludq reads the low half of each word: the swapped word's low half is the
+        // high half, so lane 1's swap is also its multiplier (one shift fewer)
+        const __m256i r1 = _mm256_shuffle_epi32(x1, 0xB1);
         const __m256i m0 = _mm256_mul_epu32(x0, _mm256_srli_epi64(x0, 32));
-        const __m256i m1 = _mm256_mul_epu32(x1, _mm256_srli_epi64(x1, 32));
+        const __m256i m1 = _mm256_mul_epu32(x1, r1);
         a0[u] = _mm256_add_epi64(a0[u], _mm256_add_epi64(x0, m0));
-        a1[u] = _mm256_add_epi64(a1[u], _mm256_add_epi64(_mm256_shuffle_epi32(x1, 0xB1), m1));
+        a1[u] = _mm256_add_epi64(a1[u], _mm256_add_epi64(r1, m1));
         k0[u] = _mm256_add_epi64(k0[u], step0);
         k1[u] = _mm256_add_epi64(k1[u], step1);
       }
@@ -163,11 +166,13 @@ __attribute__((target("avx512f"))) void sum_words_avx512(const uint8_t* p, int64
         const __m512i w = _mm512_loadu_si512(p + 8 * (i + u * kVec));
         const __m512i x0 = _mm512_xor_si512(w, k0[u]);
         const __m512i x1 = _mm512_xor_si512(w, k1[u]);
-        const __m512i m0 = _mm512_mul_epu32(x0, _mm512_srli_epi64(x0, 32));
-        const __m512i m1 = _mm512_mul_epu32(x1, _mm512_srli_epi64(x1, 32));
+        // as in the AVX2 loop: lane 1's swapped word is its multiplier; lane 0's high
+        // halves come from a shuffle (port 5) rather than a shift (port 0, with the multiplies)
+        const __m512i r1 = _mm512_shuffle_epi32(x1, _MM_PERM_CDAB);
+        const __m512i m0 = _mm512_mul_epu32(x0, _mm512_shuffle_epi32(x0, _MM_PERM_CDAB));
+        const __m512i m1 = _mm512_mul_epu32(x1, r1);
         a0[u] = _mm512_add_epi64(a0[u], _mm512_add_epi64(x0, m0));
-        a1[u] = _mm512_add_epi64(
-            a1[u], _mm512_add_epi64(_mm512_shuffle_epi32(x1, _MM_PERM_CDAB), m1));
+        a1[u] = _mm512_add_epi64(a1[u], _mm512_add_epi64(r1, m1));
         k0[u] = _mm512_add_epi64(k0[u], step0);
         k1[u] = _mm512_add_epi64(k1[u], step1);
       }
