@@ -2,14 +2,20 @@
 
 Each op gets an identity ``(op name, module path, call site, occurrence)``
 where the occurrence counts calls of that op at that call site within that
-module.  Two runs are aligned by identity, never by position, so an op that
-runs on one path only (a fused kernel, a cast) does not shift the others.
+module.  The call site is the innermost line of the user's code that ran the
+op and, where that line is in a function the user's code called, the lines
+that called it (``helpers.py:5 (called from test_x.py:10)``), up to this
+package's or pytest's call of the user's code: a helper called once more on
+one path is that call, not whichever call of it comes last.  Two runs are
+aligned by identity, never by position, so an op that runs on one path only
+(a fused kernel, a cast) does not shift the others.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,6 +29,20 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SKIP_DIRS = (_TORCH_DIR + os.sep, _OWN_DIR + os.sep)
 _SKIP_FILES = ("contextlib.py", "functools.py", "<frozen")
+
+
+def _package_dirs(*names: str) -> tuple[str, ...]:
+    """The directories of those of the packages ``names`` that are imported."""
+    paths = (getattr(sys.modules.get(name), "__file__", None) for name in names)
+    return tuple(os.path.dirname(os.path.abspath(p)) + os.sep for p in paths if p)
+
+
+#: Where the user's code was called from: the chain of callers stops there.
+_CALLER_STOPS = (_OWN_DIR + os.sep, *_package_dirs("_pytest", "pluggy"))
+#: Python's own library (unittest's runner, threading): left out of the chain, so a
+#: trace keeps its identities across Python versions; installed packages are kept.
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+_INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 #: (op name, module path, call site "file:line", occurrence)
 Identity = tuple[str, str, str, int]
@@ -67,7 +87,13 @@ def op_name(func: Any) -> str:
 
 
 def call_site() -> str:
-    """``file:line`` of the innermost frame outside torch, this package and contextlib."""
+    """Where the user's code ran the op: ``file:line`` and the user's calls that led there.
+
+    The innermost frame outside torch, this package and contextlib, then, in
+    ``(called from a, from b)``, each frame further out that is neither torch's
+    nor Python's own library, up to the first frame of this package, pytest or
+    pluggy (the call of the user's code).
+    """
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
@@ -76,9 +102,29 @@ def call_site() -> str:
             and not filename.endswith(_SKIP_FILES)
             and "<frozen" not in filename
         ):
-            return f"{filename}:{frame.f_lineno}"
+            site = f"{filename}:{frame.f_lineno}"
+            callers = _callers(frame.f_back)
+            return f"{site} (called from {', from '.join(callers)})" if callers else site
         frame = frame.f_back  # type: ignore[assignment]
     return "<unknown>"
+
+
+def _callers(frame: Any) -> list[str]:
+    """``file:line`` of the user's frames from ``frame`` outward, to the call of its code."""
+    found: list[str] = []
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(_CALLER_STOPS):
+            break
+        if not (
+            filename.startswith(_TORCH_DIR + os.sep)
+            or filename.endswith(_SKIP_FILES)
+            or "<frozen" in filename
+            or (filename.startswith(_STDLIB) and not any(d in filename for d in _INSTALLED))
+        ):
+            found.append(f"{filename}:{frame.f_lineno}")
+        frame = frame.f_back
+    return found
 
 
 def _copy(t: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,8 @@ from pytest_backends.paths.branches import one_sided
 from pytest_backends.paths.record import OpRecord, PathRecorder, module_tracking
 
 SAMPLE = 32
-FORMAT = 1
+#: 2: an op's call site holds the user's calls that led to it (``(called from ...)``).
+FORMAT = 2
 
 
 def _tensor_sketch(t: torch.Tensor) -> dict[str, Any]:
@@ -152,8 +153,14 @@ class Trace:
             ops = [json.loads(line) for line in lines[1:] if line.strip()]
         except (OSError, IndexError, json.JSONDecodeError) as exc:
             raise ValueError(f"{path}: not a pytest-backends trace ({exc})") from None
-        if not isinstance(header, dict) or header.get("format") != FORMAT:
+        if not isinstance(header, dict) or "format" not in header:
             raise ValueError(f"{path}: not a pytest-backends trace (format {FORMAT})")
+        if header["format"] != FORMAT:
+            # Its ops' identities are made another way: compared, every op would differ.
+            raise ValueError(
+                f"{path}: a pytest-backends trace of format {header['format']!r}, not "
+                f"{FORMAT}: record it again with this version"
+            )
         return cls(path, header, ops)
 
     @property
