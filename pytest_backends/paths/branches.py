@@ -4,8 +4,10 @@
 on the other's inputs. Code that reads a flag in Python escapes it: an op that
 runs under one configuration only (``if torch.backends.mkldnn.enabled: y += 1``),
 or an op whose tensor inputs agree but whose non-tensor argument was computed
-from a flag (``h * (1.01 if flag else 1.0)``). Such an op is named here, rather
-than calling the difference one that built up across ops.
+from a flag (``h * (1.01 if flag else 1.0)``), or an op whose tensor input no
+op of the run made and which differs between the paths (``torch.tensor(flag)``,
+a NumPy array computed from a flag). Such an op is named here, rather than
+calling the difference one that built up across ops.
 """
 
 from __future__ import annotations
@@ -28,6 +30,24 @@ def _scalars(record: Any) -> list[object] | None:
     return [x for x in leaves if not isinstance(x, (torch.Tensor, torch.device))]
 
 
+def _outside_difference(record: Any, ref_record: Any) -> int | None:
+    """The first tensor input no op of either run made that differs between them, or None."""
+    pairs = zip(record.made, ref_record.made, record.inputs, ref_record.inputs)
+    for i, (made, ref_made, a, b) in enumerate(pairs):
+        if not (made or ref_made) and not _same_tensor(a, b):
+            return i
+    return None
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal dtype, shape and values (a NaN equals a NaN at the same place)."""
+    if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return bool(torch.equal(a, b))
+
+
 def _equal(a: Sequence[object], b: Sequence[object]) -> bool:
     try:
         return len(a) == len(b) and all(x is y or bool(x == y) for x, y in zip(a, b))
@@ -41,37 +61,69 @@ def _short(values: Sequence[object]) -> str:
 
 
 def path_difference(ref: Any, other: Any, skipped: Sequence[str] = ()) -> str | None:
-    """The first op that only one path ran, or that got other non-tensor arguments; or None.
+    """The first op that only one path ran, or that got other arguments from outside the ops.
+
+    Other non-tensor arguments, or another tensor input that no op of the run made;
+    None where there is no such op. "First" is by the ops both paths ran before it:
+    where a branch on one path comes before a value that differs on the other, the
+    branch is named.
 
     ``ref`` and ``other`` are :class:`~pytest_backends.paths.api.ConfigRun`;
     ops whose names start with one of ``skipped`` (random ops) are not named.
     """
+    skip = tuple(skipped)
     by_identity = {r.identity: r for r in ref.records}
     mine_ids = {r.identity for r in other.records}
+    # (ops both paths ran before it, which comes first at a tie, the message)
+    found: list[tuple[int, int, str]] = []
+    before = 0
     for record in other.records:
-        if record.name.startswith(tuple(skipped)):
+        if record.name.startswith(skip):
             continue
         ref_record = by_identity.get(record.identity)
         if ref_record is None:
-            return one_sided(
-                record.identity, other.config_id, ref.config_id, _alone_at(ref, mine_ids, record)
+            alone = _alone_at(ref, mine_ids, record)
+            found.append(
+                (before, 0, one_sided(record.identity, other.config_id, ref.config_id, alone))
             )
-        mine, theirs = _scalars(record), _scalars(ref_record)
-        if mine is not None and theirs is not None and not _equal(mine, theirs):
-            return (
-                f"{record.name} at {record.site} got other non-tensor arguments under "
-                f"{other.config_id} ({_short(mine)}) than under {ref.config_id} "
-                f"({_short(theirs)}): a Python value that differs between the paths "
-                "(computed from a flag, or read from a tensor with .item()), not a kernel"
-            )
+            break
+        differs = _argument_difference(record, ref_record, ref.config_id, other.config_id)
+        if differs is not None:
+            found.append((before, 2, differs))  # an op both ran: after a one-sided op
+            break
+        before += 1
+    before = 0
     for record in ref.records:
-        if record.identity not in mine_ids and not record.name.startswith(tuple(skipped)):
-            return one_sided(
-                record.identity,
-                ref.config_id,
-                other.config_id,
-                _alone_at(other, set(by_identity), record),
+        if record.name.startswith(skip):
+            continue
+        if record.identity not in mine_ids:
+            alone = _alone_at(other, set(by_identity), record)
+            found.append(
+                (before, 1, one_sided(record.identity, ref.config_id, other.config_id, alone))
             )
+            break
+        before += 1
+    return min(found)[2] if found else None
+
+
+def _argument_difference(record: Any, ref_record: Any, ref_id: str, other_id: str) -> str | None:
+    """Why an op both paths ran got other arguments from outside the ops; None if it did not."""
+    outside = _outside_difference(record, ref_record)
+    if outside is not None:
+        return (
+            f"{record.name} at {record.site} got another tensor input {outside} under "
+            f"{other_id} than under {ref_id}, and no op of the run made it: a value from "
+            "outside torch's ops that differs between the paths (a tensor made from a flag, "
+            "torch.tensor(flag), or memory NumPy or Python wrote), not a kernel"
+        )
+    mine, theirs = _scalars(record), _scalars(ref_record)
+    if mine is not None and theirs is not None and not _equal(mine, theirs):
+        return (
+            f"{record.name} at {record.site} got other non-tensor arguments under "
+            f"{other_id} ({_short(mine)}) than under {ref_id} "
+            f"({_short(theirs)}): a Python value that differs between the paths "
+            "(computed from a flag, or read from a tensor with .item()), not a kernel"
+        )
     return None
 
 

@@ -60,6 +60,9 @@ class OpRecord:
     inputs: list[torch.Tensor]
     outputs: list[torch.Tensor]
     backward: bool
+    made: tuple[bool, ...] = ()
+    """Per tensor input: whether an earlier op of the run made its memory (a Python-made
+    tensor, a NumPy buffer, a parameter: not); empty where that was not recorded."""
 
     @property
     def name(self) -> str:
@@ -125,6 +128,14 @@ def _callers(frame: Any) -> list[str]:
             found.append(f"{filename}:{frame.f_lineno}")
         frame = frame.f_back
     return found
+
+
+def _memory_of(t: torch.Tensor) -> int:
+    """The address of ``t``'s storage (0 for a tensor without one)."""
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except Exception:  # sparse, nested, or a tensor subclass without storage
+        return 0
 
 
 def _copy(t: torch.Tensor) -> torch.Tensor:
@@ -220,6 +231,9 @@ class PathRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._on_op = on_op
         self._retain = retain
         self.in_backward = False
+        # The memory the run's ops wrote, by storage address; 0 (no storage, or an empty
+        # one) counts as made: such an input is never named as a value from outside.
+        self._made: set[int] = {0}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -229,12 +243,15 @@ class PathRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         key = (name, module, site)
         occurrence = self._counts.get(key, 0)
         self._counts[key] = occurrence + 1
+        made = self._made
+        from_ops = tuple(_memory_of(t) in made for t in tensors_of((args, kwargs)))
         if self._keep:
             args_copy, kwargs_copy = copy_tree(args), copy_tree(kwargs)
         else:
             args_copy, kwargs_copy = args, kwargs
         out = func(*args, **kwargs)
         outputs = results_of_call(func, args, kwargs, out)
+        made.update(_memory_of(t) for t in outputs)
         record = OpRecord(
             index=len(self.records),
             identity=(name, module, site, occurrence),
@@ -244,6 +261,7 @@ class PathRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             inputs=tensors_of((args_copy, kwargs_copy)),
             outputs=[_copy(t) for t in outputs] if self._keep else outputs,
             backward=self.in_backward,
+            made=from_ops,
         )
         if self._on_op is not None:
             self._on_op(record)

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -119,6 +120,15 @@ def test_an_op_on_one_path_only_does_not_derail_alignment() -> None:
         assert_paths_agree(_extra_on_one_path, x, axes=["mkldnn"], backward=False)
     d = info.value.divergence
     assert d is not None and d.op == "paths_tests::bump"
+
+
+_SHARED = np.ones(8, np.float32)
+_SHARED_TENSOR = torch.from_numpy(_SHARED)
+
+
+def _numpy_wrote(value: float) -> torch.Tensor:
+    _SHARED[:] = value
+    return _SHARED_TENSOR
 
 
 def _mkldnn_on() -> bool:
@@ -254,6 +264,24 @@ def test_identical_nans_and_infinities_agree(fn: Any) -> None:
             "[2, 8] vs torch.float32 [4, 8]",
             "aten::slice at * ran under mkldnn-off only: the paths ran different ops",
         ),
+        (
+            lambda t: torch.where(torch.tensor(_mkldnn_on()), t * 2, t * 3),
+            "max abs error",
+            "aten::lift_fresh at * got another tensor input 0 under mkldnn-off than under "
+            "mkldnn-on, and no op of the run made it: a value from outside torch's ops",
+        ),
+        (
+            lambda t: t * torch.from_numpy(np.full(8, 1.5 if _mkldnn_on() else 2.0, np.float32)),
+            "max abs error",
+            "aten::lift_fresh at * got another tensor input 0 under mkldnn-off than under "
+            "mkldnn-on, and no op of the run made it",
+        ),
+        (
+            # NumPy writes the flag's value into memory a tensor made before the run shares
+            lambda t: t * _numpy_wrote(1.5 if _mkldnn_on() else 2.0),
+            "max abs error",
+            "aten::mul at * got another tensor input 1 under mkldnn-off than under mkldnn-on",
+        ),
     ],
 )
 def test_unlike_nonfinite_values_dtypes_and_shapes_say_what_differs(
@@ -274,6 +302,16 @@ def double(x: torch.Tensor) -> torch.Tensor:
 
 
 double.register_autograd(lambda ctx, grad: grad)
+
+
+def test_values_from_outside_the_ops_that_agree_name_nothing() -> None:
+    """A tensor made from Python values the same on both paths is no branch: the paths agree."""
+    assert_paths_agree(
+        lambda t: torch.where(torch.tensor(True), t * 2, t * torch.from_numpy(np.ones(8, "f4"))),
+        torch.randn(4, 8),
+        axes=["mkldnn"],
+        backward=False,
+    )
 
 
 def test_a_small_result_that_an_op_changes_wholly_is_named_not_passed() -> None:

@@ -1,9 +1,12 @@
-"""An op's call site is its path through the user's code: a helper's extra call is that call.
+"""Where two paths part in the user's code: the call only one path made, or the value it made.
 
-The oracle is the program itself: the corpus writes small programs whose
-helper calls some statements make only while oneDNN is enabled, so where the
-paths part is known before they run. ``PATHS_CORPUS_EXAMPLES`` raises the
-example count, as for the other paths corpus.
+An op's call site is its path through the user's code, so a helper's extra
+call is that call; a tensor made from a flag's value is named at the op that
+got it. The oracle is the program itself: the corpus writes small programs
+some of whose statements call helpers only while oneDNN is enabled, or make
+tensors from the flag, so where the paths part is known before they run.
+``PATHS_CORPUS_EXAMPLES`` raises the example count, as for the other paths
+corpus.
 """
 
 from __future__ import annotations
@@ -121,7 +124,8 @@ def test_a_trace_of_the_earlier_format_is_refused(tmp_path: Path) -> None:
 # -- the corpus -------------------------------------------------------------------------
 
 #: (helper, guard, turns): guard "" runs on both paths, "if" only with oneDNN on,
-#: "loop" one turn more with oneDNN on.
+#: "loop" one turn more with oneDNN on; "value" multiplies by a tensor made from the
+#: flag, "same" by one made from a constant (no helper call for either).
 Statement = tuple[str, str, int]
 
 PRELUDE = """\
@@ -153,7 +157,11 @@ def _program(statements: list[Statement]) -> tuple[str, dict[str, int]]:
     }
     for k, (helper, guard, turns) in enumerate(statements):
         call = f"x = {helper}(x)"
-        if guard == "if":
+        if guard == "value":  # a tensor made from the flag's value: no op of the run made it
+            lines.append(f"    x = x * torch.tensor(1.0 + on() * {turns})")
+        elif guard == "same":  # a tensor made from Python values the same on both paths
+            lines.append(f"    x = x * torch.tensor({turns}.0)")
+        elif guard == "if":
             lines.append(f"    if on(): {call}")
         elif guard == "loop":
             lines.append(f"    for _ in range({turns} + on()): {call}")
@@ -167,8 +175,13 @@ def _program(statements: list[Statement]) -> tuple[str, dict[str, int]]:
 def _expected(statements: list[Statement], where: dict[str, int], name: str) -> str | None:
     """Where the paths part, from the program: the first call only oneDNN's path makes."""
     for k, (helper, guard, turns) in enumerate(statements):
-        if not guard:
+        if guard in ("", "same"):
             continue
+        if guard == "value":
+            return (
+                f"aten::lift_fresh at {name}:{where[f's{k}']} got another tensor input 0 under "
+                "mkldnn-off than under mkldnn-on, and no op of the run made it"
+            )
         chain = [f"{name}:{where['double']}"]
         if helper == "via":
             chain.append(f"{name}:{where['via']}")
@@ -191,7 +204,7 @@ def _expected(statements: list[Statement], where: dict[str, int], name: str) -> 
     st.lists(
         st.tuples(
             st.sampled_from(["double", "via"]),
-            st.sampled_from(["", "", "if", "loop"]),
+            st.sampled_from(["", "", "same", "if", "loop", "value"]),
             st.integers(1, 3),
         ),
         min_size=1,
