@@ -17,20 +17,29 @@ from pathlib import Path
 @functools.cache
 def _cpuinfo() -> tuple[str, frozenset[str]]:
     model, flags = "", frozenset[str]()
+    numbers: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "model name" and not model:
+            key = key.strip()
+            if key == "model name" and not model:
                 model = value.strip()
-            elif key.strip() in ("flags", "Features") and not flags:
+            elif key in ("flags", "Features") and not flags:
                 flags = frozenset(value.split())
+            elif key in ("cpu family", "model", "stepping") and key not in numbers:
+                numbers[key] = value.strip()
     except OSError:
         pass
-    return model or platform.processor() or platform.machine() or "unknown CPU", flags
+    model = model or platform.processor() or platform.machine() or "unknown CPU"
+    if "cpu family" in numbers and "model" in numbers:
+        # A virtual machine's model name can be as bare as "Intel(R) Xeon(R) Processor":
+        # the numbers tell two such CPUs apart.
+        model += f" (family {numbers['cpu family']}, model {numbers['model']})"
+    return model, flags
 
 
 def cpu_model() -> str:
-    """The CPU's model name."""
+    """The CPU's model name, with its family and model numbers where ``/proc/cpuinfo`` has them."""
     return _cpuinfo()[0]
 
 
