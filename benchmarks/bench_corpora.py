@@ -13,12 +13,15 @@ seed:
   only where the op oracle finds them;
 * kernel paths (``tests/paths/test_oracle_corpus.py``): generated op chains
   run with oneDNN on and off, the blamed op against an oracle that replays
-  every op on both paths (disagreements must be 0).
+  every op on both paths (disagreements must be 0);
+* call paths (``tests/paths/test_call_paths.py``): generated programs whose
+  helper calls or flag-made tensors differ between the paths, the op named
+  against where the program itself branches (disagreements must be 0).
 
 Usage::
 
     python benchmarks/bench_corpora.py [--seeds 3] [--first-seed 1] [--batch 600]
-        [--determinism 6] [--paths 100] [--out PATH]
+        [--determinism 6] [--paths 100] [--call-paths 300] [--out PATH]
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ CORPORA = {
         "DETERMINISM_CORPUS_EXAMPLES",
     ),
     "paths": ("tests/paths/test_oracle_corpus.py", "PATHS_CORPUS_EXAMPLES"),
+    "call paths": ("tests/paths/test_call_paths.py", "PATHS_CORPUS_EXAMPLES"),
 }
 
 
@@ -95,6 +99,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=600)
     parser.add_argument("--determinism", type=int, default=6)
     parser.add_argument("--paths", type=int, default=100)
+    parser.add_argument("--call-paths", type=int, default=300)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     lines = [
@@ -106,6 +111,7 @@ def main() -> None:
         lines.append(run("batch", args.batch, seed))
         lines.append(run("determinism", args.determinism, seed))
         lines.append(run("paths", args.paths, seed))
+        lines.append(run("call paths", args.call_paths, seed))
     write_result("\n".join(lines), args.out)
 
 
