@@ -107,6 +107,29 @@ def test_the_callers_stop_at_the_call_of_the_users_code() -> None:
     assert not any("_pytest" in s or "pluggy" in s or "pytest_backends" in s for s in sites)
 
 
+def test_pythons_own_library_is_left_out_of_the_callers() -> None:
+    """A TestCase method run by unittest's runner: its frames are no caller, the user's are."""
+    import io
+    import unittest
+
+    from pytest_backends.paths.record import PathRecorder, module_tracking
+
+    sites: list[str] = []
+
+    class Case(unittest.TestCase):
+        def test_it(self) -> None:
+            x = torch.ones(3)
+            with module_tracking() as modules, PathRecorder(modules) as recorder:
+                _double(x)  # IN-TESTCASE
+            sites.extend(r.site for r in recorder.records)
+
+    suite = unittest.defaultTestLoader.loadTestsFromTestCase(Case)
+    outcome = unittest.TextTestRunner(stream=io.StringIO()).run(suite)  # UNITTEST-RUN
+    assert outcome.wasSuccessful(), outcome.errors
+    callers = f"{_line('# IN-TESTCASE')}, from {_line('# UNITTEST-RUN')}"
+    assert sites == [f"{_line('# HELPER-OP')} (called from {callers})"], sites
+
+
 def test_a_trace_of_the_earlier_format_is_refused(tmp_path: Path) -> None:
     """Format 1 identities never pair with format 2's: comparing them would blame every op."""
     from pytest_backends.paths.trace import FORMAT, Trace
