@@ -29,8 +29,7 @@ from pytest_backends.paths.branches import one_sided
 from pytest_backends.paths.record import OpRecord, PathRecorder, module_tracking
 
 SAMPLE = 32
-#: 2: an op's call site holds the user's calls that led to it (``(called from ...)``).
-FORMAT = 2
+FORMAT = 2  # 2: an op's call site holds the user's calls that led to it
 
 
 def _tensor_sketch(t: torch.Tensor) -> dict[str, Any]:
@@ -155,8 +154,7 @@ class Trace:
             raise ValueError(f"{path}: not a pytest-backends trace ({exc})") from None
         if not isinstance(header, dict) or "format" not in header:
             raise ValueError(f"{path}: not a pytest-backends trace (format {FORMAT})")
-        if header["format"] != FORMAT:
-            # Its ops' identities are made another way: compared, every op would differ.
+        if header["format"] != FORMAT:  # its identities would pair with none of these
             raise ValueError(
                 f"{path}: a pytest-backends trace of format {header['format']!r}, not "
                 f"{FORMAT}: record it again with this version"
