@@ -114,7 +114,8 @@ def _argument_difference(record: Any, ref_record: Any, ref_id: str, other_id: st
             f"{record.name} at {record.site} got another tensor input {outside} under "
             f"{other_id} than under {ref_id}, and no op of the run made it: a value from "
             "outside torch's ops that differs between the paths (a tensor made from a flag, "
-            "torch.tensor(flag), or memory NumPy or Python wrote), not a kernel"
+            "torch.tensor(flag), or from a value read with .item(), or memory NumPy or Python "
+            "wrote), not a kernel"
         )
     mine, theirs = _scalars(record), _scalars(ref_record)
     if mine is not None and theirs is not None and not _equal(mine, theirs):
