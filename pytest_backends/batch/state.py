@@ -5,11 +5,12 @@ Importing this module does not import torch; :class:`State` does.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from pytest_backends.reach import reached
 
 if TYPE_CHECKING:
     import torch
@@ -23,41 +24,7 @@ def _modules(fn: object) -> list[Any]:
     """The ``nn.Module`` objects ``fn`` can reach directly: itself, its closure, its globals."""
     import torch
 
-    if isinstance(fn, torch.nn.Module):
-        return [fn]
-    found: dict[int, Any] = {}
-    seen: set[int] = set()
-
-    def visit(obj: object, depth: int) -> None:
-        if id(obj) in seen or depth > 3:
-            return
-        seen.add(id(obj))
-        if isinstance(obj, torch.nn.Module):
-            found[id(obj)] = obj
-            return
-        inner = getattr(obj, "__self__", None)
-        if inner is not None:
-            visit(inner, depth + 1)
-        func = getattr(obj, "func", None)  # functools.partial
-        if func is not None:
-            visit(func, depth + 1)
-            for a in (*getattr(obj, "args", ()), *getattr(obj, "keywords", {}).values()):
-                visit(a, depth + 1)
-        for cell in getattr(obj, "__closure__", None) or ():
-            with contextlib.suppress(ValueError):  # an empty cell
-                visit(cell.cell_contents, depth + 1)
-        code = getattr(obj, "__code__", None)
-        glob = getattr(obj, "__globals__", None)
-        if code is not None and isinstance(glob, dict):
-            for name in code.co_names:
-                value = glob.get(name)
-                if isinstance(value, torch.nn.Module):
-                    found[id(value)] = value
-        for default in getattr(obj, "__defaults__", None) or ():
-            visit(default, depth + 1)
-
-    visit(fn, 0)
-    return list(found.values())
+    return reached(fn, (torch.nn.Module,))
 
 
 def _submodules(roots: list[Any]) -> list[Any]:

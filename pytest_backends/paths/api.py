@@ -23,6 +23,7 @@ from pytest_backends.paths.bounds import Bound, pair_bound, reduction_length, te
 from pytest_backends.paths.branches import path_difference
 from pytest_backends.paths.record import OpRecord, PathRecorder, module_tracking
 from pytest_backends.paths.results import Identity, results_of, same_value
+from pytest_backends.paths.start import StartState
 
 __all__ = [
     "Divergence",
@@ -479,7 +480,10 @@ def assert_paths_agree(
 
     ``axes`` names flag-level axes (``["mkldnn"]``) or maps axis to values
     (``{"mkldnn": ["on", "off"]}``); every configuration this machine can run
-    is run in this process, its flags set and restored around the call.
+    is run in this process, its flags set and restored around the call, from
+    the state ``fn`` found (the modules and optimizers it reaches, Python's and
+    NumPy's generators; see :class:`~pytest_backends.paths.start.StartState`),
+    which is put back after the last run.
     ``reference`` is the id of the configuration the others are compared
     with (default: the first).  With ``backward`` the gradients of the
     inputs that require grad (and of ``fn``'s parameters when it is a
@@ -517,6 +521,23 @@ def assert_paths_agree(
         ref_config = configs[ids.index(reference)]
     else:
         raise ValueError(f"reference {reference!r} is not one of the configurations {ids}")
+    start = StartState(fn)  # each configuration's run starts from the state fn found
+    try:
+        return _compare_configs(fn, inputs, configs, ref_config, backward, start)
+    finally:
+        start.restore()
+
+
+def _compare_configs(
+    fn: Callable[..., Any],
+    inputs: Sequence[Any],
+    configs: Sequence[Any],
+    ref_config: Any,
+    backward: bool,
+    start: StartState,
+) -> PathsAgreement:
+    """Run each configuration (``start`` put back before each); compare it with the reference."""
+    ids = [c.id for c in configs]
     ref = _run(fn, inputs, ref_config.id, ref_config.flags, ref_config.device, backward)
     not_compared = tuple(
         f"{label} ({leaf.type_name})" for label, leaf in ref.results if isinstance(leaf, Identity)
@@ -526,6 +547,7 @@ def assert_paths_agree(
     for config in configs:
         if config is ref_config:
             continue
+        start.restore()
         other = _run(fn, inputs, config.id, config.flags, config.device, backward)
         bad: list[str] = []
         numeric = False

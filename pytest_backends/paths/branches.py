@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from pytest_backends.paths.results import Identity, identity_only
+
 __all__ = ["one_sided", "path_difference"]
 
 
@@ -26,8 +28,14 @@ def _scalars(record: Any) -> list[object] | None:
     if record.args is None:
         return None
     leaves, _ = tree_flatten((record.args, record.kwargs))
-    # A device differs between configurations of the device axis by design.
-    return [x for x in leaves if not isinstance(x, (torch.Tensor, torch.device))]
+    # A device differs between configurations of the device axis by design; an object
+    # that compares by identity (a profiler's ScriptObject handle) is new in every run,
+    # so only its type can be compared.
+    return [
+        Identity(f"{type(x).__module__}.{type(x).__qualname__}") if identity_only(x) else x
+        for x in leaves
+        if not isinstance(x, (torch.Tensor, torch.device))
+    ]
 
 
 def _outside_difference(record: Any, ref_record: Any) -> int | None:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["Identity", "results_of", "same_value"]
+__all__ = ["Identity", "identity_only", "results_of", "same_value"]
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,14 @@ _SINGLETONS = (
 )
 
 
-def _identity_only(leaf: object) -> bool:
-    """Whether ``leaf``'s type inherits ``object``'s identity equality (and is no singleton)."""
+def identity_only(leaf: object) -> bool:
+    """Whether ``leaf``'s type inherits ``object``'s identity equality (and is no singleton).
+
+    A TorchScript object (``torch.ScriptObject``: a profiler range's handle, a
+    custom class instance) counts too: it is a handle to an object each run makes anew.
+    """
+    if isinstance(leaf, torch.ScriptObject):
+        return True
     eq: object = type(leaf).__eq__
     return eq is object.__eq__ and not isinstance(leaf, _SINGLETONS)
 
@@ -69,7 +75,7 @@ def results_of(out: Any) -> tuple[list[tuple[str, object]], list[torch.Tensor]]:
             results.append((f"output {i}", torch.tensor(leaf, dtype=dtype)))
         elif (array := _numpy_tensor(leaf)) is not None:  # ``.numpy()`` of a result
             results.append((f"output {i}", array))
-        elif _identity_only(leaf):
+        elif identity_only(leaf):
             kind = type(leaf)
             results.append((f"output {i}", Identity(f"{kind.__module__}.{kind.__qualname__}")))
         else:

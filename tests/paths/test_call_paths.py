@@ -148,11 +148,25 @@ def test_a_trace_of_the_earlier_format_is_refused(tmp_path: Path) -> None:
 
 #: (helper, guard, turns): guard "" runs on both paths, "if" only with oneDNN on,
 #: "loop" one turn more with oneDNN on; "value" multiplies by a tensor made from the
-#: flag, "same" by one made from a constant (no helper call for either).
+#: flag, "same" by one made from a constant (no helper call for either); "step" takes an
+#: optimizer step on a global model and a Python random draw, which every configuration's
+#: run must start from alike.
 Statement = tuple[str, str, int]
 
 PRELUDE = """\
+import random
+
 import torch
+
+lin = torch.nn.Linear(3, 3)
+opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+
+
+def train(x):
+    opt.zero_grad()
+    lin(x).pow(2).sum().backward()
+    opt.step()
+    return lin.weight.sum().detach()
 
 
 def on():
@@ -180,7 +194,9 @@ def _program(statements: list[Statement]) -> tuple[str, dict[str, int]]:
     }
     for k, (helper, guard, turns) in enumerate(statements):
         call = f"x = {helper}(x)"
-        if guard == "value":  # a tensor made from the flag's value: no op of the run made it
+        if guard == "step":  # state fn reads and changes, and a Python draw: no branch
+            lines.append("    x = x + train(x.detach()) * 0.0 + random.random()")
+        elif guard == "value":  # a tensor made from the flag's value: no op of the run made it
             lines.append(f"    x = x * torch.tensor(1.0 + on() * {turns})")
         elif guard == "same":  # a tensor made from Python values the same on both paths
             lines.append(f"    x = x * torch.tensor({turns}.0)")
@@ -198,7 +214,7 @@ def _program(statements: list[Statement]) -> tuple[str, dict[str, int]]:
 def _expected(statements: list[Statement], where: dict[str, int], name: str) -> str | None:
     """Where the paths part, from the program: the first call only oneDNN's path makes."""
     for k, (helper, guard, turns) in enumerate(statements):
-        if guard in ("", "same"):
+        if guard in ("", "same", "step"):
             continue
         if guard == "value":
             return (
@@ -227,7 +243,7 @@ def _expected(statements: list[Statement], where: dict[str, int], name: str) -> 
     st.lists(
         st.tuples(
             st.sampled_from(["double", "via"]),
-            st.sampled_from(["", "", "same", "if", "loop", "value"]),
+            st.sampled_from(["", "", "same", "step", "if", "loop", "value"]),
             st.integers(1, 3),
         ),
         min_size=1,
