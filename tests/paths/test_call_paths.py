@@ -12,15 +12,15 @@ corpus.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from paths_corpus import check_counts, corpus
 
 from pytest_backends import PathsDisagreeError, assert_paths_agree
 from pytest_backends.paths.api import _run
@@ -30,8 +30,6 @@ pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN"
 )
 
-EXAMPLES = int(os.environ.get("PATHS_CORPUS_EXAMPLES", "25"))
-DERANDOMIZE = os.environ.get("PYTEST_BACKENDS_CORPUS_SEEDED") != "1"
 COUNTS = {"programs": 0, "branched": 0, "disagreements": 0}
 
 
@@ -233,12 +231,7 @@ def _expected(statements: list[Statement], where: dict[str, int], name: str) -> 
     return None
 
 
-@settings(
-    max_examples=EXAMPLES,
-    derandomize=DERANDOMIZE,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@corpus
 @given(
     st.lists(
         st.tuples(
@@ -290,8 +283,4 @@ def test_the_branch_named_without_a_failure() -> None:
 
 def test_corpus_counts() -> None:
     """Runs after the corpus (file order): report the counts."""
-    if COUNTS["programs"] == 0:
-        pytest.skip("the corpus did not run in this session")
-    print(f"call-path corpus: {COUNTS}")
-    assert COUNTS["disagreements"] == 0
-    assert COUNTS["branched"] > 0
+    check_counts("call-path", COUNTS, "programs", "branched")

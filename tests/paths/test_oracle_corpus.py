@@ -10,14 +10,14 @@ draws other examples than CI's.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from paths_corpus import check_counts, corpus
 
 from pytest_backends.paths.api import (
     ConfigRun,
@@ -33,9 +33,6 @@ pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN"
 )
 
-EXAMPLES = int(os.environ.get("PATHS_CORPUS_EXAMPLES", "25"))
-# ``PYTEST_BACKENDS_CORPUS_SEEDED=1`` (with ``--hypothesis-seed``): other examples than CI's.
-DERANDOMIZE = os.environ.get("PYTEST_BACKENDS_CORPUS_SEEDED") != "1"
 ON = ("mkldnn-on", {"mkldnn.enabled": True})
 OFF = ("mkldnn-off", {"mkldnn.enabled": False})
 COUNTS = {"cases": 0, "blamed": 0, "disagreements": 0}
@@ -102,12 +99,7 @@ def oracle(ref: ConfigRun, other: ConfigRun) -> Identity | None:
     return None
 
 
-@settings(
-    max_examples=EXAMPLES,
-    derandomize=DERANDOMIZE,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@corpus
 @given(st.lists(st.sampled_from(sorted(STEPS)), min_size=1, max_size=6), st.booleans())
 def test_blamed_op_equals_the_oracle(names: list[str], backward: bool) -> None:
     x = torch.randn(2, 4, 6, 6, generator=torch.Generator().manual_seed(len(names)))
@@ -145,12 +137,7 @@ def _exact_leaves(out: object) -> list[object]:
     return [str(spec), *(x.tolist() if isinstance(x, torch.Tensor) else x for x in leaves)]
 
 
-@settings(
-    max_examples=EXAMPLES,
-    derandomize=DERANDOMIZE,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@corpus
 @given(
     st.lists(st.sampled_from(sorted(STEPS)), min_size=1, max_size=5),
     st.sampled_from(sorted(EXACT)),
@@ -185,8 +172,4 @@ def test_results_that_are_not_floats_agree_only_when_equal(names: list[str], kin
 
 def test_corpus_counts() -> None:
     """Runs after the corpus (file order): report the counts."""
-    if COUNTS["cases"] == 0:
-        pytest.skip("the corpus did not run in this session")
-    print(f"paths oracle corpus: {COUNTS}")
-    assert COUNTS["disagreements"] == 0
-    assert COUNTS["blamed"] > 0
+    check_counts("paths oracle", COUNTS, "cases", "blamed")
