@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -231,9 +232,10 @@ class PathRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._on_op = on_op
         self._retain = retain
         self.in_backward = False
-        # The memory the run's ops wrote, by storage address; 0 (no storage, or an empty
-        # one) counts as made: such an input is never named as a value from outside.
-        self._made: set[int] = {0}
+        # The memory the run's ops wrote: per storage address, the (weakly held) outputs
+        # there. An address counts only while one of them lives, since the allocator hands
+        # freed memory to the next tensor, torch.tensor(flag)'s included.
+        self._made: dict[int, list[weakref.ref[torch.Tensor]]] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -243,15 +245,15 @@ class PathRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         key = (name, module, site)
         occurrence = self._counts.get(key, 0)
         self._counts[key] = occurrence + 1
-        made = self._made
-        from_ops = tuple(_memory_of(t) in made for t in tensors_of((args, kwargs)))
+        from_ops = tuple(self._made_by_ops(t) for t in tensors_of((args, kwargs)))
         if self._keep:
             args_copy, kwargs_copy = copy_tree(args), copy_tree(kwargs)
         else:
             args_copy, kwargs_copy = args, kwargs
         out = func(*args, **kwargs)
         outputs = results_of_call(func, args, kwargs, out)
-        made.update(_memory_of(t) for t in outputs)
+        for t in outputs:
+            self._note_made(t)
         record = OpRecord(
             index=len(self.records),
             identity=(name, module, site, occurrence),
@@ -272,6 +274,21 @@ class PathRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 OpRecord(record.index, record.identity, func, None, None, [], [], record.backward)
             )
         return out
+
+    def _made_by_ops(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s memory is an earlier op's output (an input without storage: yes)."""
+        address = _memory_of(t)
+        refs = self._made.get(address, ())
+        return address == 0 or any(r() is not None for r in refs)
+
+    def _note_made(self, t: torch.Tensor) -> None:
+        address = _memory_of(t)
+        if address == 0:
+            return
+        refs = [r for r in self._made.get(address, ()) if r() is not None]
+        if not any(r() is t for r in refs):
+            refs.append(weakref.ref(t))
+        self._made[address] = refs
 
 
 @contextmanager

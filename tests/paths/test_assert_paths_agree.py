@@ -304,6 +304,21 @@ def double(x: torch.Tensor) -> torch.Tensor:
 double.register_autograd(lambda ctx, grad: grad)
 
 
+def test_memory_an_op_freed_is_outside_again_when_reused() -> None:
+    """The allocator hands a freed op output's memory to ``torch.tensor(flag)``: still outside."""
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        for _ in range(4):
+            s = t.sum() * 1.0  # four-byte op outputs, freed at once
+            del s
+        return t * torch.tensor(1.0 + _mkldnn_on())
+
+    with pytest.raises(PathsDisagreeError) as info:
+        assert_paths_agree(fn, torch.ones(3), axes=["mkldnn"], backward=False)
+    assert "aten::lift_fresh at " in str(info.value), str(info.value)
+    assert "no op of the run made it" in str(info.value), str(info.value)
+
+
 def test_values_from_outside_the_ops_that_agree_name_nothing() -> None:
     """A tensor made from Python values the same on both paths is no branch: the paths agree."""
     assert_paths_agree(
