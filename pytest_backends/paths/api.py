@@ -481,7 +481,7 @@ def assert_paths_agree(
     ``axes`` names flag-level axes (``["mkldnn"]``) or maps axis to values
     (``{"mkldnn": ["on", "off"]}``); every configuration this machine can run
     is run in this process, its flags set and restored around the call, from
-    the state ``fn`` found (the modules and optimizers it reaches, Python's and
+    the state ``fn`` found (the modules, optimizers and schedulers it reaches, Python's and
     NumPy's generators; see :class:`~pytest_backends.paths.start.StartState`),
     which is put back after the last run.
     ``reference`` is the id of the configuration the others are compared

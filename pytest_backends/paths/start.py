@@ -9,8 +9,9 @@ when the comparison began, and after the last run too:
 * the parameters, buffers, gradients and ``training`` flags of every module
   ``fn`` reaches (and their submodules), copied back in place, so an
   optimizer's references stay valid;
-* the state of every optimizer it reaches (momentum buffers, step counts,
-  learning rates), loaded from a copy;
+* the state of every optimizer, learning-rate scheduler and gradient scaler
+  it reaches (momentum buffers, step counts, learning rates, a schedule's
+  epoch), loaded from a copy through their own ``load_state_dict``;
 * Python's and NumPy's global random generators (torch's are forked and
   seeded per run).
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import copy
 import random
 import sys
+from typing import Any
 
 import torch
 
@@ -37,7 +39,8 @@ class StartState:
     """The state ``fn`` may change, taken when made; :meth:`restore` puts it back."""
 
     def __init__(self, fn: object) -> None:
-        found = reached(fn, (torch.nn.Module, torch.optim.Optimizer), through_calls=True)
+        stateful = _stateful_kinds()
+        found = reached(fn, (torch.nn.Module, *stateful), through_calls=True)
         modules: dict[int, torch.nn.Module] = {}
         for root in (m for m in found if isinstance(m, torch.nn.Module)):
             for module in root.modules():
@@ -53,11 +56,12 @@ class StartState:
             for t in tensors.values()
             if isinstance(t, torch.nn.Parameter)
         ]
-        self._optimizers = [
-            (o, copy.deepcopy(o.state_dict()))
-            for o in found
-            if isinstance(o, torch.optim.Optimizer)
-        ]
+        # optimizers first: a scheduler's state is loaded after its optimizer's
+        owners: list[Any] = [o for o in found if isinstance(o, stateful)]
+        self._stateful: list[tuple[Any, Any]] = sorted(
+            ((o, copy.deepcopy(o.state_dict())) for o in owners),
+            key=lambda pair: not isinstance(pair[0], torch.optim.Optimizer),
+        )
         self._python = random.getstate()
         np = sys.modules.get("numpy")
         self._numpy = (np, np.random.get_state()) if np is not None else None
@@ -75,10 +79,24 @@ class StartState:
         for module, training in self._modes:
             if module.training is not training:
                 module.train(training)
-        for optimizer, state in self._optimizers:
+        for owner, state in self._stateful:
             # A copy each time: loading may keep the tensors it is given.
-            optimizer.load_state_dict(copy.deepcopy(state))
+            owner.load_state_dict(copy.deepcopy(state))
         random.setstate(self._python)
         if self._numpy is not None:
             np, state = self._numpy
             np.random.set_state(state)
+
+
+def _stateful_kinds() -> tuple[type, ...]:
+    """Optimizers, learning-rate schedulers and gradient scalers, as this torch names them."""
+    places = (
+        (torch.optim, "Optimizer"),
+        (torch.optim.lr_scheduler, "LRScheduler"),
+        (torch.optim.lr_scheduler, "_LRScheduler"),
+        (torch.optim.lr_scheduler, "ReduceLROnPlateau"),  # no LRScheduler before torch 2.2
+        (getattr(torch, "amp", None), "GradScaler"),
+        (torch.cuda.amp, "GradScaler"),
+    )
+    kinds = (getattr(module, name, None) for module, name in places)
+    return tuple(dict.fromkeys(k for k in kinds if isinstance(k, type)))

@@ -80,6 +80,25 @@ def test_a_trainer_objects_step_agrees() -> None:
     assert not trainer.opt.state, "the optimizer's state is left as found (empty)"
 
 
+def test_a_learning_rate_schedule_starts_every_configuration_alike() -> None:
+    """The schedule's step sets the rate the optimizer step uses: its epoch is put back too."""
+    torch.manual_seed(3)
+    net = nn.Linear(8, 4)
+    opt = torch.optim.SGD(net.parameters(), lr=1.0)
+    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad()
+        net(x).pow(2).mean().backward()
+        schedule.step()  # before the optimizer's step: torch warns, users do it
+        opt.step()
+        return net.weight.detach().clone()
+
+    with pytest.warns(UserWarning, match="lr_scheduler.step"):
+        assert_paths_agree(fn, torch.randn(16, 8), axes=["mkldnn"], backward=False)
+    assert schedule.last_epoch == 0 and opt.param_groups[0]["lr"] == 1.0
+
+
 def test_buffers_a_run_updates_and_reads_agree() -> None:
     """A train-mode pass updates BatchNorm's running statistics, which an eval pass reads."""
     torch.manual_seed(2)
